@@ -1,0 +1,1 @@
+"""gearshift.policies.examples"""

@@ -1,0 +1,220 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from gearshift.v1 import agent_pb2 as _agent_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class HostState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    HOST_STATE_UNSPECIFIED: _ClassVar[HostState]
+    HOST_STATE_CONNECTED: _ClassVar[HostState]
+    HOST_STATE_UNREACHABLE: _ClassVar[HostState]
+    HOST_STATE_DISCONNECTED: _ClassVar[HostState]
+HOST_STATE_UNSPECIFIED: HostState
+HOST_STATE_CONNECTED: HostState
+HOST_STATE_UNREACHABLE: HostState
+HOST_STATE_DISCONNECTED: HostState
+
+class Host(_message.Message):
+    __slots__ = ("host_id", "labels", "agent_version", "state", "last_report", "gpus", "engines", "deployments", "emulated_gpus", "reports")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LAST_REPORT_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
+    DEPLOYMENTS_FIELD_NUMBER: _ClassVar[int]
+    EMULATED_GPUS_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    host_id: str
+    labels: _containers.ScalarMap[str, str]
+    agent_version: str
+    state: HostState
+    last_report: _timestamp_pb2.Timestamp
+    gpus: _containers.RepeatedCompositeFieldContainer[_agent_pb2.GpuInfo]
+    engines: _containers.RepeatedCompositeFieldContainer[_agent_pb2.EngineInstall]
+    deployments: int
+    emulated_gpus: bool
+    reports: int
+    def __init__(self, host_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., agent_version: _Optional[str] = ..., state: _Optional[_Union[HostState, str]] = ..., last_report: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., gpus: _Optional[_Iterable[_Union[_agent_pb2.GpuInfo, _Mapping]]] = ..., engines: _Optional[_Iterable[_Union[_agent_pb2.EngineInstall, _Mapping]]] = ..., deployments: _Optional[int] = ..., emulated_gpus: _Optional[bool] = ..., reports: _Optional[int] = ...) -> None: ...
+
+class Deployment(_message.Message):
+    __slots__ = ("host_id", "report", "updated")
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_FIELD_NUMBER: _ClassVar[int]
+    host_id: str
+    report: _agent_pb2.DeploymentReport
+    updated: _timestamp_pb2.Timestamp
+    def __init__(self, host_id: _Optional[str] = ..., report: _Optional[_Union[_agent_pb2.DeploymentReport, _Mapping]] = ..., updated: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class ModelSummary(_message.Message):
+    __slots__ = ("model", "engines", "deployments", "ready", "request_rate", "ttft_p99_s", "itl_p99_s", "latency_present", "revisions")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
+    DEPLOYMENTS_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_RATE_FIELD_NUMBER: _ClassVar[int]
+    TTFT_P99_S_FIELD_NUMBER: _ClassVar[int]
+    ITL_P99_S_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_PRESENT_FIELD_NUMBER: _ClassVar[int]
+    REVISIONS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    engines: _containers.RepeatedScalarFieldContainer[str]
+    deployments: int
+    ready: int
+    request_rate: float
+    ttft_p99_s: float
+    itl_p99_s: float
+    latency_present: bool
+    revisions: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model: _Optional[str] = ..., engines: _Optional[_Iterable[str]] = ..., deployments: _Optional[int] = ..., ready: _Optional[int] = ..., request_rate: _Optional[float] = ..., ttft_p99_s: _Optional[float] = ..., itl_p99_s: _Optional[float] = ..., latency_present: _Optional[bool] = ..., revisions: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListHostsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListHostsResponse(_message.Message):
+    __slots__ = ("hosts",)
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    hosts: _containers.RepeatedCompositeFieldContainer[Host]
+    def __init__(self, hosts: _Optional[_Iterable[_Union[Host, _Mapping]]] = ...) -> None: ...
+
+class ListDeploymentsRequest(_message.Message):
+    __slots__ = ("model", "host_id")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    host_id: str
+    def __init__(self, model: _Optional[str] = ..., host_id: _Optional[str] = ...) -> None: ...
+
+class ListDeploymentsResponse(_message.Message):
+    __slots__ = ("deployments",)
+    DEPLOYMENTS_FIELD_NUMBER: _ClassVar[int]
+    deployments: _containers.RepeatedCompositeFieldContainer[Deployment]
+    def __init__(self, deployments: _Optional[_Iterable[_Union[Deployment, _Mapping]]] = ...) -> None: ...
+
+class ListModelsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListModelsResponse(_message.Message):
+    __slots__ = ("models",)
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[ModelSummary]
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelSummary, _Mapping]]] = ...) -> None: ...
+
+class FleetStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class FleetStatusResponse(_message.Message):
+    __slots__ = ("controller_id", "epoch", "store", "hosts", "hosts_connected", "hosts_unreachable", "gpus", "deployments", "deployments_ready", "models", "request_rate", "reports_total", "started", "paused")
+    CONTROLLER_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    STORE_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_UNREACHABLE_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    DEPLOYMENTS_FIELD_NUMBER: _ClassVar[int]
+    DEPLOYMENTS_READY_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_RATE_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    controller_id: str
+    epoch: int
+    store: str
+    hosts: int
+    hosts_connected: int
+    hosts_unreachable: int
+    gpus: int
+    deployments: int
+    deployments_ready: int
+    models: int
+    request_rate: float
+    reports_total: int
+    started: _timestamp_pb2.Timestamp
+    paused: bool
+    def __init__(self, controller_id: _Optional[str] = ..., epoch: _Optional[int] = ..., store: _Optional[str] = ..., hosts: _Optional[int] = ..., hosts_connected: _Optional[int] = ..., hosts_unreachable: _Optional[int] = ..., gpus: _Optional[int] = ..., deployments: _Optional[int] = ..., deployments_ready: _Optional[int] = ..., models: _Optional[int] = ..., request_rate: _Optional[float] = ..., reports_total: _Optional[int] = ..., started: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., paused: _Optional[bool] = ...) -> None: ...
+
+class RouteEndpoint(_message.Message):
+    __slots__ = ("deployment_id", "host_id", "endpoint", "engine", "weight", "leaving")
+    DEPLOYMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    LEAVING_FIELD_NUMBER: _ClassVar[int]
+    deployment_id: str
+    host_id: str
+    endpoint: str
+    engine: str
+    weight: float
+    leaving: bool
+    def __init__(self, deployment_id: _Optional[str] = ..., host_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., engine: _Optional[str] = ..., weight: _Optional[float] = ..., leaving: _Optional[bool] = ...) -> None: ...
+
+class ModelRoute(_message.Message):
+    __slots__ = ("model", "endpoints")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    endpoints: _containers.RepeatedCompositeFieldContainer[RouteEndpoint]
+    def __init__(self, model: _Optional[str] = ..., endpoints: _Optional[_Iterable[_Union[RouteEndpoint, _Mapping]]] = ...) -> None: ...
+
+class RoutingTable(_message.Message):
+    __slots__ = ("version", "generated", "models")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    generated: _timestamp_pb2.Timestamp
+    models: _containers.RepeatedCompositeFieldContainer[ModelRoute]
+    def __init__(self, version: _Optional[int] = ..., generated: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., models: _Optional[_Iterable[_Union[ModelRoute, _Mapping]]] = ...) -> None: ...
+
+class WatchRoutesRequest(_message.Message):
+    __slots__ = ("gateway_id",)
+    GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
+    gateway_id: str
+    def __init__(self, gateway_id: _Optional[str] = ...) -> None: ...
+
+class GatewayDeploymentStats(_message.Message):
+    __slots__ = ("deployment_id", "in_flight", "requests_total", "errors_total")
+    DEPLOYMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    deployment_id: str
+    in_flight: int
+    requests_total: int
+    errors_total: int
+    def __init__(self, deployment_id: _Optional[str] = ..., in_flight: _Optional[int] = ..., requests_total: _Optional[int] = ..., errors_total: _Optional[int] = ...) -> None: ...
+
+class GatewayReport(_message.Message):
+    __slots__ = ("gateway_id", "deployments")
+    GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
+    DEPLOYMENTS_FIELD_NUMBER: _ClassVar[int]
+    gateway_id: str
+    deployments: _containers.RepeatedCompositeFieldContainer[GatewayDeploymentStats]
+    def __init__(self, gateway_id: _Optional[str] = ..., deployments: _Optional[_Iterable[_Union[GatewayDeploymentStats, _Mapping]]] = ...) -> None: ...
+
+class GatewayReportAck(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
