@@ -1,0 +1,142 @@
+"""The agent's configuration file (YAML), validated strictly.
+
+Unknown keys are errors; every error names the field path and the value found.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from gearshift.controller.errors import ConfigError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ENGINE_NAMES = ("vllm", "tensorrt-llm")
+DEFAULT_EXECUTABLES = {"vllm": ["vllm"], "tensorrt-llm": ["trtllm-serve"]}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EmulatedGpuConfig(_Strict):
+    model: str = "NVIDIA H100 80GB HBM3"
+    count: int = Field(8, ge=0, le=64)
+    memory_gb: float = Field(80.0, gt=0)
+
+
+class GpuConfig(_Strict):
+    source: Literal["auto", "nvml", "emulated", "none"] = "auto"
+    emulated: EmulatedGpuConfig | None = None
+
+
+class EngineConfig(_Strict):
+    executable: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    version: str = ""                    # reported in Hello; empty = unknown
+    build_executable: list[str] = Field(default_factory=list)
+
+    @field_validator("executable")
+    @classmethod
+    def _nonempty_parts(cls, v: list[str]) -> list[str]:
+        if any(not p for p in v):
+            raise ValueError("executable parts must be non-empty strings")
+        return v
+
+
+class DeploymentConfig(_Strict):
+    deployment_id: str = Field(min_length=1)
+    model: str = Field(min_length=1)
+    source: str = ""
+    revision: str = ""
+    engine: Literal["vllm", "tensorrt-llm"]
+    backend: Literal["", "pytorch", "tensorrt"] = ""
+    port: int = Field(0, ge=0, le=65535)
+    tensor_parallel_size: int = Field(1, ge=1, le=64)
+    gpu_memory_fraction: float = Field(0.9, gt=0, le=1)
+    gpu_indices: list[int] = Field(default_factory=list)
+    shutdown_timeout_s: float = Field(30.0, ge=0)
+    extra_args: list[str] = Field(default_factory=list)
+
+
+class AgentConfig(_Strict):
+    host_id: str = Field(default_factory=socket.gethostname, min_length=1, max_length=253)
+    labels: dict[str, str] = Field(default_factory=dict)
+    controller: str = "127.0.0.1:50051"
+    report_interval_s: float = Field(10.0, gt=0, le=3600)
+    scrape_timeout_s: float = Field(2.0, gt=0, le=60)
+    workdir: Path = Path("./agent-data")
+    bind_host: str = "127.0.0.1"
+    gpus: GpuConfig = GpuConfig()
+    engines: dict[str, EngineConfig] = Field(default_factory=dict)
+    deployments: list[DeploymentConfig] = Field(default_factory=list)
+
+    @field_validator("engines")
+    @classmethod
+    def _known_engines(cls, v: dict[str, EngineConfig]) -> dict[str, EngineConfig]:
+        for name in v:
+            if name not in ENGINE_NAMES:
+                raise ValueError(f"unknown engine {name!r}; known: {', '.join(ENGINE_NAMES)}")
+        return v
+
+    @field_validator("controller")
+    @classmethod
+    def _host_port(cls, v: str) -> str:
+        host, sep, port = v.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError("expected HOST:PORT")
+        return v
+
+    def engine(self, name: str) -> EngineConfig:
+        cfg = self.engines.get(name) or EngineConfig()
+        if not cfg.executable:
+            cfg = cfg.model_copy(update={"executable": DEFAULT_EXECUTABLES[name]})
+        return cfg
+
+
+def _format_error(source: str, err: ValidationError, data: Any) -> str:
+    lines = []
+    for e in err.errors():
+        path = ".".join(str(p) for p in e["loc"])
+        found = e.get("input")
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{source}: {path}: unknown key")
+        else:
+            lines.append(f"{source}: {path}: {e['msg']}; found {found!r}")
+    return "invalid agent config:\n  " + "\n  ".join(lines)
+
+
+def parse_agent_config(data: Any, source: str = "<agent config>") -> AgentConfig:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level, found {type(data).__name__}")
+    try:
+        cfg = AgentConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_error(source, err, data)) from None
+    ids = [d.deployment_id for d in cfg.deployments]
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    if dupes:
+        raise ConfigError(f"{source}: deployments: duplicate deployment_id {', '.join(dupes)}")
+    return cfg
+
+
+def load_agent_config(path: Path | None, overrides: dict[str, Any] | None = None) -> AgentConfig:
+    data: dict[str, Any] = {}
+    source = "<defaults>"
+    if path is not None:
+        source = str(path)
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping at the top level, found {type(loaded).__name__}")
+        data = dict(loaded or {})
+    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    return parse_agent_config(data, source)

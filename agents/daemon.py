@@ -1,0 +1,279 @@
+"""The agent daemon: supervises engines and streams reports to the controller.
+
+One `Agent` per GPU host. It starts the configured deployments, keeps one
+bidirectional stream to the controller (reconnecting with exponential backoff
+and jitter), sends a `Report` every interval, and executes the controller's
+commands. Fail static: when the controller is away, engines keep running and
+nothing is stopped because of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import signal
+import time
+from collections import deque
+from pathlib import Path
+
+import aiohttp
+import grpc
+from gearshift.agents.commands import CommandExecutor
+from gearshift.agents.config import AgentConfig, EngineConfig
+from gearshift.agents.gpus import EmulatedGpus, GpuSource, open_gpu_source
+from gearshift.agents.metrics import EngineScraper
+from gearshift.agents.runtimes import get_runtime
+from gearshift.agents.runtimes.spec import DeploymentSpec, Phase
+from gearshift.agents.runtimes.supervisor import EngineSupervisor
+from gearshift.controller.errors import FailedPrecondition, InvalidArgument
+from gearshift.v1 import agent_pb2, agent_pb2_grpc
+from grpc import aio
+
+log = logging.getLogger(__name__)
+
+AGENT_VERSION = "0.1.0"
+BACKOFF_INITIAL_S = 0.5
+BACKOFF_MAX_S = 15.0
+PENDING_RESULTS_LIMIT = 1000
+DEFAULT_DRAIN_GRACE_S = 30.0
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, *, gpu_source: GpuSource | None = None,
+                 backoff_max_s: float = BACKOFF_MAX_S) -> None:
+        self.config = config
+        if gpu_source is None:
+            em = config.gpus.emulated
+            gpu_source = open_gpu_source(
+                config.gpus.source,
+                EmulatedGpus(em.model, em.count, em.memory_gb) if em is not None else None)
+        self.gpus = gpu_source
+        self.interval_s = config.report_interval_s
+        self.backoff_max_s = backoff_max_s
+        self.supervisors: dict[str, EngineSupervisor] = {}
+        self.scrapers: dict[str, EngineScraper] = {}
+        self.seq = 0
+        self.epoch_seen = 0
+        self.connected = asyncio.Event()
+        self.connects = 0
+        self._pending_results: deque[agent_pb2.CommandResult] = deque(maxlen=PENDING_RESULTS_LIMIT)
+        self._call: aio.StreamStreamCall | None = None
+        self._write_lock = asyncio.Lock()
+        self._session: aiohttp.ClientSession | None = None
+        self.commands = CommandExecutor(self._emit_result, {
+            "start": self._cmd_start, "drain": self._cmd_drain, "stop": self._cmd_stop,
+            "build": self._cmd_build})
+        self._stopping = asyncio.Event()
+
+    # -- engines ----------------------------------------------------------------
+
+    def _engine(self, name: str) -> EngineConfig:
+        return self.config.engine(name)
+
+    async def start_deployment(self, spec: DeploymentSpec) -> EngineSupervisor:
+        existing = self.supervisors.get(spec.deployment_id)
+        if existing is not None and existing.phase not in (Phase.STOPPED, Phase.FAILED):
+            if existing.spec == spec:
+                return existing
+            raise FailedPrecondition(
+                f"deployment {spec.deployment_id} already runs with another spec; stop it first")
+        eng = self._engine(spec.engine)
+        workdir = Path(self.config.workdir) / spec.deployment_id
+        sup = EngineSupervisor(spec, get_runtime(spec.engine), executable=eng.executable,
+                               env=dict(eng.env), workdir=workdir, host=self.config.bind_host)
+        self.supervisors[spec.deployment_id] = sup
+        await sup.start()
+        assert self._session is not None
+        self.scrapers[spec.deployment_id] = EngineScraper(
+            spec.engine, sup.endpoint, session=self._session, timeout_s=self.config.scrape_timeout_s)
+        return sup
+
+    async def _cmd_start(self, cmd: agent_pb2.Command, progress) -> str:  # type: ignore[no-untyped-def]
+        spec = DeploymentSpec.from_proto(cmd.start.spec)
+        progress(0.1, f"starting {spec.engine} for {spec.model}")
+        sup = await self.start_deployment(spec)
+        if not await sup.wait_ready(timeout_s=600):
+            raise RuntimeError(f"{spec.deployment_id} did not become ready: {sup.last_message}")
+        return f"{spec.deployment_id} ready at {sup.endpoint}"
+
+    def _supervisor(self, deployment_id: str) -> EngineSupervisor:
+        sup = self.supervisors.get(deployment_id)
+        if sup is None:
+            raise InvalidArgument(f"no deployment {deployment_id!r} on this host")
+        return sup
+
+    async def _cmd_drain(self, cmd: agent_pb2.Command, progress) -> str:  # type: ignore[no-untyped-def]
+        sup = self._supervisor(cmd.drain.deployment_id)
+        await sup.drain(cmd.drain.grace_s or DEFAULT_DRAIN_GRACE_S)
+        return f"{cmd.drain.deployment_id} drained"
+
+    async def _cmd_stop(self, cmd: agent_pb2.Command, progress) -> str:  # type: ignore[no-untyped-def]
+        dep_id = cmd.stop.deployment_id
+        sup = self.supervisors.get(dep_id)
+        if sup is None:
+            return f"{dep_id} was not running"
+        await sup.stop(cmd.stop.grace_s or DEFAULT_DRAIN_GRACE_S)
+        self.supervisors.pop(dep_id, None)
+        self.scrapers.pop(dep_id, None)
+        return f"{dep_id} stopped"
+
+    async def _cmd_build(self, cmd: agent_pb2.Command, progress) -> str:  # type: ignore[no-untyped-def]
+        raise FailedPrecondition("engine builds are not supported by this agent version")
+
+    # -- reports ----------------------------------------------------------------
+
+    async def build_report(self) -> agent_pb2.Report:
+        self.seq += 1
+        report = agent_pb2.Report(seq=self.seq, interval_s=self.interval_s)
+        report.time.GetCurrentTime()
+        try:
+            report.gpus.extend(self.gpus.read())
+        except Exception as exc:  # a GPU read failure must not stop reporting
+            log.warning("GPU read failed: %s", exc)
+        now = time.time()
+        sups = list(self.supervisors.items())
+        samples = await asyncio.gather(*(
+            self.scrapers[dep_id].scrape(now) if sup.phase == Phase.READY and dep_id in self.scrapers
+            else _none() for dep_id, sup in sups))
+        for (dep_id, sup), sample in zip(sups, samples, strict=True):
+            spec = sup.spec
+            d = report.deployments.add(
+                deployment_id=dep_id, engine=spec.engine, engine_version=self._engine(spec.engine).version,
+                model=spec.model, revision=spec.revision, phase=sup.phase.to_proto(),
+                endpoint=sup.endpoint or "", restarts=sup.restarts, message=sup.last_message or "",
+                backend=spec.backend)
+            d.gpu_indices.extend(spec.gpu_indices)
+            if sample is not None:
+                sample.to_proto(d)
+        return report
+
+    # -- connection -------------------------------------------------------------
+
+    def _hello(self) -> agent_pb2.Hello:
+        hello = agent_pb2.Hello(
+            host_id=self.config.host_id, agent_version=AGENT_VERSION,
+            protocol_version=agent_pb2.PROTOCOL_VERSION_1, emulated_gpus=self.gpus.emulated)
+        hello.labels.update(self.config.labels)
+        hello.gpus.extend(self.gpus.read())
+        for name in ("vllm", "tensorrt-llm"):
+            eng = self._engine(name)
+            hello.engines.add(engine=name, version=eng.version, executable=" ".join(eng.executable))
+        return hello
+
+    def _emit_result(self, result: agent_pb2.CommandResult) -> None:
+        self._pending_results.append(result)
+        asyncio.get_running_loop().create_task(self._flush_results())
+
+    async def _flush_results(self) -> None:
+        call = self._call
+        if call is None:
+            return
+        async with self._write_lock:
+            while self._pending_results and self._call is call:
+                result = self._pending_results[0]
+                try:
+                    await call.write(agent_pb2.AgentMessage(command_result=result))
+                except (grpc.RpcError, asyncio.InvalidStateError, aio.UsageError):
+                    return
+                self._pending_results.popleft()
+
+    async def _session_once(self, channel: aio.Channel) -> None:
+        stub = agent_pb2_grpc.AgentServiceStub(channel)
+        call = stub.Connect()
+        await call.write(agent_pb2.AgentMessage(hello=self._hello()))
+        first = await call.read()
+        if first is aio.EOF or first.WhichOneof("body") != "welcome":
+            raise ConnectionError("controller did not answer the hello with a welcome")
+        self.interval_s = first.welcome.report_interval_s or self.interval_s
+        self.epoch_seen = max(self.epoch_seen, first.welcome.controller_epoch)
+        self._call = call
+        self.connects += 1
+        self.connected.set()
+        log.info("connected to controller %s (epoch %d, interval %.1fs)",
+                 first.welcome.controller_id, first.welcome.controller_epoch, self.interval_s)
+        await self._flush_results()
+        reader = asyncio.create_task(self._read_loop(call))
+        try:
+            while not reader.done():
+                report = await self.build_report()
+                async with self._write_lock:
+                    await call.write(agent_pb2.AgentMessage(report=report))
+                done, _ = await asyncio.wait({reader}, timeout=self.interval_s)
+            await reader  # re-raise what ended the stream
+        finally:
+            reader.cancel()
+            self._call = None
+            self.connected.clear()
+            call.cancel()
+
+    async def _read_loop(self, call: aio.StreamStreamCall) -> None:
+        while True:
+            msg = await call.read()
+            if msg is aio.EOF:
+                raise ConnectionError("controller closed the stream")
+            kind = msg.WhichOneof("body")
+            if kind == "command":
+                self.commands.submit(msg.command)
+            elif kind == "welcome":
+                self.interval_s = msg.welcome.report_interval_s or self.interval_s
+
+    async def run(self) -> None:
+        """Start configured deployments, then stay connected until `stop()`."""
+        self._session = aiohttp.ClientSession()
+        try:
+            for dep in self.config.deployments:
+                spec = DeploymentSpec(**dep.model_dump())
+                await self.start_deployment(spec)
+            await self._connect_forever()
+        finally:
+            await self.shutdown()
+
+    async def _connect_forever(self) -> None:
+        backoff = BACKOFF_INITIAL_S
+        while not self._stopping.is_set():
+            async with aio.insecure_channel(self.config.controller) as channel:
+                started = time.monotonic()
+                try:
+                    await self._session_once(channel)
+                except (grpc.RpcError, ConnectionError, OSError) as exc:
+                    detail = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)  # type: ignore[attr-defined]
+                    log.warning("controller stream ended: %s", detail)
+                    if isinstance(exc, grpc.RpcError) and exc.code() in (  # type: ignore[attr-defined]
+                            grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
+                        log.error("the controller refused this agent: %s", detail)
+            if time.monotonic() - started > 3 * self.interval_s:
+                backoff = BACKOFF_INITIAL_S  # the session was healthy: start over
+            delay = random.uniform(0.5, 1.0) * backoff
+            log.info("reconnecting in %.1fs (engines keep running)", delay)
+            try:
+                await asyncio.wait_for(self._stopping.wait(), delay)
+            except TimeoutError:
+                pass
+            backoff = min(self.backoff_max_s, backoff * 2)
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def shutdown(self, grace_s: float = 10.0) -> None:
+        await self.commands.close()
+        await asyncio.gather(*(s.stop(grace_s) for s in self.supervisors.values()),
+                             return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+
+
+async def _none() -> None:
+    return None
+
+
+async def run_agent(config: AgentConfig) -> None:
+    agent = Agent(config)
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda: task.cancel() if task else None)
+    try:
+        await agent.run()
+    except asyncio.CancelledError:
+        log.info("agent stopping; stopping its engines")

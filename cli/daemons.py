@@ -1,0 +1,63 @@
+"""`gearshift controller` and `gearshift agent`: the long-running processes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import click
+
+from gearshift.controller.errors import GearshiftError
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@click.command()
+@click.option("--listen", default="127.0.0.1:50051", show_default=True, help="gRPC HOST:PORT (port 0 picks one)")
+@click.option("--db", "db_url", default="", envvar="GEARSHIFT_DB",
+              help="store URL: sqlite:///PATH or postgresql+psycopg://…; default SQLite under --data-dir")
+@click.option("--data-dir", type=click.Path(path_type=Path), default=Path("./data"), show_default=True)
+@click.option("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
+@click.option("--report-interval", "report_interval_s", type=float, default=10.0, show_default=True,
+              help="seconds between agent reports")
+@click.option("--ready-file", type=click.Path(path_type=Path), default=None,
+              help="write 'GRPC_PORT METRICS_PORT' here once serving (for scripts)")
+@click.option("--log-level", default="info", show_default=True)
+def controller(listen: str, db_url: str, data_dir: Path, metrics_port: int | None,
+               report_interval_s: float, ready_file: Path | None, log_level: str) -> None:
+    """Run the controller: gRPC for agents, gateway and CLI; store; policy loop; /metrics."""
+    from gearshift.controller.server import ControllerConfig, run_controller
+
+    setup_logging(log_level)
+    cfg = ControllerConfig(listen=listen, db_url=db_url, data_dir=data_dir,
+                           metrics_port=metrics_port, report_interval_s=report_interval_s)
+    try:
+        asyncio.run(run_controller(cfg, ready_file=ready_file))
+    except GearshiftError as err:
+        raise click.ClickException(err.message) from None
+
+
+@click.command()
+@click.option("--controller", "controller_addr", default=None, envvar="GEARSHIFT_CONTROLLER",
+              help="controller HOST:PORT (overrides the config file)")
+@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="agent YAML config")
+@click.option("--host-id", default=None, help="host identity (overrides the config file)")
+@click.option("--log-level", default="info", show_default=True)
+def agent(controller_addr: str | None, config_path: Path | None, host_id: str | None,
+          log_level: str) -> None:
+    """Run the agent on a GPU host: supervise engines and report to the controller."""
+    from gearshift.agents.config import load_agent_config
+    from gearshift.agents.daemon import run_agent
+
+    setup_logging(log_level)
+    try:
+        cfg = load_agent_config(config_path, {"controller": controller_addr, "host_id": host_id})
+        asyncio.run(run_agent(cfg))
+    except GearshiftError as err:
+        raise click.ClickException(err.message) from None

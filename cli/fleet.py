@@ -1,0 +1,124 @@
+"""`gearshift fleet status | hosts | deployments | models`."""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+from gearshift.cli.client import call, control_stub
+from gearshift.cli.output import enum_name, fmt_ms, fmt_rate, output_option, print_json, print_table, to_dict
+from gearshift.v1 import agent_pb2, control_pb2
+
+
+def _age(ts_s: float) -> str:
+    if ts_s <= 0:
+        return "-"
+    return f"{max(0.0, time.time() - ts_s):.0f}s ago"
+
+
+def host_state(v: int) -> str:
+    return enum_name("HOST_STATE_", control_pb2.HostState.Name(v))
+
+
+def phase(v: int) -> str:
+    return enum_name("DEPLOYMENT_PHASE_", agent_pb2.DeploymentPhase.Name(v))
+
+
+@click.group()
+def fleet() -> None:
+    """Hosts, deployments and models as the controller sees them."""
+
+
+@fleet.command()
+@output_option
+@click.pass_context
+def status(ctx: click.Context, output: str) -> None:
+    """One-screen summary of the fleet."""
+    with control_stub(ctx) as stub:
+        resp = call(stub.FleetStatus, control_pb2.FleetStatusRequest())
+    if output == "json":
+        print_json(to_dict(resp))
+        return
+    rows = [
+        ("controller", f"{resp.controller_id} (epoch {resp.epoch}, store {resp.store})"),
+        ("hosts", f"{resp.hosts} ({resp.hosts_connected} connected, "
+                  f"{resp.hosts_unreachable} unreachable)"),
+        ("gpus", resp.gpus),
+        ("deployments", f"{resp.deployments} ({resp.deployments_ready} ready)"),
+        ("models", resp.models),
+        ("request rate", f"{resp.request_rate:.1f} req/s"),
+        ("reports", resp.reports_total),
+        ("automation", "paused" if resp.paused else "running"),
+    ]
+    print_table("fleet", ["", "value"], rows)
+
+
+@fleet.command()
+@output_option
+@click.pass_context
+def hosts(ctx: click.Context, output: str) -> None:
+    """Hosts with their GPUs, engines and liveness."""
+    with control_stub(ctx) as stub:
+        resp = call(stub.ListHosts, control_pb2.ListHostsRequest())
+    if output == "json":
+        print_json([to_dict(h) for h in resp.hosts])
+        return
+    rows = []
+    for h in resp.hosts:
+        models = sorted({g.model for g in h.gpus})
+        gpus = f"{len(h.gpus)} x {', '.join(models)}" if h.gpus else "0"
+        if h.emulated_gpus:
+            gpus += " (emulated)"
+        unhealthy = sum(1 for g in h.gpus if g.health in (agent_pb2.GPU_HEALTH_DEGRADED,
+                                                           agent_pb2.GPU_HEALTH_FAILED))
+        engines = ", ".join(f"{e.engine} {e.version}".strip() for e in h.engines)
+        rows.append((h.host_id, host_state(h.state), gpus, unhealthy, engines, h.deployments,
+                     _age(h.last_report.ToNanoseconds() / 1e9),
+                     ",".join(f"{k}={v}" for k, v in sorted(h.labels.items()))))
+    print_table("hosts", ["host", "state", "gpus", "gpu issues", "engines", "deployments",
+                          "last report", "labels"], rows)
+
+
+@fleet.command()
+@click.option("--model", default="", help="only this model")
+@click.option("--host", "host_id", default="", help="only this host")
+@output_option
+@click.pass_context
+def deployments(ctx: click.Context, model: str, host_id: str, output: str) -> None:
+    """Deployments with live figures from the engines' own metrics."""
+    with control_stub(ctx) as stub:
+        resp = call(stub.ListDeployments,
+                    control_pb2.ListDeploymentsRequest(model=model, host_id=host_id))
+    if output == "json":
+        print_json([to_dict(d) for d in resp.deployments])
+        return
+    rows = []
+    for d in resp.deployments:
+        r = d.report
+        rows.append((r.deployment_id, d.host_id, r.model, f"{r.engine} {r.engine_version}".strip(),
+                     r.revision or "-", phase(r.phase), fmt_rate(r.request_rate),
+                     f"{r.running_requests:.0f}/{r.waiting_requests:.0f}",
+                     fmt_ms(r.ttft.p50_s, r.ttft.present), fmt_ms(r.ttft.p99_s, r.ttft.present),
+                     fmt_ms(r.itl.p99_s, r.itl.present), f"{r.generation_tokens_per_s:.0f}",
+                     f"{r.kv_cache_usage * 100:.0f}%", r.restarts, r.endpoint))
+    print_table("deployments", ["deployment", "host", "model", "engine", "rev", "phase", "req/s",
+                                "run/wait", "ttft p50 ms", "ttft p99 ms", "itl p99 ms", "tok/s",
+                                "kv", "restarts", "endpoint"], rows)
+
+
+@fleet.command()
+@output_option
+@click.pass_context
+def models(ctx: click.Context, output: str) -> None:
+    """Models: which engines serve them, traffic and worst latency."""
+    with control_stub(ctx) as stub:
+        resp = call(stub.ListModels, control_pb2.ListModelsRequest())
+    if output == "json":
+        print_json([to_dict(m) for m in resp.models])
+        return
+    rows = [(m.model, ", ".join(m.engines), f"{m.ready}/{m.deployments}", fmt_rate(m.request_rate),
+             fmt_ms(m.ttft_p99_s, m.latency_present), fmt_ms(m.itl_p99_s, m.latency_present),
+             ", ".join(m.revisions) or "-") for m in resp.models]
+    print_table("models", ["model", "engines", "ready", "req/s", "ttft p99 ms", "itl p99 ms",
+                           "revisions"], rows)

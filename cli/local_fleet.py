@@ -1,0 +1,166 @@
+"""A whole gearshift fleet on loopback: controller, agents with emulated engines, gateway.
+
+Used by `gearshift demo` and by the integration tests. Every part is a real
+child process started through its real command line; only the engine
+executable is the emulator (`python -m gearshift.agents.emulator`), which the
+agents launch exactly as they would launch `vllm` or `trtllm-serve`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+READY_TIMEOUT_S = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def emulator_executable(flavor: str) -> list[str]:
+    return [sys.executable, "-m", "gearshift.agents.emulator", "--flavor", flavor, "--"]
+
+
+def gearshift_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gearshift.cli.main", *args]
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def terminate(self, grace_s: float = 10.0) -> int | None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(5)
+        # Engines the process started live in its process group: make sure none stays.
+        try:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        return self.popen.returncode
+
+    def kill(self) -> None:
+        """SIGKILL the process alone (its engines stay: this is the crash case)."""
+        if self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait(5)
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+
+def _spawn(name: str, cmd: list[str], workdir: Path, env: dict[str, str] | None = None) -> Proc:
+    log_path = workdir / f"{name}.log"
+    log = log_path.open("ab")
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env,
+                             start_new_session=True, cwd=workdir)
+    log.close()
+    return Proc(name, popen, log_path)
+
+
+def _wait_file(path: Path, proc: Proc, timeout_s: float = READY_TIMEOUT_S) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().strip():
+            return path.read_text().strip()
+        if not proc.alive():
+            raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.log()[-3000:]}")
+        time.sleep(0.05)
+    raise TimeoutError(f"{proc.name} not ready after {timeout_s}s:\n{proc.log()[-3000:]}")
+
+
+@dataclass
+class LocalFleet:
+    """Starts and stops the parts; knows their addresses."""
+
+    workdir: Path
+    report_interval_s: float = 1.0
+    db_url: str = ""
+    controller_port: int = 0
+    metrics_port: int = 0
+    procs: dict[str, Proc] = field(default_factory=dict)
+
+    @property
+    def controller_addr(self) -> str:
+        return f"127.0.0.1:{self.controller_port}"
+
+    def start_controller(self, extra_args: tuple[str, ...] = ()) -> Proc:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        ready = self.workdir / "controller.ready"
+        ready.unlink(missing_ok=True)
+        port = self.controller_port or 0
+        args = ["controller", "--listen", f"127.0.0.1:{port}", "--data-dir",
+                str(self.workdir / "data"), "--metrics-port", str(self.metrics_port or 0),
+                "--report-interval", str(self.report_interval_s), "--ready-file", str(ready),
+                *extra_args]
+        if self.db_url:
+            args += ["--db", self.db_url]
+        proc = _spawn("controller", gearshift_cmd(*args), self.workdir)
+        grpc_port, metrics_port = _wait_file(ready, proc).split()
+        self.controller_port, self.metrics_port = int(grpc_port), int(metrics_port)
+        self.procs["controller"] = proc
+        return proc
+
+    def agent_config(self, host_id: str, deployments: list[dict[str, Any]],
+                     emulator_env: dict[str, dict[str, str]] | None = None,
+                     gpus: int = 4) -> Path:
+        engines = {}
+        for flavor, version in (("vllm", "0.11.0-emulated"), ("tensorrt-llm", "1.2.0-emulated")):
+            engines[flavor] = {"executable": emulator_executable(flavor), "version": version,
+                               "env": (emulator_env or {}).get(flavor, {})}
+        cfg = {
+            "host_id": host_id,
+            "labels": {"zone": "local"},
+            "controller": self.controller_addr,
+            "report_interval_s": self.report_interval_s,
+            "workdir": str(self.workdir / host_id),
+            "gpus": {"source": "emulated",
+                     "emulated": {"model": "NVIDIA H100 80GB HBM3", "count": gpus, "memory_gb": 80}},
+            "engines": engines,
+            "deployments": deployments,
+        }
+        path = self.workdir / f"{host_id}.yaml"
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        return path
+
+    def start_agent(self, host_id: str, deployments: list[dict[str, Any]],
+                    emulator_env: dict[str, dict[str, str]] | None = None) -> Proc:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        path = self.agent_config(host_id, deployments, emulator_env)
+        proc = _spawn(host_id, gearshift_cmd("agent", "--config", str(path)), self.workdir)
+        self.procs[host_id] = proc
+        return proc
+
+    def stop(self) -> None:
+        # Agents first (they stop their engines), then the controller.
+        for name in [n for n in self.procs if n != "controller"] + ["controller"]:
+            proc = self.procs.get(name)
+            if proc is not None:
+                proc.terminate()
+        self.procs.clear()

@@ -1,0 +1,30 @@
+"""The `gearshift` command: one root group; each area registers its commands here."""
+
+from __future__ import annotations
+
+import click
+
+from gearshift.cli.daemons import agent, controller
+from gearshift.cli.fleet import fleet
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--controller", "controller_addr", default=None, envvar="GEARSHIFT_CONTROLLER",
+              metavar="HOST:PORT", help="controller address (default 127.0.0.1:50051)")
+@click.pass_context
+def cli(ctx: click.Context, controller_addr: str | None) -> None:
+    """gearshift: adaptive engine selection for LLM serving on vLLM and TensorRT-LLM."""
+    ctx.obj = {"controller": controller_addr}
+
+
+cli.add_command(controller)
+cli.add_command(agent)
+cli.add_command(fleet)
+
+
+def main() -> None:
+    cli(prog_name="gearshift")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""Output for people (rich tables) and for tools (`-o json`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import click
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message
+from rich.console import Console
+from rich.table import Table
+
+output_option = click.option(
+    "-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True,
+    help="table for people, json for tools")
+
+
+def to_dict(msg: Message) -> dict[str, Any]:
+    return MessageToDict(msg, preserving_proto_field_name=True,
+                         always_print_fields_with_no_presence=True)
+
+
+def print_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=False, default=str))
+
+
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    table = Table(title=title, title_justify="left", header_style="bold")
+    for c in columns:
+        table.add_column(c, overflow="fold")
+    for r in rows:
+        table.add_row(*("" if v is None else str(v) for v in r))
+    Console(width=160).print(table)
+
+
+def fmt_ms(seconds: float | None, present: bool = True) -> str:
+    if not present or seconds is None:
+        return "-"
+    return f"{seconds * 1000:.0f}"
+
+
+def fmt_rate(v: float) -> str:
+    return f"{v:.1f}"
+
+
+def enum_name(prefix: str, name: str) -> str:
+    return name.removeprefix(prefix).lower()

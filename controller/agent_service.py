@@ -1,0 +1,195 @@
+"""`AgentService.Connect`: one long-lived bidirectional stream per agent.
+
+The first message must be a `Hello`; the controller answers with a `Welcome`
+and then acknowledges every `Report`. Commands for the agent are queued on its
+`AgentConnection` and written on the same stream. A message that fails
+validation ends that agent's stream with a clear status; other agents are not
+disturbed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import grpc
+from grpc import aio
+
+from gearshift.controller.errors import GearshiftError, InvalidArgument
+from gearshift.controller.fleet import FleetState, HostEntry
+from gearshift.controller.metrics import ControllerMetrics
+from gearshift.controller.validation import check_hello, check_report
+from gearshift.v1 import agent_pb2, agent_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+HELLO_TIMEOUT_S = 10.0
+OUTBOX_LIMIT = 1024
+
+
+@dataclass
+class AgentConnection:
+    """The controller's side of one agent's stream."""
+
+    host_id: str
+    outbox: asyncio.Queue[agent_pb2.ControllerMessage | None] = field(
+        default_factory=lambda: asyncio.Queue(maxsize=OUTBOX_LIMIT))
+    closed: bool = False
+
+    def send(self, msg: agent_pb2.ControllerMessage) -> bool:
+        if self.closed:
+            return False
+        try:
+            self.outbox.put_nowait(msg)
+        except asyncio.QueueFull:
+            log.warning("outbox of %s is full; dropping a message", self.host_id)
+            return False
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+        try:
+            self.outbox.put_nowait(None)
+        except asyncio.QueueFull:
+            pass
+
+
+ReportHook = Callable[[str, HostEntry, agent_pb2.Report, float], None]
+HelloHook = Callable[[HostEntry], None]
+ResultHook = Callable[[str, agent_pb2.CommandResult], None]
+
+
+class AgentService(agent_pb2_grpc.AgentServiceServicer):
+    def __init__(
+        self,
+        fleet: FleetState,
+        metrics: ControllerMetrics,
+        *,
+        report_interval_s: float,
+        epoch: int,
+        controller_id: str,
+        on_hello: HelloHook | None = None,
+        on_report: ReportHook | None = None,
+        on_command_result: ResultHook | None = None,
+    ) -> None:
+        self.fleet = fleet
+        self.metrics = metrics
+        self.report_interval_s = report_interval_s
+        self.epoch = epoch
+        self.controller_id = controller_id
+        self.connections: dict[str, AgentConnection] = {}
+        self._on_hello = on_hello
+        self._on_report = on_report
+        self._on_result = on_command_result
+
+    async def Connect(  # noqa: N802 - gRPC method name
+        self,
+        request_iterator: AsyncIterator[agent_pb2.AgentMessage],
+        context: aio.ServicerContext,
+    ) -> AsyncIterator[agent_pb2.ControllerMessage]:
+        it = request_iterator.__aiter__()
+        try:
+            first = await asyncio.wait_for(it.__anext__(), HELLO_TIMEOUT_S)
+        except (TimeoutError, StopAsyncIteration):
+            self.metrics.rejected.labels("no_hello").inc()
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"expected a hello within {HELLO_TIMEOUT_S:.0f} s")
+            return
+        if first.WhichOneof("body") != "hello":
+            self.metrics.rejected.labels("no_hello").inc()
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"the first message must be a hello, found {first.WhichOneof('body')}")
+            return
+        try:
+            check_hello(first.hello)
+        except GearshiftError as exc:
+            self.metrics.rejected.labels("bad_hello").inc()
+            await context.abort(exc.code, exc.message)
+            return
+
+        host_id = first.hello.host_id
+        previous = self.connections.get(host_id)
+        if previous is not None:
+            log.info("host %s reconnected; closing its previous stream", host_id)
+            previous.close()
+        conn = AgentConnection(host_id)
+        self.connections[host_id] = conn
+        entry = self.fleet.hello(first.hello, self.report_interval_s)
+        self.metrics.agents_connected.inc()
+        log.info("agent %s connected (%d GPUs, %s)", host_id, len(first.hello.gpus),
+                 ", ".join(f"{e.engine} {e.version}" for e in first.hello.engines) or "no engines")
+        if self._on_hello is not None:
+            self._on_hello(entry)
+        yield agent_pb2.ControllerMessage(welcome=agent_pb2.Welcome(
+            report_interval_s=self.report_interval_s, controller_epoch=self.epoch,
+            controller_id=self.controller_id))
+
+        reader = asyncio.create_task(self._read(it, host_id, entry, conn))
+        try:
+            while True:
+                msg = await conn.outbox.get()
+                if msg is None:
+                    break
+                yield msg
+            if reader.done() and reader.exception() is not None:
+                exc = reader.exception()
+                if isinstance(exc, GearshiftError):
+                    await context.abort(exc.code, exc.message)
+        finally:
+            reader.cancel()
+            conn.closed = True
+            if self.connections.get(host_id) is conn:
+                del self.connections[host_id]
+                self.fleet.disconnected(host_id, entry)
+            self.metrics.agents_connected.dec()
+            log.info("agent %s stream closed", host_id)
+
+    async def _read(self, it: AsyncIterator[agent_pb2.AgentMessage], host_id: str,
+                    entry: HostEntry, conn: AgentConnection) -> None:
+        try:
+            async for msg in it:
+                kind = msg.WhichOneof("body")
+                if kind == "report":
+                    self._handle_report(host_id, entry, msg.report, conn)
+                elif kind == "command_result":
+                    if self._on_result is not None:
+                        self._on_result(host_id, msg.command_result)
+                elif kind == "hello":
+                    self.metrics.rejected.labels("second_hello").inc()
+                    raise InvalidArgument("a second hello on the same stream; reconnect instead")
+                else:
+                    self.metrics.rejected.labels("empty").inc()
+                    raise InvalidArgument("empty agent message (no body set)")
+        except GearshiftError as exc:
+            log.warning("agent %s: %s; closing its stream", host_id, exc.message)
+            raise
+        except (grpc.RpcError, asyncio.CancelledError):
+            pass
+        finally:
+            conn.close()
+
+    def _handle_report(self, host_id: str, entry: HostEntry, report: agent_pb2.Report,
+                       conn: AgentConnection) -> None:
+        t0 = time.perf_counter()
+        try:
+            check_report(report)
+        except GearshiftError:
+            self.metrics.rejected.labels("bad_report").inc()
+            raise
+        applied = self.fleet.report(host_id, report)
+        if applied:
+            self.metrics.reports.inc()
+            self.metrics.deployment_samples.inc(len(report.deployments))
+            if self._on_report is not None:
+                self._on_report(host_id, entry, report, self.fleet.now())
+        conn.send(agent_pb2.ControllerMessage(ack=agent_pb2.Ack(seq=report.seq)))
+        self.metrics.report_seconds.observe(time.perf_counter() - t0)
+
+    def send_command(self, host_id: str, command: agent_pb2.Command) -> bool:
+        conn = self.connections.get(host_id)
+        if conn is None:
+            return False
+        return conn.send(agent_pb2.ControllerMessage(command=command))

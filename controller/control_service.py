@@ -1,0 +1,100 @@
+"""`ControlService`: the fleet as the CLI and the gateway see it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from grpc import aio
+
+from gearshift.controller.fleet import FleetState
+from gearshift.v1 import agent_pb2, control_pb2, control_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class ControlService(control_pb2_grpc.ControlServiceServicer):
+    def __init__(self, fleet: FleetState, *, controller_id: str, epoch: int, store_kind: str,
+                 paused: Callable[[], bool] = lambda: False) -> None:
+        self.fleet = fleet
+        self.controller_id = controller_id
+        self.epoch = epoch
+        self.store_kind = store_kind
+        self._paused = paused
+
+    async def FleetStatus(self, request: control_pb2.FleetStatusRequest,  # noqa: N802
+                          context: aio.ServicerContext) -> control_pb2.FleetStatusResponse:
+        now = self.fleet.now()
+        resp = control_pb2.FleetStatusResponse(
+            controller_id=self.controller_id, epoch=self.epoch, store=self.store_kind,
+            reports_total=self.fleet.reports_total, paused=self._paused())
+        resp.started.FromSeconds(int(self.fleet.started))
+        for entry in self.fleet.hosts.values():
+            resp.hosts += 1
+            state = entry.state(now)
+            if state == control_pb2.HOST_STATE_CONNECTED:
+                resp.hosts_connected += 1
+            elif state == control_pb2.HOST_STATE_UNREACHABLE:
+                resp.hosts_unreachable += 1
+            resp.gpus += len(entry.gpus)
+        models = set()
+        for _host, dep, _ts in self.fleet.deployments():
+            resp.deployments += 1
+            models.add(dep.model)
+            if dep.phase == agent_pb2.DEPLOYMENT_PHASE_READY:
+                resp.deployments_ready += 1
+                resp.request_rate += dep.request_rate
+        resp.models = len(models)
+        return resp
+
+    async def ListHosts(self, request: control_pb2.ListHostsRequest,  # noqa: N802
+                        context: aio.ServicerContext) -> control_pb2.ListHostsResponse:
+        now = self.fleet.now()
+        resp = control_pb2.ListHostsResponse()
+        for host_id in sorted(self.fleet.hosts):
+            e = self.fleet.hosts[host_id]
+            h = resp.hosts.add(
+                host_id=host_id, agent_version=e.hello.agent_version, state=e.state(now),
+                deployments=len(e.deployments), emulated_gpus=e.hello.emulated_gpus,
+                reports=e.reports)
+            h.labels.update(e.hello.labels)
+            h.gpus.extend(e.gpus)
+            h.engines.extend(e.hello.engines)
+            h.last_report.FromNanoseconds(int(e.last_report_ts * 1e9))
+        return resp
+
+    async def ListDeployments(self, request: control_pb2.ListDeploymentsRequest,  # noqa: N802
+                              context: aio.ServicerContext) -> control_pb2.ListDeploymentsResponse:
+        resp = control_pb2.ListDeploymentsResponse()
+        rows = sorted(self.fleet.deployments(), key=lambda r: (r[1].model, r[0], r[1].deployment_id))
+        for host_id, dep, ts in rows:
+            if request.model and dep.model != request.model:
+                continue
+            if request.host_id and host_id != request.host_id:
+                continue
+            d = resp.deployments.add(host_id=host_id, report=dep)
+            d.updated.FromNanoseconds(int(ts * 1e9))
+        return resp
+
+    async def ListModels(self, request: control_pb2.ListModelsRequest,  # noqa: N802
+                         context: aio.ServicerContext) -> control_pb2.ListModelsResponse:
+        return control_pb2.ListModelsResponse(models=self.fleet.models())
+
+    async def WatchRoutes(self, request: control_pb2.WatchRoutesRequest,  # noqa: N802
+                          context: aio.ServicerContext) -> AsyncIterator[control_pb2.RoutingTable]:
+        q = self.fleet.watch_routes()
+        log.info("gateway %s watches routes", request.gateway_id or "(anonymous)")
+        try:
+            while True:
+                yield await q.get()
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self.fleet.unwatch_routes(q)
+
+    async def ReportGateway(self, request: control_pb2.GatewayReport,  # noqa: N802
+                            context: aio.ServicerContext) -> control_pb2.GatewayReportAck:
+        self.fleet.gateway_stats[request.gateway_id] = {
+            d.deployment_id: d for d in request.deployments}
+        return control_pb2.GatewayReportAck()

@@ -1,0 +1,223 @@
+"""Hot fleet state held in memory by the controller.
+
+Agents' Hello and Report messages update it; the control API reads it. Host
+liveness is derived from the time of the last report: a host that missed
+`UNREACHABLE_AFTER_INTERVALS` report intervals is *unreachable*, which is shown
+to people and never, by itself, triggers any action (DESIGN §1, fail static).
+
+The routing table for gateways is derived from the ready deployments; its
+version increases whenever the set of endpoints or weights changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gearshift.v1 import agent_pb2, control_pb2
+
+UNREACHABLE_AFTER_INTERVALS = 3
+# Route changes arriving together (a fleet reconnecting) are coalesced into one recomputation.
+ROUTE_DEBOUNCE_S = 0.05
+
+Ready = agent_pb2.DEPLOYMENT_PHASE_READY
+
+
+@dataclass
+class HostEntry:
+    """What the controller knows about one agent's host."""
+
+    hello: agent_pb2.Hello
+    interval_s: float
+    connected: bool = True
+    last_report_ts: float = 0.0
+    last_seq: int = 0
+    reports: int = 0
+    gpus: list[agent_pb2.GpuInfo] = field(default_factory=list)
+    deployments: dict[str, agent_pb2.DeploymentReport] = field(default_factory=dict)
+    deployment_ts: dict[str, float] = field(default_factory=dict)
+
+    def route_key(self) -> tuple[tuple[str, str, int], ...]:
+        """What of this host's deployments matters to the routing table."""
+        return tuple((d.deployment_id, d.endpoint, d.phase) for d in self.deployments.values())
+
+    def state(self, now: float) -> int:
+        if self.connected and now - self.last_report_ts <= UNREACHABLE_AFTER_INTERVALS * self.interval_s:
+            return control_pb2.HOST_STATE_CONNECTED
+        if self.connected:
+            return control_pb2.HOST_STATE_UNREACHABLE
+        if now - self.last_report_ts <= UNREACHABLE_AFTER_INTERVALS * self.interval_s:
+            # The stream closed moments ago; the host may be reconnecting.
+            return control_pb2.HOST_STATE_DISCONNECTED
+        return control_pb2.HOST_STATE_UNREACHABLE
+
+
+RouteOverride = Callable[[str, list[control_pb2.RouteEndpoint]], list[control_pb2.RouteEndpoint]]
+
+
+class FleetState:
+    """In-memory view of hosts, deployments and the routing table."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self.hosts: dict[str, HostEntry] = {}
+        self.reports_total = 0
+        self.started = clock()
+        self._route_version = 0
+        self._route_key: tuple[object, ...] = ()
+        self._route_table = control_pb2.RoutingTable()
+        self._route_watchers: set[asyncio.Queue[control_pb2.RoutingTable]] = set()
+        self.route_override: RouteOverride | None = None
+        self.gateway_stats: dict[str, dict[str, control_pb2.GatewayDeploymentStats]] = {}
+        self._routes_dirty = False
+        self._routes_timer: asyncio.TimerHandle | None = None
+
+    # -- agents -----------------------------------------------------------------
+
+    def hello(self, hello: agent_pb2.Hello, interval_s: float) -> HostEntry:
+        prior = self.hosts.get(hello.host_id)
+        entry = HostEntry(hello=hello, interval_s=interval_s, last_report_ts=self._clock())
+        entry.gpus = list(hello.gpus)
+        if prior is not None:
+            # Keep the last known deployments until the first report replaces them.
+            entry.deployments = prior.deployments
+            entry.deployment_ts = prior.deployment_ts
+            entry.reports = prior.reports
+            entry.last_seq = 0
+        self.hosts[hello.host_id] = entry
+        self._routes_changed()
+        return entry
+
+    def report(self, host_id: str, report: agent_pb2.Report) -> bool:
+        """Apply a report; returns False for a duplicate or out-of-order one."""
+        entry = self.hosts[host_id]
+        if report.seq and report.seq <= entry.last_seq:
+            return False
+        now = self._clock()
+        entry.last_seq = report.seq
+        entry.last_report_ts = now
+        entry.reports += 1
+        self.reports_total += 1
+        if report.gpus:
+            entry.gpus = list(report.gpus)
+        routed_before = entry.route_key()
+        fresh = {dep.deployment_id: dep for dep in report.deployments}
+        entry.deployments = fresh
+        entry.deployment_ts = dict.fromkeys(fresh, now)
+        if entry.route_key() != routed_before:
+            self._routes_changed()
+        return True
+
+    def disconnected(self, host_id: str, entry: HostEntry) -> None:
+        if self.hosts.get(host_id) is entry:
+            entry.connected = False
+
+    # -- reads ------------------------------------------------------------------
+
+    def now(self) -> float:
+        return self._clock()
+
+    def host_state(self, host_id: str) -> int:
+        return self.hosts[host_id].state(self._clock())
+
+    def deployments(self) -> list[tuple[str, agent_pb2.DeploymentReport, float]]:
+        out = []
+        for host_id, entry in self.hosts.items():
+            for dep_id, dep in entry.deployments.items():
+                out.append((host_id, dep, entry.deployment_ts.get(dep_id, 0.0)))
+        return out
+
+    def models(self) -> list[control_pb2.ModelSummary]:
+        by_model: dict[str, control_pb2.ModelSummary] = {}
+        for _host, dep, _ts in self.deployments():
+            m = by_model.setdefault(dep.model, control_pb2.ModelSummary(model=dep.model))
+            m.deployments += 1
+            if dep.engine not in m.engines:
+                m.engines.append(dep.engine)
+            if dep.revision and dep.revision not in m.revisions:
+                m.revisions.append(dep.revision)
+            if dep.phase == Ready:
+                m.ready += 1
+                m.request_rate += dep.request_rate
+                if dep.ttft.present:
+                    m.ttft_p99_s = max(m.ttft_p99_s, dep.ttft.p99_s)
+                    m.latency_present = True
+                if dep.itl.present:
+                    m.itl_p99_s = max(m.itl_p99_s, dep.itl.p99_s)
+                    m.latency_present = True
+        return [by_model[k] for k in sorted(by_model)]
+
+    # -- routing ----------------------------------------------------------------
+
+    def routing_table(self) -> control_pb2.RoutingTable:
+        if self._routes_dirty:
+            self._refresh_routes()
+        return self._route_table
+
+    def _routes_changed(self) -> None:
+        """Mark the table stale and recompute it soon (at once outside an event loop)."""
+        self._routes_dirty = True
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._refresh_routes()
+            return
+        if self._routes_timer is None:
+            self._routes_timer = loop.call_later(ROUTE_DEBOUNCE_S, self._refresh_routes)
+
+    def _compute_routes(self) -> dict[str, list[control_pb2.RouteEndpoint]]:
+        routes: dict[str, list[control_pb2.RouteEndpoint]] = {}
+        for host_id, dep, _ts in self.deployments():
+            if dep.phase not in (Ready, agent_pb2.DEPLOYMENT_PHASE_DRAINING) or not dep.endpoint:
+                continue
+            routes.setdefault(dep.model, []).append(control_pb2.RouteEndpoint(
+                deployment_id=dep.deployment_id, host_id=host_id, endpoint=dep.endpoint,
+                engine=dep.engine, weight=1.0,
+                leaving=dep.phase == agent_pb2.DEPLOYMENT_PHASE_DRAINING))
+        for model, eps in routes.items():
+            eps.sort(key=lambda e: e.deployment_id)
+            if self.route_override is not None:
+                eps[:] = self.route_override(model, eps)
+            active = [e for e in eps if not e.leaving and e.weight > 0]
+            total = sum(e.weight for e in active)
+            for e in eps:
+                e.weight = e.weight / total if (total > 0 and not e.leaving) else 0.0
+        return routes
+
+    def _refresh_routes(self) -> None:
+        self._routes_dirty = False
+        if self._routes_timer is not None:
+            self._routes_timer.cancel()
+            self._routes_timer = None
+        routes = self._compute_routes()
+        key = tuple(
+            (m, tuple((e.deployment_id, e.endpoint, round(e.weight, 6), e.leaving) for e in eps))
+            for m, eps in sorted(routes.items()))
+        if key == self._route_key:
+            return
+        self._route_key = key
+        self._route_version += 1
+        table = control_pb2.RoutingTable(version=self._route_version)
+        table.generated.FromSeconds(int(self._clock()))
+        for model in sorted(routes):
+            table.models.add(model=model, endpoints=routes[model])
+        self._route_table = table
+        for q in list(self._route_watchers):
+            if q.full():
+                q.get_nowait()  # a slow watcher only needs the newest table
+            q.put_nowait(table)
+
+    def refresh_routes(self) -> None:
+        """Recompute the routing table (after a route override changed)."""
+        self._refresh_routes()
+
+    def watch_routes(self) -> asyncio.Queue[control_pb2.RoutingTable]:
+        q: asyncio.Queue[control_pb2.RoutingTable] = asyncio.Queue(maxsize=1)
+        q.put_nowait(self.routing_table())
+        self._route_watchers.add(q)
+        return q
+
+    def unwatch_routes(self, q: asyncio.Queue[control_pb2.RoutingTable]) -> None:
+        self._route_watchers.discard(q)

@@ -1,0 +1,71 @@
+"""Map gearshift errors to gRPC statuses, once, for every service.
+
+A handler raises a `GearshiftError`; this interceptor turns it into the status
+that error carries with its message as the details. Anything else is logged
+with its traceback and returned as INTERNAL without internals.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from gearshift.controller.errors import GearshiftError
+
+log = logging.getLogger(__name__)
+
+
+async def _abort(context: aio.ServicerContext, exc: BaseException) -> None:
+    if isinstance(exc, GearshiftError):
+        await context.abort(exc.code, exc.message)
+    log.exception("unhandled error in handler", exc_info=exc)
+    await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the controller log")
+
+
+def _wrap_unary(behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    async def wrapper(request: Any, context: aio.ServicerContext) -> Any:
+        try:
+            return await behavior(request, context)
+        except (GearshiftError, ValueError, TypeError) as exc:
+            await _abort(context, exc)
+
+    return wrapper
+
+
+def _wrap_stream(behavior: Callable[..., Any]) -> Callable[..., Any]:
+    async def wrapper(request: Any, context: aio.ServicerContext) -> Any:
+        try:
+            async for item in behavior(request, context):
+                yield item
+        except GearshiftError as exc:
+            await _abort(context, exc)
+
+    return wrapper
+
+
+class ErrorInterceptor(aio.ServerInterceptor):
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                _wrap_unary(handler.unary_unary),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                _wrap_stream(handler.unary_stream),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler

@@ -1,0 +1,118 @@
+"""What the controller writes durably, and when.
+
+Hot state stays in memory (`FleetState`); this adapter turns it into rows for
+the one batching writer: hosts on hello and then every few seconds, a
+deployment when its phase, revision or endpoint changes, and the per-minute
+rollups when a minute completes. The report hot path only updates the rollup
+aggregator and compares a few fields.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from gearshift.controller.fleet import FleetState, HostEntry
+from gearshift.controller.rollup import RollupAggregator
+from gearshift.controller.store import Store, default_sqlite_url
+from gearshift.controller.tables import SETTING_PAUSED, DeploymentRow, HostRow
+from gearshift.controller.writer import BatchingWriter
+from gearshift.v1 import agent_pb2
+
+log = logging.getLogger(__name__)
+
+HOST_SAVE_INTERVAL_S = 10.0
+
+
+def _dt(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, UTC)
+
+
+def _phase_name(phase: int) -> str:
+    return agent_pb2.DeploymentPhase.Name(phase).removeprefix("DEPLOYMENT_PHASE_").lower()
+
+
+class Persistence:
+    def __init__(self, store: Store, writer: BatchingWriter) -> None:
+        self.store = store
+        self.writer = writer
+        self.rollups = RollupAggregator()
+        self._deployment_keys: dict[str, tuple[str, str, str, str]] = {}
+        self._hosts_saved_at: dict[str, float] = {}
+        self._paused_cache: bool | None = None
+
+    @classmethod
+    def open(cls, db_url: str, data_dir: Path, registry: CollectorRegistry) -> Persistence:
+        url = db_url or default_sqlite_url(data_dir)
+        store = Store.open(url)
+        writer = BatchingWriter(store, registry=registry)
+        return cls(store, writer)
+
+    @property
+    def dialect(self) -> str:
+        return self.store.dialect
+
+    def next_epoch(self) -> int:
+        return self.store.bump_epoch()
+
+    def paused(self) -> bool:
+        if self._paused_cache is None:
+            self._paused_cache = bool(self.store.get_setting(SETTING_PAUSED, False))
+        return self._paused_cache
+
+    def set_paused(self, value: bool) -> None:
+        self.store.set_setting(SETTING_PAUSED, value)
+        self._paused_cache = value
+
+    def _host_row(self, entry: HostEntry) -> HostRow:
+        h = entry.hello
+        return HostRow(
+            host_id=h.host_id, labels=dict(h.labels), agent_version=h.agent_version,
+            gpus=[{"index": g.index, "uuid": g.uuid, "model": g.model,
+                   "memory_total_bytes": g.memory_total_bytes} for g in entry.gpus],
+            engines=[{"engine": e.engine, "version": e.version, "executable": e.executable}
+                     for e in h.engines],
+            last_seen=_dt(entry.last_report_ts),
+            last_report_seq=entry.last_seq or None)
+
+    def host_seen(self, entry: HostEntry) -> None:
+        self.writer.submit_host(self._host_row(entry))
+        self._hosts_saved_at[entry.hello.host_id] = entry.last_report_ts
+
+    def report(self, host_id: str, entry: HostEntry, report: agent_pb2.Report, ts: float) -> None:
+        gpu_model = entry.gpus[0].model if entry.gpus else ""
+        changed = []
+        for dep in report.deployments:
+            self.rollups.add(host_id, dep, ts, gpu_model)
+            key = (host_id, dep.revision, dep.endpoint, _phase_name(dep.phase))
+            if self._deployment_keys.get(dep.deployment_id) != key:
+                self._deployment_keys[dep.deployment_id] = key
+                changed.append(DeploymentRow(
+                    deployment_id=dep.deployment_id, host_id=host_id, model=dep.model,
+                    engine=dep.engine, engine_version=dep.engine_version, revision=dep.revision,
+                    phase=key[3], endpoint=dep.endpoint, updated=_dt(ts)))
+        for row in changed:
+            self.writer.submit_deployment(row)
+
+    def tick(self, fleet: FleetState, now: float) -> None:
+        rows = self.rollups.flush_completed(now)
+        if rows:
+            self.writer.submit_rollups(rows)
+        due = [e for hid, e in fleet.hosts.items()
+               if e.last_report_ts - self._hosts_saved_at.get(hid, 0.0) >= HOST_SAVE_INTERVAL_S]
+        if due:
+            for e in due:
+                self.writer.submit_host(self._host_row(e))
+                self._hosts_saved_at[e.hello.host_id] = e.last_report_ts
+
+    def close(self, fleet: FleetState) -> None:
+        rows = self.rollups.flush_all()
+        if rows:
+            self.writer.submit_rollups(rows)
+        for e in fleet.hosts.values():
+            self.writer.submit_host(self._host_row(e))
+        self.writer.close()
+        self.store.close()

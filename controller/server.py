@@ -1,0 +1,185 @@
+"""The controller process: gRPC services, the store, and periodic housekeeping.
+
+`Controller` wires the in-memory fleet state, the durable store (through one
+batching writer), the agent and control services, gRPC health and reflection,
+and the Prometheus `/metrics` endpoint. `run_controller` is the CLI's entry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import start_http_server
+
+from gearshift.controller.agent_service import AgentService
+from gearshift.controller.control_service import ControlService
+from gearshift.controller.errors import ConfigError
+from gearshift.controller.fleet import FleetState, HostEntry
+from gearshift.controller.interceptors import ErrorInterceptor
+from gearshift.controller.metrics import ControllerMetrics
+from gearshift.controller.persistence import Persistence
+from gearshift.v1 import agent_pb2, agent_pb2_grpc, control_pb2, control_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+HOUSEKEEPING_INTERVAL_S = 2.0
+DEFAULT_REPORT_INTERVAL_S = 10.0
+
+
+@dataclass
+class ControllerConfig:
+    listen: str = "127.0.0.1:50051"
+    db_url: str = ""                       # empty: SQLite under data_dir
+    data_dir: Path = field(default_factory=lambda: Path("./data"))
+    metrics_port: int | None = None        # None: no /metrics; 0: pick a free port
+    report_interval_s: float = DEFAULT_REPORT_INTERVAL_S
+    controller_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+
+    def validate(self) -> None:
+        host, sep, port = self.listen.rpartition(":")
+        if not sep or not host or not port.isdigit() or int(port) > 65535:
+            raise ConfigError(f"--listen: expected HOST:PORT, found {self.listen!r}")
+        if not (0.1 <= self.report_interval_s <= 3600):
+            raise ConfigError(
+                f"--report-interval: expected 0.1..3600 seconds, found {self.report_interval_s}")
+        if self.metrics_port is not None and not (0 <= self.metrics_port <= 65535):
+            raise ConfigError(f"--metrics-port: expected 0..65535, found {self.metrics_port}")
+
+
+class Controller:
+    def __init__(self, config: ControllerConfig, *, metrics: ControllerMetrics | None = None) -> None:
+        config.validate()
+        self.config = config
+        self.metrics = metrics or ControllerMetrics()
+        self.fleet = FleetState()
+        self.persistence = Persistence.open(config.db_url, config.data_dir, self.metrics.registry)
+        self.epoch = self.persistence.next_epoch()
+        self.agents = AgentService(
+            self.fleet, self.metrics, report_interval_s=config.report_interval_s,
+            epoch=self.epoch, controller_id=config.controller_id,
+            on_hello=self._on_hello, on_report=self._on_report)
+        self.control = ControlService(
+            self.fleet, controller_id=config.controller_id, epoch=self.epoch,
+            store_kind=self.persistence.dialect, paused=self.persistence.paused)
+        self.server: aio.Server | None = None
+        self.port = 0
+        self.metrics_port: int | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._metrics_httpd: object | None = None
+
+    def _on_hello(self, entry: HostEntry) -> None:
+        self.persistence.host_seen(entry)
+
+    def _on_report(self, host_id: str, entry: HostEntry, report: agent_pb2.Report, ts: float) -> None:
+        self.persistence.report(host_id, entry, report, ts)
+
+    async def start(self) -> None:
+        server = aio.server(
+            interceptors=[ErrorInterceptor()],
+            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                     ("grpc.keepalive_time_ms", 20_000),
+                     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+                     ("grpc.keepalive_permit_without_calls", 1)])
+        agent_pb2_grpc.add_AgentServiceServicer_to_server(self.agents, server)
+        control_pb2_grpc.add_ControlServiceServicer_to_server(self.control, server)
+        health = HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        names = (
+            agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
+            control_pb2.DESCRIPTOR.services_by_name["ControlService"].full_name,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        )
+        reflection.enable_server_reflection(names, server)
+        self.port = server.add_insecure_port(self.config.listen)
+        if self.port == 0:
+            raise ConfigError(f"--listen: cannot bind {self.config.listen}")
+        await server.start()
+        for name in names[:2]:
+            await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self.server = server
+        if self.config.metrics_port is not None:
+            httpd, _thread = start_http_server(
+                self.config.metrics_port, addr="127.0.0.1", registry=self.metrics.registry)
+            self._metrics_httpd = httpd
+            self.metrics_port = httpd.server_address[1]
+        self._tasks.append(asyncio.create_task(self._housekeeping()))
+        host = self.config.listen.rpartition(":")[0]
+        log.info("controller %s epoch %d listening on %s:%d (store: %s)",
+                 self.config.controller_id, self.epoch, host, self.port, self.persistence.dialect)
+
+    async def _housekeeping(self) -> None:
+        while True:
+            await asyncio.sleep(HOUSEKEEPING_INTERVAL_S)
+            try:
+                self.persistence.tick(self.fleet, time.time())
+                self._update_gauges()
+            except Exception:  # keep the loop alive; the next tick retries
+                log.exception("housekeeping failed")
+
+    def _update_gauges(self) -> None:
+        now = self.fleet.now()
+        counts = {s: 0 for s in ("connected", "unreachable", "disconnected")}
+        names = {control_pb2.HOST_STATE_CONNECTED: "connected",
+                 control_pb2.HOST_STATE_UNREACHABLE: "unreachable",
+                 control_pb2.HOST_STATE_DISCONNECTED: "disconnected"}
+        for entry in self.fleet.hosts.values():
+            counts[names[entry.state(now)]] += 1
+        for state, n in counts.items():
+            self.metrics.hosts.labels(state).set(n)
+        self.metrics.deployments.clear()
+        for _h, dep, _ts in self.fleet.deployments():
+            phase = agent_pb2.DeploymentPhase.Name(dep.phase).removeprefix("DEPLOYMENT_PHASE_").lower()
+            self.metrics.deployments.labels(dep.engine, phase).inc()
+        self.metrics.route_version.set(self.fleet.routing_table().version)
+
+    async def stop(self, grace_s: float = 2.0) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for conn in list(self.agents.connections.values()):
+            conn.close()
+        if self.server is not None:
+            await self.server.stop(grace_s)
+        if self._metrics_httpd is not None:
+            self._metrics_httpd.shutdown()  # type: ignore[attr-defined]
+        self.persistence.close(self.fleet)
+
+
+async def run_controller(config: ControllerConfig, *, ready_file: Path | None = None) -> None:
+    controller = Controller(config)
+    await controller.start()
+    if ready_file is not None:
+        ready_file.write_text(f"{controller.port} {controller.metrics_port or 0}\n")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"gearshift controller listening on {config.listen.rpartition(':')[0]}:{controller.port}"
+          + (f", metrics on :{controller.metrics_port}" if controller.metrics_port else ""),
+          flush=True)
+    await stop.wait()
+    log.info("shutting down")
+    await controller.stop()
+
+
+def new_controller_id() -> str:
+    return f"ctl-{uuid.uuid4().hex[:8]}"
+
+
+__all__ = ["Controller", "ControllerConfig", "run_controller", "grpc"]
