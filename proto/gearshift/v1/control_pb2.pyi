@@ -1,5 +1,6 @@
 import datetime
 
+from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from gearshift.v1 import agent_pb2 as _agent_pb2
 from google.protobuf.internal import containers as _containers
@@ -218,3 +219,173 @@ class GatewayReport(_message.Message):
 class GatewayReportAck(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class PolicyVersion(_message.Message):
+    __slots__ = ("version", "name", "digest", "yaml_text", "applied_at", "applied_by", "comment", "active", "mode")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    YAML_TEXT_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_AT_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_BY_FIELD_NUMBER: _ClassVar[int]
+    COMMENT_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    name: str
+    digest: str
+    yaml_text: str
+    applied_at: _timestamp_pb2.Timestamp
+    applied_by: str
+    comment: str
+    active: bool
+    mode: str
+    def __init__(self, version: _Optional[int] = ..., name: _Optional[str] = ..., digest: _Optional[str] = ..., yaml_text: _Optional[str] = ..., applied_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., applied_by: _Optional[str] = ..., comment: _Optional[str] = ..., active: _Optional[bool] = ..., mode: _Optional[str] = ...) -> None: ...
+
+class ValidatePolicyRequest(_message.Message):
+    __slots__ = ("yaml_text", "source")
+    YAML_TEXT_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    yaml_text: str
+    source: str
+    def __init__(self, yaml_text: _Optional[str] = ..., source: _Optional[str] = ...) -> None: ...
+
+class ValidatePolicyResponse(_message.Message):
+    __slots__ = ("valid", "errors", "name", "digest")
+    VALID_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    valid: bool
+    errors: _containers.RepeatedScalarFieldContainer[str]
+    name: str
+    digest: str
+    def __init__(self, valid: _Optional[bool] = ..., errors: _Optional[_Iterable[str]] = ..., name: _Optional[str] = ..., digest: _Optional[str] = ...) -> None: ...
+
+class ApplyPolicyRequest(_message.Message):
+    __slots__ = ("yaml_text", "source", "applied_by", "comment", "restore_version")
+    YAML_TEXT_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_BY_FIELD_NUMBER: _ClassVar[int]
+    COMMENT_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    yaml_text: str
+    source: str
+    applied_by: str
+    comment: str
+    restore_version: int
+    def __init__(self, yaml_text: _Optional[str] = ..., source: _Optional[str] = ..., applied_by: _Optional[str] = ..., comment: _Optional[str] = ..., restore_version: _Optional[int] = ...) -> None: ...
+
+class ApplyPolicyResponse(_message.Message):
+    __slots__ = ("policy", "changed")
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    policy: PolicyVersion
+    changed: bool
+    def __init__(self, policy: _Optional[_Union[PolicyVersion, _Mapping]] = ..., changed: _Optional[bool] = ...) -> None: ...
+
+class GetPolicyRequest(_message.Message):
+    __slots__ = ("version",)
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    def __init__(self, version: _Optional[int] = ...) -> None: ...
+
+class PolicyHistoryRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PolicyHistoryResponse(_message.Message):
+    __slots__ = ("versions",)
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    versions: _containers.RepeatedCompositeFieldContainer[PolicyVersion]
+    def __init__(self, versions: _Optional[_Iterable[_Union[PolicyVersion, _Mapping]]] = ...) -> None: ...
+
+class Decision(_message.Message):
+    __slots__ = ("id", "created_at", "model", "from_engine", "to_engine", "rule", "inputs", "expected", "alternatives", "policy_version", "mode", "status", "status_reason", "updated_at")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    FROM_ENGINE_FIELD_NUMBER: _ClassVar[int]
+    TO_ENGINE_FIELD_NUMBER: _ClassVar[int]
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    ALTERNATIVES_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    STATUS_REASON_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    created_at: _timestamp_pb2.Timestamp
+    model: str
+    from_engine: str
+    to_engine: str
+    rule: str
+    inputs: _struct_pb2.Struct
+    expected: _struct_pb2.Struct
+    alternatives: _struct_pb2.ListValue
+    policy_version: int
+    mode: str
+    status: str
+    status_reason: str
+    updated_at: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., model: _Optional[str] = ..., from_engine: _Optional[str] = ..., to_engine: _Optional[str] = ..., rule: _Optional[str] = ..., inputs: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., expected: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., alternatives: _Optional[_Union[_struct_pb2.ListValue, _Mapping]] = ..., policy_version: _Optional[int] = ..., mode: _Optional[str] = ..., status: _Optional[str] = ..., status_reason: _Optional[str] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class ListDecisionsRequest(_message.Message):
+    __slots__ = ("model", "status", "limit")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    status: str
+    limit: int
+    def __init__(self, model: _Optional[str] = ..., status: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListDecisionsResponse(_message.Message):
+    __slots__ = ("decisions",)
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    decisions: _containers.RepeatedCompositeFieldContainer[Decision]
+    def __init__(self, decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ...) -> None: ...
+
+class GetDecisionRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class ReviewDecisionRequest(_message.Message):
+    __slots__ = ("id", "reason", "by")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    reason: str
+    by: str
+    def __init__(self, id: _Optional[str] = ..., reason: _Optional[str] = ..., by: _Optional[str] = ...) -> None: ...
+
+class SetPausedRequest(_message.Message):
+    __slots__ = ("paused", "reason")
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    paused: bool
+    reason: str
+    def __init__(self, paused: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SetPausedResponse(_message.Message):
+    __slots__ = ("paused",)
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    paused: bool
+    def __init__(self, paused: _Optional[bool] = ...) -> None: ...
+
+class EvaluateNowRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EvaluateNowResponse(_message.Message):
+    __slots__ = ("decisions", "message")
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    decisions: _containers.RepeatedCompositeFieldContainer[Decision]
+    message: str
+    def __init__(self, decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ..., message: _Optional[str] = ...) -> None: ...

@@ -64,6 +64,56 @@ class ControlServiceStub:
                 request_serializer=gearshift_dot_v1_dot_control__pb2.GatewayReport.SerializeToString,
                 response_deserializer=gearshift_dot_v1_dot_control__pb2.GatewayReportAck.FromString,
                 _registered_method=True)
+        self.ValidatePolicy = channel.unary_unary(
+                '/gearshift.v1.ControlService/ValidatePolicy',
+                request_serializer=gearshift_dot_v1_dot_control__pb2.ValidatePolicyRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_control__pb2.ValidatePolicyResponse.FromString,
+                _registered_method=True)
+        self.ApplyPolicy = channel.unary_unary(
+                '/gearshift.v1.ControlService/ApplyPolicy',
+                request_serializer=gearshift_dot_v1_dot_control__pb2.ApplyPolicyRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_control__pb2.ApplyPolicyResponse.FromString,
+                _registered_method=True)
+        self.GetPolicy = channel.unary_unary(
+                '/gearshift.v1.ControlService/GetPolicy',
+                request_serializer=gearshift_dot_v1_dot_control__pb2.GetPolicyRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_control__pb2.PolicyVersion.FromString,
+                _registered_method=True)
+        self.PolicyHistory = channel.unary_unary(
+                '/gearshift.v1.ControlService/PolicyHistory',
+                request_serializer=gearshift_dot_v1_dot_control__pb2.PolicyHistoryRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_control__pb2.PolicyHistoryResponse.FromString,
+                _registered_method=True)
+        self.ListDecisions = channel.unary_unary(
+                '/gearshift.v1.ControlService/ListDecisions',
+                request_serializer=gearshift_dot_v1_dot_control__pb2.ListDecisionsRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_control__pb2.ListDecisionsResponse.FromString,
+                _registered_method=True)
+        self.GetDecision = channel.unary_unary(
+                '/gearshift.v1.ControlService/GetDecision',
+                request_serializer=gearshift_dot_v1_dot_control__pb2.GetDecisionRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_control__pb2.Decision.FromString,
+                _registered_method=True)
+        self.ApproveDecision = channel.unary_unary(
+                '/gearshift.v1.ControlService/ApproveDecision',
+                request_serializer=gearshift_dot_v1_dot_control__pb2.ReviewDecisionRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_control__pb2.Decision.FromString,
+                _registered_method=True)
+        self.RejectDecision = channel.unary_unary(
+                '/gearshift.v1.ControlService/RejectDecision',
+                request_serializer=gearshift_dot_v1_dot_control__pb2.ReviewDecisionRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_control__pb2.Decision.FromString,
+                _registered_method=True)
+        self.EvaluateNow = channel.unary_unary(
+                '/gearshift.v1.ControlService/EvaluateNow',
+                request_serializer=gearshift_dot_v1_dot_control__pb2.EvaluateNowRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_control__pb2.EvaluateNowResponse.FromString,
+                _registered_method=True)
+        self.SetPaused = channel.unary_unary(
+                '/gearshift.v1.ControlService/SetPaused',
+                request_serializer=gearshift_dot_v1_dot_control__pb2.SetPausedRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_control__pb2.SetPausedResponse.FromString,
+                _registered_method=True)
 
 
 class ControlServiceServicer:
@@ -106,6 +156,67 @@ class ControlServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ValidatePolicy(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ApplyPolicy(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetPolicy(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PolicyHistory(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListDecisions(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetDecision(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ApproveDecision(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RejectDecision(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EvaluateNow(self, request, context):
+        """Run the policy loop once now (for operators and tests), returning new decisions.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetPaused(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -138,6 +249,56 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.ReportGateway,
                     request_deserializer=gearshift_dot_v1_dot_control__pb2.GatewayReport.FromString,
                     response_serializer=gearshift_dot_v1_dot_control__pb2.GatewayReportAck.SerializeToString,
+            ),
+            'ValidatePolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.ValidatePolicy,
+                    request_deserializer=gearshift_dot_v1_dot_control__pb2.ValidatePolicyRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_control__pb2.ValidatePolicyResponse.SerializeToString,
+            ),
+            'ApplyPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.ApplyPolicy,
+                    request_deserializer=gearshift_dot_v1_dot_control__pb2.ApplyPolicyRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_control__pb2.ApplyPolicyResponse.SerializeToString,
+            ),
+            'GetPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPolicy,
+                    request_deserializer=gearshift_dot_v1_dot_control__pb2.GetPolicyRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_control__pb2.PolicyVersion.SerializeToString,
+            ),
+            'PolicyHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.PolicyHistory,
+                    request_deserializer=gearshift_dot_v1_dot_control__pb2.PolicyHistoryRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_control__pb2.PolicyHistoryResponse.SerializeToString,
+            ),
+            'ListDecisions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDecisions,
+                    request_deserializer=gearshift_dot_v1_dot_control__pb2.ListDecisionsRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_control__pb2.ListDecisionsResponse.SerializeToString,
+            ),
+            'GetDecision': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetDecision,
+                    request_deserializer=gearshift_dot_v1_dot_control__pb2.GetDecisionRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_control__pb2.Decision.SerializeToString,
+            ),
+            'ApproveDecision': grpc.unary_unary_rpc_method_handler(
+                    servicer.ApproveDecision,
+                    request_deserializer=gearshift_dot_v1_dot_control__pb2.ReviewDecisionRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_control__pb2.Decision.SerializeToString,
+            ),
+            'RejectDecision': grpc.unary_unary_rpc_method_handler(
+                    servicer.RejectDecision,
+                    request_deserializer=gearshift_dot_v1_dot_control__pb2.ReviewDecisionRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_control__pb2.Decision.SerializeToString,
+            ),
+            'EvaluateNow': grpc.unary_unary_rpc_method_handler(
+                    servicer.EvaluateNow,
+                    request_deserializer=gearshift_dot_v1_dot_control__pb2.EvaluateNowRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_control__pb2.EvaluateNowResponse.SerializeToString,
+            ),
+            'SetPaused': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetPaused,
+                    request_deserializer=gearshift_dot_v1_dot_control__pb2.SetPausedRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_control__pb2.SetPausedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -302,6 +463,276 @@ class ControlService:
             '/gearshift.v1.ControlService/ReportGateway',
             gearshift_dot_v1_dot_control__pb2.GatewayReport.SerializeToString,
             gearshift_dot_v1_dot_control__pb2.GatewayReportAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ValidatePolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.ControlService/ValidatePolicy',
+            gearshift_dot_v1_dot_control__pb2.ValidatePolicyRequest.SerializeToString,
+            gearshift_dot_v1_dot_control__pb2.ValidatePolicyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ApplyPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.ControlService/ApplyPolicy',
+            gearshift_dot_v1_dot_control__pb2.ApplyPolicyRequest.SerializeToString,
+            gearshift_dot_v1_dot_control__pb2.ApplyPolicyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.ControlService/GetPolicy',
+            gearshift_dot_v1_dot_control__pb2.GetPolicyRequest.SerializeToString,
+            gearshift_dot_v1_dot_control__pb2.PolicyVersion.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PolicyHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.ControlService/PolicyHistory',
+            gearshift_dot_v1_dot_control__pb2.PolicyHistoryRequest.SerializeToString,
+            gearshift_dot_v1_dot_control__pb2.PolicyHistoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDecisions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.ControlService/ListDecisions',
+            gearshift_dot_v1_dot_control__pb2.ListDecisionsRequest.SerializeToString,
+            gearshift_dot_v1_dot_control__pb2.ListDecisionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetDecision(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.ControlService/GetDecision',
+            gearshift_dot_v1_dot_control__pb2.GetDecisionRequest.SerializeToString,
+            gearshift_dot_v1_dot_control__pb2.Decision.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ApproveDecision(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.ControlService/ApproveDecision',
+            gearshift_dot_v1_dot_control__pb2.ReviewDecisionRequest.SerializeToString,
+            gearshift_dot_v1_dot_control__pb2.Decision.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RejectDecision(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.ControlService/RejectDecision',
+            gearshift_dot_v1_dot_control__pb2.ReviewDecisionRequest.SerializeToString,
+            gearshift_dot_v1_dot_control__pb2.Decision.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EvaluateNow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.ControlService/EvaluateNow',
+            gearshift_dot_v1_dot_control__pb2.EvaluateNowRequest.SerializeToString,
+            gearshift_dot_v1_dot_control__pb2.EvaluateNowResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetPaused(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.ControlService/SetPaused',
+            gearshift_dot_v1_dot_control__pb2.SetPausedRequest.SerializeToString,
+            gearshift_dot_v1_dot_control__pb2.SetPausedResponse.FromString,
             options,
             channel_credentials,
             insecure,
