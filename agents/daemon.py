@@ -10,6 +10,7 @@ nothing is stopped because of it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import signal
@@ -22,8 +23,10 @@ import grpc
 from gearshift.agents.commands import CommandExecutor
 from gearshift.agents.config import AgentConfig, EngineConfig
 from gearshift.agents.gpus import EmulatedGpus, GpuSource, open_gpu_source
-from gearshift.agents.metrics import EngineScraper
-from gearshift.agents.runtimes import get_runtime
+from gearshift.agents.metrics import EngineScraper, to_proto
+from gearshift.agents.runtimes import trtllm as _trtllm  # noqa: F401  (registers the runtime)
+from gearshift.agents.runtimes import vllm as _vllm  # noqa: F401  (registers the runtime)
+from gearshift.agents.runtimes.base import get_runtime
 from gearshift.agents.runtimes.spec import DeploymentSpec, Phase
 from gearshift.agents.runtimes.supervisor import EngineSupervisor
 from gearshift.controller.errors import FailedPrecondition, InvalidArgument
@@ -81,7 +84,7 @@ class Agent:
         eng = self._engine(spec.engine)
         workdir = Path(self.config.workdir) / spec.deployment_id
         sup = EngineSupervisor(spec, get_runtime(spec.engine), executable=eng.executable,
-                               env=dict(eng.env), workdir=workdir, host=self.config.bind_host)
+                               env=dict(eng.env), workdir=workdir, bind_host=self.config.bind_host)
         self.supervisors[spec.deployment_id] = sup
         await sup.start()
         assert self._session is not None
@@ -142,10 +145,10 @@ class Agent:
                 deployment_id=dep_id, engine=spec.engine, engine_version=self._engine(spec.engine).version,
                 model=spec.model, revision=spec.revision, phase=sup.phase.to_proto(),
                 endpoint=sup.endpoint or "", restarts=sup.restarts, message=sup.last_message or "",
-                backend=spec.backend)
+                backend=spec.backend, served_model_name=sup.served_model_name)
             d.gpu_indices.extend(spec.gpu_indices)
             if sample is not None:
-                sample.to_proto(d)
+                to_proto(sample, d)
         return report
 
     # -- connection -------------------------------------------------------------
@@ -199,7 +202,7 @@ class Agent:
                 report = await self.build_report()
                 async with self._write_lock:
                     await call.write(agent_pb2.AgentMessage(report=report))
-                done, _ = await asyncio.wait({reader}, timeout=self.interval_s)
+                _done, _ = await asyncio.wait({reader}, timeout=self.interval_s)
             await reader  # re-raise what ended the stream
         finally:
             reader.cancel()
@@ -246,10 +249,8 @@ class Agent:
                 backoff = BACKOFF_INITIAL_S  # the session was healthy: start over
             delay = random.uniform(0.5, 1.0) * backoff
             log.info("reconnecting in %.1fs (engines keep running)", delay)
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), delay)
-            except TimeoutError:
-                pass
             backoff = min(self.backoff_max_s, backoff * 2)
 
     def stop(self) -> None:

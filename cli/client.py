@@ -5,11 +5,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
 import click
 import grpc
-
 from gearshift.controller.errors import GearshiftError, from_rpc_error
 from gearshift.v1 import control_pb2_grpc
 
@@ -22,7 +21,7 @@ T = TypeVar("T")
 class CliError(click.ClickException):
     """A gearshift error shown to a person: message only, exit code by status."""
 
-    EXIT_BY_CODE = {
+    EXIT_BY_CODE: ClassVar[dict[grpc.StatusCode, int]] = {
         grpc.StatusCode.INVALID_ARGUMENT: 2,
         grpc.StatusCode.NOT_FOUND: 3,
         grpc.StatusCode.FAILED_PRECONDITION: 4,

@@ -8,6 +8,7 @@ agents launch exactly as they would launch `vllm` or `trtllm-serve`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 
 READY_TIMEOUT_S = 30.0
@@ -55,10 +57,8 @@ class Proc:
                 os.killpg(self.popen.pid, signal.SIGKILL)
                 self.popen.wait(5)
         # Engines the process started live in its process group: make sure none stays.
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.popen.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
         return self.popen.returncode
 
     def kill(self) -> None:
@@ -164,3 +164,20 @@ class LocalFleet:
             if proc is not None:
                 proc.terminate()
         self.procs.clear()
+        kill_strays(self.workdir)
+
+
+def kill_strays(workdir: Path) -> int:
+    """Kill engine processes left running under `workdir` (an agent that was SIGKILLed
+    leaves its engines behind, as a crashed agent would on a real host)."""
+    root = str(workdir.resolve())
+    killed = 0
+    for p in psutil.process_iter(["pid", "cwd"]):
+        try:
+            cwd = p.info.get("cwd") or ""
+            if cwd.startswith(root) and p.pid != os.getpid():
+                p.kill()
+                killed += 1
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return killed

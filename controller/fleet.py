@@ -174,7 +174,7 @@ class FleetState:
                 continue
             routes.setdefault(dep.model, []).append(control_pb2.RouteEndpoint(
                 deployment_id=dep.deployment_id, host_id=host_id, endpoint=dep.endpoint,
-                engine=dep.engine, weight=1.0,
+                engine=dep.engine, weight=1.0, served_model_name=dep.served_model_name,
                 leaving=dep.phase == agent_pb2.DEPLOYMENT_PHASE_DRAINING))
         for model, eps in routes.items():
             eps.sort(key=lambda e: e.deployment_id)

@@ -157,20 +157,22 @@ class FleetStatusResponse(_message.Message):
     def __init__(self, controller_id: _Optional[str] = ..., epoch: _Optional[int] = ..., store: _Optional[str] = ..., hosts: _Optional[int] = ..., hosts_connected: _Optional[int] = ..., hosts_unreachable: _Optional[int] = ..., gpus: _Optional[int] = ..., deployments: _Optional[int] = ..., deployments_ready: _Optional[int] = ..., models: _Optional[int] = ..., request_rate: _Optional[float] = ..., reports_total: _Optional[int] = ..., started: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., paused: _Optional[bool] = ...) -> None: ...
 
 class RouteEndpoint(_message.Message):
-    __slots__ = ("deployment_id", "host_id", "endpoint", "engine", "weight", "leaving")
+    __slots__ = ("deployment_id", "host_id", "endpoint", "engine", "weight", "leaving", "served_model_name")
     DEPLOYMENT_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_FIELD_NUMBER: _ClassVar[int]
     LEAVING_FIELD_NUMBER: _ClassVar[int]
+    SERVED_MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     deployment_id: str
     host_id: str
     endpoint: str
     engine: str
     weight: float
     leaving: bool
-    def __init__(self, deployment_id: _Optional[str] = ..., host_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., engine: _Optional[str] = ..., weight: _Optional[float] = ..., leaving: _Optional[bool] = ...) -> None: ...
+    served_model_name: str
+    def __init__(self, deployment_id: _Optional[str] = ..., host_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., engine: _Optional[str] = ..., weight: _Optional[float] = ..., leaving: _Optional[bool] = ..., served_model_name: _Optional[str] = ...) -> None: ...
 
 class ModelRoute(_message.Message):
     __slots__ = ("model", "endpoints")

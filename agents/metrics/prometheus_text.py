@@ -1,0 +1,291 @@
+"""Parse engine Prometheus text (vLLM, trtllm-serve, Triton) into an `EngineSnapshot`.
+
+The text is read with `prometheus_client.parser`; this module only maps the
+engines' metric names onto gearshift's fields. Names are matched on SAMPLE names,
+not family names, because real scrapes are not always well formed (the
+trtllm-serve excerpt in PR 5785 has buckets with no `# TYPE` line, which the
+library reads as untyped families of one sample each).
+
+Accepted names (each looked up as `vllm:NAME`, then `trtllm_NAME`, then bare
+`NAME`, the first prefix that has it wins, so nothing is counted twice):
+- counters `request_success_total` (summed over `finished_reason`; reasons in
+  `ERROR_FINISH_REASONS` also count as errors), `prompt_tokens_total`,
+  `generation_tokens_total` (with or without `_total`);
+- gauges `num_requests_running`, `num_requests_waiting`, `kv_cache_usage_perc`
+  (older vLLM: `gpu_cache_usage_perc`; later trtllm: `kv_cache_utilization`);
+- histograms `time_to_first_token_seconds`, `inter_token_latency_seconds`
+  (older name `time_per_output_token_seconds`, used only when the new one is
+  absent), `e2e_request_latency_seconds`.
+Triton's `nv_inference_*` and `nv_trt_llm_*` families map to request counts,
+running/waiting requests and KV-cache block usage.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import TypeVar
+
+from gearshift.agents.metrics.model import (
+    EngineSnapshot,
+    Histogram,
+    MetricsParseError,
+    Skip,
+    SkipReason,
+)
+from prometheus_client.parser import text_string_to_metric_families
+
+NAME_PREFIXES = ("vllm:", "trtllm_", "")
+COUNTER_SUFFIX = "_total"
+ERROR_FINISH_REASONS = frozenset({"abort", "error"})
+TRITON_LLM_MODEL = "tensorrt_llm"
+MAX_QUOTED_LINE_CHARS = 80
+
+_T = TypeVar("_T")
+Labels = tuple[tuple[str, str], ...]
+Series = list[tuple[Labels, float]]
+
+
+def parse_prometheus_text(text: str, *, source: str = "/metrics") -> EngineSnapshot:
+    """Read one Prometheus text scrape; raise `MetricsParseError` if it is not that format.
+
+    Series with unusable values (NaN, ±Inf, negative, bad `le`) are dropped and
+    listed in `EngineSnapshot.skips`; the rest of the scrape is still used.
+    """
+    if not isinstance(text, str):
+        raise MetricsParseError(f"{source}: expected text, got {type(text).__name__}")
+    series = _read_series(text, source)
+    reader = _Reader(series, source)
+    snapshot = reader.engine_snapshot()
+    triton = reader.triton_snapshot()
+    merged = EngineSnapshot(
+        requests_finished=_first(snapshot.requests_finished, triton.requests_finished),
+        request_errors=_first(snapshot.request_errors, triton.request_errors),
+        prompt_tokens=snapshot.prompt_tokens,
+        generation_tokens=snapshot.generation_tokens,
+        running=_first(snapshot.running, triton.running),
+        waiting=_first(snapshot.waiting, triton.waiting),
+        kv_cache_usage=_first(snapshot.kv_cache_usage, triton.kv_cache_usage),
+        ttft=snapshot.ttft,
+        itl=snapshot.itl,
+        e2e=snapshot.e2e,
+        skips=tuple(reader.skips),
+    )
+    return merged
+
+
+def _first(*values: _T | None) -> _T | None:
+    for value in values:
+        if value is not None:
+            return value
+    return None
+
+
+def _read_series(text: str, source: str) -> dict[str, Series]:
+    """All samples by sample name without `_total`; a repeated (name, labels) keeps the last.
+
+    The library names counter samples `NAME_total` even when the text wrote `NAME`
+    (Triton does), so counters are looked up without the suffix.
+    """
+    latest: dict[tuple[str, Labels], float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                labels = tuple(sorted(sample.labels.items()))
+                latest[(sample.name, labels)] = float(sample.value)
+    except Exception as exc:  # the library raises ValueError and others on bad text
+        raise MetricsParseError(_describe_bad_text(text, source, exc)) from exc
+    by_name: dict[str, Series] = defaultdict(list)
+    for (name, labels), value in latest.items():
+        by_name[name.removesuffix(COUNTER_SUFFIX)].append((labels, value))
+    return by_name
+
+
+def _describe_bad_text(text: str, source: str, exc: Exception) -> str:
+    """Name the first line the library rejects on its own, if there is one."""
+    for number, line in enumerate(text.splitlines(), start=1):
+        try:
+            list(text_string_to_metric_families(line + "\n"))
+        except Exception as line_exc:
+            quoted = (
+                line if len(line) <= MAX_QUOTED_LINE_CHARS else line[:MAX_QUOTED_LINE_CHARS] + "…"
+            )
+            return f"{source}: not Prometheus text at line {number} ({quoted!r}): {line_exc}"
+    return f"{source}: not Prometheus text: {exc}"
+
+
+class _Reader:
+    """Looks samples up by engine name, validating only the series it uses."""
+
+    def __init__(self, series: Mapping[str, Series], source: str) -> None:
+        self._series = series
+        self._source = source
+        self.skips: list[Skip] = []
+
+    def _skip(self, reason: SkipReason, name: str, labels: Labels, value: float | str) -> None:
+        shown = ",".join(f'{key}="{val}"' for key, val in labels)
+        self.skips.append(Skip(reason, f"{self._source}: {name}{{{shown}}} = {value}"))
+
+    def _valid(self, name: str, labels: Labels, value: float) -> bool:
+        if math.isnan(value) or math.isinf(value):
+            self._skip(SkipReason.NON_FINITE, name, labels, value)
+            return False
+        if value < 0:
+            self._skip(SkipReason.NEGATIVE, name, labels, value)
+            return False
+        return True
+
+    def _lookup(self, *names: str) -> tuple[str, Series] | None:
+        """The first of `names` under the first prefix that has it."""
+        for name in names:
+            for prefix in NAME_PREFIXES:
+                full = prefix + name
+                if full in self._series:
+                    return full, self._series[full]
+        return None
+
+    def _sum(
+        self, found: tuple[str, Series] | None, keep: Iterable[Labels] | None = None
+    ) -> float | None:
+        if found is None:
+            return None
+        name, series = found
+        allowed = set(keep) if keep is not None else None
+        values = [
+            value
+            for labels, value in series
+            if (allowed is None or labels in allowed) and self._valid(name, labels, value)
+        ]
+        return self._finite_total(name, values)
+
+    def _finite_total(self, name: str, values: list[float]) -> float | None:
+        """The sum of `values`; None (with a skip) when there are none or it overflows."""
+        if not values:
+            return None
+        total = sum(values)
+        if math.isinf(total):
+            self._skip(SkipReason.NON_FINITE, name, (), "overflow when summed")
+            return None
+        return total
+
+    def engine_snapshot(self) -> EngineSnapshot:
+        success = self._lookup("request_success")
+        errors: float | None = None
+        if success is not None:
+            error_labels = [
+                labels
+                for labels, _ in success[1]
+                if dict(labels).get("finished_reason") in ERROR_FINISH_REASONS
+            ]
+            errors = self._sum(success, error_labels) if error_labels else 0.0
+        return EngineSnapshot(
+            requests_finished=self._sum(success),
+            request_errors=errors,
+            prompt_tokens=self._sum(self._lookup("prompt_tokens")),
+            generation_tokens=self._sum(self._lookup("generation_tokens")),
+            running=self._sum(self._lookup("num_requests_running")),
+            waiting=self._sum(self._lookup("num_requests_waiting")),
+            kv_cache_usage=self._kv_fraction(),
+            ttft=self._histogram("time_to_first_token_seconds"),
+            itl=self._histogram("inter_token_latency_seconds", "time_per_output_token_seconds"),
+            e2e=self._histogram("e2e_request_latency_seconds"),
+        )
+
+    def _kv_fraction(self) -> float | None:
+        found = self._lookup("kv_cache_usage_perc", "gpu_cache_usage_perc", "kv_cache_utilization")
+        if found is None:
+            return None
+        name, series = found
+        values = [v for labels, v in series if self._valid(name, labels, v)]
+        # One value per engine core (data parallel): report their mean.
+        return self._fraction(name, sum(v / len(values) for v in values)) if values else None
+
+    def _fraction(self, name: str, value: float) -> float | None:
+        if value > 1.0:
+            self._skip(SkipReason.OUT_OF_RANGE, name, (), value)
+            return None
+        return value
+
+    def _histogram(self, *bases: str) -> Histogram | None:
+        for base in bases:
+            found = self._lookup(base + "_bucket")
+            if found is not None:
+                prefix = found[0][: -len(base + "_bucket")]
+                return self._build_histogram(prefix + base, found[1])
+        return None
+
+    def _build_histogram(self, name: str, buckets: Series) -> Histogram | None:
+        by_bound: dict[float, float] = defaultdict(float)
+        for labels, value in buckets:
+            le = dict(labels).get("le")
+            try:
+                bound = float(le) if le is not None else math.nan
+            except ValueError:
+                bound = math.nan
+            if math.isnan(bound):
+                self._skip(SkipReason.BAD_LABEL, name + "_bucket", labels, value)
+                return None
+            if not self._valid(name + "_bucket", labels, value):
+                return None  # one bad bucket makes the whole histogram unreliable
+            by_bound[bound] += value
+            if math.isinf(by_bound[bound]):
+                self._skip(SkipReason.NON_FINITE, name + "_bucket", labels, "overflow when summed")
+                return None
+        count = self._sum(self._lookup_exact(name + "_count"))
+        total = self._sum(self._lookup_exact(name + "_sum"))
+        ordered = sorted(by_bound.items())
+        if not ordered or not math.isinf(ordered[-1][0]):
+            # Partial scrapes (the aibrix excerpt) stop before +Inf: use `_count`.
+            last = ordered[-1][1] if ordered else 0.0
+            ordered.append((math.inf, max(last, count or 0.0)))
+        if count is None:
+            count = ordered[-1][1]
+        return Histogram(buckets=tuple(ordered), sum=total, count=count)
+
+    def _lookup_exact(self, name: str) -> tuple[str, Series] | None:
+        return (name, self._series[name]) if name in self._series else None
+
+    def triton_snapshot(self) -> EngineSnapshot:
+        success = self._triton_series("nv_inference_request_success")
+        failure = self._triton_series("nv_inference_request_failure")
+        ok = self._sum(success)
+        failed = self._sum(failure)
+        finished = None if ok is None and failed is None else (ok or 0.0) + (failed or 0.0)
+        requests = self._by_label("nv_trt_llm_request_metrics", "request_type")
+        blocks = self._by_label("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type")
+        kv: float | None = None
+        used, most = blocks.get("used"), blocks.get("max")
+        if used is not None and most:
+            kv = self._fraction("nv_trt_llm_kv_cache_block_metrics", used / most)
+        elif blocks.get("fraction") is not None:
+            kv = self._fraction("nv_trt_llm_kv_cache_block_metrics", blocks["fraction"])
+        waiting = requests.get("waiting")
+        if waiting is None:
+            waiting = self._sum(self._triton_series("nv_inference_pending_request_count"))
+        return EngineSnapshot(
+            requests_finished=finished,
+            request_errors=failed,
+            running=requests.get("active"),
+            waiting=waiting,
+            kv_cache_usage=kv,
+        )
+
+    def _triton_series(self, name: str) -> tuple[str, Series] | None:
+        """Triton labels each model of an ensemble; count only the LLM model if present."""
+        if name not in self._series:
+            return None
+        series = self._series[name]
+        llm = [(labels, v) for labels, v in series if dict(labels).get("model") == TRITON_LLM_MODEL]
+        return name, llm or series
+
+    def _by_label(self, name: str, label: str) -> dict[str, float]:
+        found = self._triton_series(name)
+        if found is None:
+            return {}
+        out: dict[str, float] = defaultdict(float)
+        for labels, value in found[1]:
+            kind = dict(labels).get(label)
+            if kind is not None and self._valid(name, labels, value):
+                out[kind] += value
+        return {kind: v for kind, v in out.items() if not math.isinf(v)}

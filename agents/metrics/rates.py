@@ -1,0 +1,215 @@
+"""Turn successive engine snapshots into per-interval rates and latency quantiles.
+
+`RateCalculator` is pure: it keeps the previous snapshot and its scrape time and,
+given the next one, returns an `EngineSample`. Quantiles come from histogram
+BUCKET DELTAS between the two scrapes, interpolated linearly inside the bucket
+exactly as Prometheus' `histogram_quantile` does (written out here because
+prometheus_client only exposes metrics, it does not query them).
+
+Counter resets (a counter or bucket lower than before, e.g. the engine
+restarted) start the interval from zero: the new value is the delta. Rates are
+never negative.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+
+from gearshift.agents.metrics.model import (
+    ABSENT,
+    EngineSample,
+    EngineSnapshot,
+    Histogram,
+    Quantiles,
+    Skip,
+    SkipReason,
+)
+from gearshift.v1 import agent_pb2
+
+P50 = 0.5
+P99 = 0.99
+UINT64_MAX = 2**64 - 1
+
+
+def bucket_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float:
+    """Prometheus `histogram_quantile` on cumulative (upper bound, count) buckets.
+
+    Returns NaN when there is no observation or no finite bucket to interpolate in.
+    Counts that decrease with the bound (a torn scrape) are made monotonic first,
+    as Prometheus does.
+    """
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"quantile must be within [0, 1], got {q}")
+    ordered = sorted(buckets)
+    if len(ordered) < 2 or not math.isinf(ordered[-1][0]):
+        return math.nan
+    fixed: list[tuple[float, float]] = []
+    running_max = 0.0
+    for bound, count in ordered:
+        running_max = max(running_max, count)
+        fixed.append((bound, running_max))
+    total = fixed[-1][1]
+    if total <= 0:
+        return math.nan
+    rank = q * total
+    index = next(i for i, (_, count) in enumerate(fixed) if count >= rank)
+    if index == len(fixed) - 1:
+        return fixed[-2][0]  # in the +Inf bucket: the highest finite bound
+    upper, count = fixed[index]
+    if index == 0 and upper <= 0:
+        return upper
+    lower, below = (0.0, 0.0) if index == 0 else fixed[index - 1]
+    in_bucket = count - below
+    if in_bucket <= 0:
+        return upper
+    return lower + (upper - lower) * ((rank - below) / in_bucket)
+
+
+def histogram_delta(previous: Histogram | None, current: Histogram) -> tuple[Histogram, bool]:
+    """Observations in the interval, and whether a reset was detected.
+
+    A reset (lower count or bucket, or a changed bucket layout) makes the current
+    histogram itself the delta.
+    """
+    if previous is None:
+        return current, False
+    if previous.bounds() != current.bounds() or current.count < previous.count:
+        return current, True
+    deltas = [
+        (bound, now - before)
+        for (bound, now), (_, before) in zip(current.buckets, previous.buckets, strict=True)
+    ]
+    if any(delta < 0 for _, delta in deltas):
+        return current, True
+    total: float | None = None
+    if current.sum is not None and previous.sum is not None:
+        total = current.sum - previous.sum
+        if total < 0:
+            return current, True
+    return Histogram(tuple(deltas), total, current.count - previous.count), False
+
+
+def quantiles_of(delta: Histogram) -> Quantiles:
+    """p50/p99/mean of the observations in `delta`; absent when there are none."""
+    count = max(delta.count, delta.buckets[-1][1] if delta.buckets else 0.0)
+    if count <= 0:
+        return ABSENT
+    p50 = bucket_quantile(P50, delta.buckets)
+    p99 = bucket_quantile(P99, delta.buckets)
+    mean = delta.sum / count if delta.sum is not None else math.nan
+    # With only a +Inf bucket (or no `_sum`) one estimate stands in for the other.
+    if math.isnan(p50):
+        p50 = mean
+    if math.isnan(p99):
+        p99 = mean
+    if math.isnan(mean):
+        mean = p50
+    if math.isnan(p50):
+        return ABSENT
+    return Quantiles(present=True, p50_s=p50, p99_s=p99, mean_s=mean, count=round(count))
+
+
+def _counter_delta(previous: float | None, current: float | None) -> tuple[float | None, bool]:
+    if current is None or previous is None:
+        return None, False
+    if current < previous:
+        return current, True
+    return current - previous, False
+
+
+class RateCalculator:
+    """Rates and quantiles for one deployment from successive snapshots."""
+
+    def __init__(self) -> None:
+        self._previous: EngineSnapshot | None = None
+        self._previous_at: float | None = None
+
+    def reset(self) -> None:
+        """Forget the previous snapshot (e.g. the deployment was restarted on purpose)."""
+        self._previous = None
+        self._previous_at = None
+
+    def update(self, snapshot: EngineSnapshot, now: float) -> EngineSample:
+        """The sample for the interval ending at `now` (seconds, any monotonic clock)."""
+        base = EngineSample(
+            metrics_present=False,
+            scraped_at=now,
+            running_requests=snapshot.running or 0.0,
+            waiting_requests=snapshot.waiting or 0.0,
+            kv_cache_usage=min(1.0, max(0.0, snapshot.kv_cache_usage or 0.0)),
+            errors_total=round(snapshot.request_errors or 0.0),
+            skips=snapshot.skips,
+        )
+        previous, previous_at = self._previous, self._previous_at
+        if previous_at is not None and now <= previous_at:
+            skip = Skip(
+                SkipReason.CLOCK, f"scrape time {now} is not after the previous one {previous_at}"
+            )
+            return replace(base, reason=skip.detail, skips=(*snapshot.skips, skip))
+        self._previous, self._previous_at = snapshot, now
+        if previous is None or previous_at is None:
+            return replace(base, reason="first scrape: rates need a second one")
+        interval_s = now - previous_at
+        resets: list[bool] = []
+
+        def per_second(before: float | None, after: float | None) -> float:
+            delta, reset = _counter_delta(before, after)
+            resets.append(reset)
+            rate = delta / interval_s if delta is not None else 0.0
+            return rate if math.isfinite(rate) else 0.0
+
+        def latency(before: Histogram | None, after: Histogram | None) -> Quantiles:
+            if after is None or before is None:
+                return ABSENT  # the family just appeared: its counts are not this interval's
+            delta, reset = histogram_delta(before, after)
+            resets.append(reset)
+            return quantiles_of(delta)
+
+        if snapshot.requests_finished is not None and previous.requests_finished is not None:
+            request_rate = per_second(previous.requests_finished, snapshot.requests_finished)
+        else:
+            request_rate = (snapshot.completed_in_window or 0.0) / interval_s
+            if not math.isfinite(request_rate):
+                request_rate = 0.0
+        return replace(
+            base,
+            metrics_present=True,
+            interval_s=interval_s,
+            request_rate=request_rate,
+            ttft=latency(previous.ttft, snapshot.ttft),
+            itl=latency(previous.itl, snapshot.itl),
+            e2e=latency(previous.e2e, snapshot.e2e),
+            prompt_tokens_per_s=per_second(previous.prompt_tokens, snapshot.prompt_tokens),
+            generation_tokens_per_s=per_second(
+                previous.generation_tokens, snapshot.generation_tokens
+            ),
+            counter_reset=any(resets),
+        )
+
+
+def to_proto(sample: EngineSample, target: agent_pb2.DeploymentReport) -> None:
+    """Fill the engine-metric fields of `target`; identity and phase fields are left alone."""
+    target.metrics_present = sample.metrics_present
+    target.request_rate = sample.request_rate
+    target.running_requests = sample.running_requests
+    target.waiting_requests = sample.waiting_requests
+    target.prompt_tokens_per_s = sample.prompt_tokens_per_s
+    target.generation_tokens_per_s = sample.generation_tokens_per_s
+    target.kv_cache_usage = sample.kv_cache_usage
+    target.errors_total = _uint64(sample.errors_total)
+    for quantiles, message in (
+        (sample.ttft, target.ttft),
+        (sample.itl, target.itl),
+        (sample.e2e, target.e2e),
+    ):
+        message.present = quantiles.present
+        message.p50_s = quantiles.p50_s
+        message.p99_s = quantiles.p99_s
+        message.mean_s = quantiles.mean_s
+        message.count = _uint64(quantiles.count)
+
+
+def _uint64(value: int) -> int:
+    return min(max(0, value), UINT64_MAX)

@@ -1,0 +1,278 @@
+"""Scrape an engine's metric endpoints over HTTP and turn them into `EngineSample`s.
+
+Per engine:
+- `vllm`: `GET /metrics` (Prometheus text);
+- `tensorrt-llm`: `GET /prometheus/metrics` (Prometheus text, only when the server
+  runs with `return_perf_metrics: true`; a 404 or a body with no known metric
+  means "not enabled") and `GET /metrics` (JSON iteration stats, drained on each
+  read), which gives running/waiting requests and KV-cache usage, and the request
+  rate when there is no Prometheus counter.
+
+`scrape()` never raises: an unreachable engine, a bad status or a bad body gives
+a sample with `metrics_present=False` and a reason; dropped series and scrapes
+are logged and counted in `gearshift_agent_metric_samples_skipped_total`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from dataclasses import dataclass, replace
+from typing import ClassVar, Protocol
+
+import aiohttp
+from gearshift.agents.metrics.model import (
+    EngineSample,
+    EngineSnapshot,
+    MetricsParseError,
+    Skip,
+    SkipReason,
+)
+from gearshift.agents.metrics.prometheus_text import parse_prometheus_text
+from gearshift.agents.metrics.rates import RateCalculator
+from gearshift.agents.metrics.trtllm_json import parse_trtllm_json
+from gearshift.controller.errors import InvalidArgument
+from prometheus_client import REGISTRY, CollectorRegistry, Counter
+
+logger = logging.getLogger(__name__)
+
+VLLM = "vllm"
+TENSORRT_LLM = "tensorrt-llm"
+ENGINES = (VLLM, TENSORRT_LLM)
+VLLM_METRICS_PATH = "/metrics"
+TRTLLM_PROMETHEUS_PATH = "/prometheus/metrics"
+TRTLLM_ITERATIONS_PATH = "/metrics"
+DEFAULT_TIMEOUT_S = 2.0
+MAX_BODY_BYTES = 8 * 1024 * 1024
+HTTP_OK = 200
+HTTP_NOT_FOUND = 404
+
+
+class ScraperMetrics:
+    """The scrapers' own Prometheus metrics; one container per registry."""
+
+    _by_registry: ClassVar[weakref.WeakKeyDictionary[CollectorRegistry, ScraperMetrics]] = (
+        weakref.WeakKeyDictionary()
+    )
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.samples_skipped = Counter(
+            "gearshift_agent_metric_samples_skipped_total",
+            "Engine metric scrapes or series that were not used, by reason.",
+            ["engine", "reason"],
+            registry=registry,
+        )
+        self.counter_resets = Counter(
+            "gearshift_agent_metric_counter_resets_total",
+            "Engine counters found lower than at the previous scrape (engine restarts).",
+            ["engine"],
+            registry=registry,
+        )
+
+    @classmethod
+    def for_registry(cls, registry: CollectorRegistry | None = None) -> ScraperMetrics:
+        """The container registered in `registry` (the global one by default)."""
+        target = REGISTRY if registry is None else registry
+        existing = cls._by_registry.get(target)
+        if existing is None:
+            existing = cls._by_registry[target] = cls(target)
+        return existing
+
+
+class MetricSource(Protocol):
+    """What the agent needs from an engine's metrics."""
+
+    async def scrape(self, now: float) -> EngineSample: ...
+
+    async def close(self) -> None: ...
+
+
+def read_engine_metrics(
+    engine: str, prometheus_text: str | None, iteration_json: str | None = None
+) -> tuple[EngineSnapshot | None, tuple[Skip, ...]]:
+    """Parse the bodies one scrape fetched; never raises.
+
+    Returns the snapshot (None when nothing usable was found) and every skip:
+    dropped series and whole bodies that could not be read.
+    """
+    skips: list[Skip] = []
+    prometheus: EngineSnapshot | None = None
+    iterations: EngineSnapshot | None = None
+    if prometheus_text is not None:
+        source = VLLM_METRICS_PATH if engine == VLLM else TRTLLM_PROMETHEUS_PATH
+        try:
+            prometheus = parse_prometheus_text(prometheus_text, source=source)
+            skips.extend(prometheus.skips)
+        except MetricsParseError as exc:
+            skips.append(Skip(exc.reason, exc.message))
+        if prometheus is not None and not prometheus.has_data():
+            if engine == VLLM:
+                skips.append(Skip(SkipReason.MISSING_FAMILY, f"{source}: no vllm: metric found"))
+            prometheus = None
+    if iteration_json is not None:
+        try:
+            iterations = parse_trtllm_json(iteration_json)
+            skips.extend(iterations.skips)
+        except MetricsParseError as exc:
+            skips.append(Skip(exc.reason, exc.message))
+    return _merge(prometheus, iterations), tuple(skips)
+
+
+def _merge(
+    prometheus: EngineSnapshot | None, iterations: EngineSnapshot | None
+) -> EngineSnapshot | None:
+    """Prometheus counters and histograms; iteration stats win for the gauges."""
+    if iterations is None:
+        return prometheus
+    if prometheus is None:
+        return replace(iterations, skips=())
+    return replace(
+        prometheus,
+        running=_prefer(iterations.running, prometheus.running),
+        waiting=_prefer(iterations.waiting, prometheus.waiting),
+        kv_cache_usage=_prefer(iterations.kv_cache_usage, prometheus.kv_cache_usage),
+        completed_in_window=iterations.completed_in_window,
+        iter_latency_s=iterations.iter_latency_s,
+        skips=(),
+    )
+
+
+def _prefer(first: float | None, second: float | None) -> float | None:
+    return first if first is not None else second
+
+
+@dataclass(frozen=True)
+class _Fetched:
+    """One GET: the body on 200, else the status, else why it failed."""
+
+    body: str | None = None
+    status: int | None = None
+    failure: Skip | None = None
+
+
+class EngineScraper:
+    """Scrapes one deployment's engine and keeps its rate state."""
+
+    def __init__(
+        self,
+        engine: str,
+        base_url: str,
+        *,
+        session: aiohttp.ClientSession | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        if engine not in ENGINES:
+            raise InvalidArgument(f"unknown engine {engine!r}; known engines: {', '.join(ENGINES)}")
+        if not base_url.startswith(("http://", "https://")):
+            raise InvalidArgument(
+                f"engine base URL must start with http:// or https://, got {base_url!r}"
+            )
+        if timeout_s <= 0:
+            raise InvalidArgument(f"scrape timeout_s must be positive, got {timeout_s}")
+        self.engine = engine
+        self.base_url = base_url.rstrip("/")
+        self._session = session
+        self._owns_session = session is None
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._metrics = ScraperMetrics.for_registry(registry)
+        self._calculator = RateCalculator()
+        self._last_reasons: frozenset[SkipReason] = frozenset()
+
+    async def __aenter__(self) -> EngineScraper:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the HTTP session if this scraper created it."""
+        if self._owns_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def reset(self) -> None:
+        """Forget rate state, e.g. after the deployment was restarted on purpose."""
+        self._calculator.reset()
+
+    async def scrape(self, now: float) -> EngineSample:
+        """Fetch, parse and compute the sample for the interval ending at `now`."""
+        try:
+            sample = await self._scrape(now)
+        except Exception:  # a bug must not stop the agent's report loop
+            logger.exception("scraping %s at %s failed unexpectedly", self.engine, self.base_url)
+            return EngineSample(
+                metrics_present=False, scraped_at=now, reason="internal error while scraping"
+            )
+        self._record(sample.skips)
+        if sample.counter_reset:
+            self._metrics.counter_resets.labels(engine=self.engine).inc()
+            logger.info(
+                "%s at %s: a counter went down (engine restart?)", self.engine, self.base_url
+            )
+        return sample
+
+    async def _scrape(self, now: float) -> EngineSample:
+        if self.engine == VLLM:
+            fetched = await self._get(VLLM_METRICS_PATH)
+            failure = self._failure_of(fetched, VLLM_METRICS_PATH)
+            if failure is not None:
+                return _failed(now, (failure,))
+            snapshot, skips = read_engine_metrics(self.engine, fetched.body)
+        else:
+            prometheus, iterations = await asyncio.gather(
+                self._get(TRTLLM_PROMETHEUS_PATH), self._get(TRTLLM_ITERATIONS_PATH)
+            )
+            json_failure = self._failure_of(iterations, TRTLLM_ITERATIONS_PATH)
+            prometheus_failure = None
+            if prometheus.status != HTTP_NOT_FOUND:
+                prometheus_failure = self._failure_of(prometheus, TRTLLM_PROMETHEUS_PATH)
+            if json_failure is not None and prometheus.body is None:
+                return _failed(now, (json_failure,))
+            snapshot, skips = read_engine_metrics(self.engine, prometheus.body, iterations.body)
+            extra = [f for f in (prometheus_failure, json_failure) if f is not None]
+            skips = (*extra, *skips)
+        if snapshot is None:
+            return _failed(now, skips)
+        return self._calculator.update(replace(snapshot, skips=skips), now)
+
+    def _failure_of(self, fetched: _Fetched, path: str) -> Skip | None:
+        if fetched.failure is not None:
+            return fetched.failure
+        if fetched.body is None:
+            return Skip(SkipReason.HTTP_STATUS, f"GET {self.base_url}{path}: HTTP {fetched.status}")
+        return None
+
+    async def _get(self, path: str) -> _Fetched:
+        url = self.base_url + path
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        try:
+            async with self._session.get(url, timeout=self._timeout) as response:
+                if response.status != HTTP_OK:
+                    return _Fetched(status=response.status)
+                raw = await response.content.read(MAX_BODY_BYTES + 1)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            kind = "timed out" if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__
+            return _Fetched(failure=Skip(SkipReason.UNREACHABLE, f"GET {url}: {kind}"))
+        if len(raw) > MAX_BODY_BYTES:
+            return _Fetched(
+                failure=Skip(SkipReason.UNPARSEABLE, f"GET {url}: body over {MAX_BODY_BYTES} bytes")
+            )
+        return _Fetched(body=raw.decode("utf-8", errors="replace"), status=HTTP_OK)
+
+    def _record(self, skips: tuple[Skip, ...]) -> None:
+        """Count every skip; log a warning when the set of reasons changes, else debug."""
+        reasons = frozenset(skip.reason for skip in skips)
+        for skip in skips:
+            self._metrics.samples_skipped.labels(engine=self.engine, reason=skip.reason.value).inc()
+        log = logger.warning if reasons != self._last_reasons and skips else logger.debug
+        for skip in skips:
+            log("%s metrics skipped (%s): %s", self.engine, skip.reason.value, skip.detail)
+        self._last_reasons = reasons
+
+
+def _failed(now: float, skips: tuple[Skip, ...]) -> EngineSample:
+    reason = "; ".join(skip.detail for skip in skips) or "no usable metrics"
+    return EngineSample(metrics_present=False, scraped_at=now, reason=reason, skips=skips)

@@ -1,0 +1,90 @@
+"""Helpers for tests that run the whole fleet as real processes on loopback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from gearshift.cli.local_fleet import LocalFleet
+
+T = TypeVar("T")
+
+FAST_ENGINE_ENV = {
+    "vllm": {"GEARSHIFT_EMULATOR_LOAD_S": "0.3"},
+    "tensorrt-llm": {"GEARSHIFT_EMULATOR_LOAD_S": "0.3"},
+}
+
+
+def wait_for(fn: Callable[[], T | None], timeout_s: float = 30.0, what: str = "condition",
+             interval_s: float = 0.2) -> T:
+    deadline = time.monotonic() + timeout_s
+    last_exc: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = fn()
+            if value:
+                return value
+        except Exception as exc:  # the thing waited for may not answer yet
+            last_exc = exc
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last error: {last_exc!r}")
+
+
+def gearshift(fleet: LocalFleet, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "gearshift.cli.main", "--controller", fleet.controller_addr, *args],
+        capture_output=True, text=True, timeout=60)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"gearshift {' '.join(args)} failed ({proc.returncode}):\n"
+                             f"{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def gearshift_json(fleet: LocalFleet, *args: str) -> Any:
+    return json.loads(gearshift(fleet, *args, "-o", "json").stdout)
+
+
+
+
+class SteadyLoad:
+    """Sends small completions to engine endpoints from a thread until stopped."""
+
+    def __init__(self, targets: list[tuple[str, str]], rps: float = 20.0) -> None:
+        import threading
+
+        self.targets = targets
+        self.interval_s = 1.0 / rps
+        self.sent = 0
+        self.failed = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import urllib.request
+
+        i = 0
+        while not self._stop.is_set():
+            endpoint, model = self.targets[i % len(self.targets)]
+            i += 1
+            body = json.dumps({"model": model, "prompt": "hi", "max_tokens": 4}).encode()
+            req = urllib.request.Request(f"{endpoint}/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+            self.sent += 1
+            try:
+                with urllib.request.urlopen(req, timeout=10) as resp:
+                    resp.read()
+            except OSError:
+                self.failed += 1
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> SteadyLoad:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(15)
