@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import click
-
 from gearshift.cli.daemons import agent, controller
 from gearshift.cli.fleet import fleet
+from gearshift.gateway.cli import gateway
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -20,6 +20,7 @@ def cli(ctx: click.Context, controller_addr: str | None) -> None:
 cli.add_command(controller)
 cli.add_command(agent)
 cli.add_command(fleet)
+cli.add_command(gateway)
 
 
 def main() -> None:
