@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 from gearshift.cli.daemons import agent, controller
+from gearshift.agents.emulator.cli import emulate
 from gearshift.cli.fleet import fleet
 from gearshift.gateway.cli import gateway
 
@@ -21,6 +22,7 @@ cli.add_command(controller)
 cli.add_command(agent)
 cli.add_command(fleet)
 cli.add_command(gateway)
+cli.add_command(emulate)
 
 
 def main() -> None:

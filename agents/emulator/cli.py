@@ -1,0 +1,96 @@
+"""`gearshift emulate`: run an emulated vLLM or trtllm-serve engine.
+
+Usage: `gearshift emulate --flavor vllm|tensorrt-llm [OPTIONS] -- ARGV...` where
+ARGV is exactly what the real executable would get (`serve MODEL --port P ...`
+for vLLM, `MODEL --port P --backend pytorch ...` for trtllm-serve, or `build`
+for the engine-build stand-in). Every option can also come from its
+`GEARSHIFT_EMULATOR_*` environment variable, so the agent can tune each engine.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+from gearshift.agents.emulator.args import FLAVORS, EngineArgsError, parse_engine_argv
+from gearshift.agents.emulator.config import (
+    DEFAULT_CAPACITY_RPS,
+    DEFAULT_ENGINE_VERSION,
+    DEFAULT_ITL_S,
+    DEFAULT_LOAD_S,
+    DEFAULT_OUTPUT_TOKENS,
+    DEFAULT_TTFT_BASE_S,
+    EmulatorOptions,
+    FaultError,
+    parse_faults_json,
+)
+
+ENV_PREFIX = "GEARSHIFT_EMULATOR_"
+
+
+def _positive(_ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    if value is not None and value <= 0:
+        raise click.BadParameter(f"must be > 0, got {value}", param=param)
+    return value
+
+
+@click.command(
+    "emulate",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    help="Run an emulated vLLM or trtllm-serve engine. ENGINE_ARGV (after `--`) is exactly "
+         "what the real executable would get: `serve MODEL --port P ...` for vLLM, "
+         "`MODEL --port P --backend pytorch ...` for trtllm-serve, or `build` for the "
+         "engine-build stand-in. Every option also reads its GEARSHIFT_EMULATOR_* env var.",
+)
+@click.option("--flavor", type=click.Choice(FLAVORS), required=True,
+              envvar=ENV_PREFIX + "FLAVOR", help="Which engine to emulate.")
+@click.option("--capacity-rps", type=float, default=None, callback=_positive,
+              envvar=ENV_PREFIX + "CAPACITY_RPS", show_envvar=True,
+              help="Requests/s at which the queue saturates (default: vllm 40, tensorrt-llm 46).")
+@click.option("--load-s", type=click.FloatRange(min=0), default=DEFAULT_LOAD_S, show_default=True,
+              envvar=ENV_PREFIX + "LOAD_S", show_envvar=True,
+              help="Model load time; connections are refused meanwhile.")
+@click.option("--ttft-base-s", type=click.FloatRange(min=0), default=DEFAULT_TTFT_BASE_S,
+              show_default=True, envvar=ENV_PREFIX + "TTFT_BASE_S", show_envvar=True,
+              help="Time to first token of a lone request.")
+@click.option("--itl-s", type=click.FloatRange(min=0), default=DEFAULT_ITL_S, show_default=True,
+              envvar=ENV_PREFIX + "ITL_S", show_envvar=True,
+              help="Inter-token latency of a lone request.")
+@click.option("--output-tokens", type=click.IntRange(min=1), default=DEFAULT_OUTPUT_TOKENS,
+              show_default=True, envvar=ENV_PREFIX + "OUTPUT_TOKENS", show_envvar=True,
+              help="Tokens generated when a request gives no max_tokens.")
+@click.option("--max-batch", type=click.IntRange(min=1), default=None,
+              envvar=ENV_PREFIX + "MAX_BATCH", show_envvar=True,
+              help="Batch slots (default: derived from the capacity).")
+@click.option("--engine-version", default=None, envvar=ENV_PREFIX + "ENGINE_VERSION",
+              show_envvar=True, help="Version reported on /version.")
+@click.option("--faults", "faults_json", default=None, envvar=ENV_PREFIX + "FAULTS",
+              show_envvar=True, help='Faults at start, JSON, e.g. {"crash_after_s": 5}.')
+@click.option("--trtllm-metric-names", type=click.Choice(["prefixed", "unprefixed"]),
+              default="prefixed", show_default=True, envvar=ENV_PREFIX + "TRTLLM_METRIC_NAMES",
+              show_envvar=True, help="trtllm_ names (newer) or the 1.2.x unprefixed ones.")
+@click.option("--build-s", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              envvar=ENV_PREFIX + "BUILD_S", show_envvar=True,
+              help="Duration of the `build` stand-in.")
+@click.argument("engine_argv", nargs=-1, type=click.UNPROCESSED)
+def emulate(flavor: str, capacity_rps: float | None, load_s: float, ttft_base_s: float,
+            itl_s: float, output_tokens: int, max_batch: int | None, engine_version: str | None,
+            faults_json: str | None, trtllm_metric_names: str, build_s: float,
+            engine_argv: tuple[str, ...]) -> None:
+    # Deferred so `--help` stays cheap.
+    from gearshift.agents.emulator.server import run
+
+    try:
+        args = parse_engine_argv(flavor, list(engine_argv))
+    except EngineArgsError as exc:
+        raise click.UsageError(f"engine arguments: {exc}") from None
+    try:
+        faults = parse_faults_json(faults_json, where=f"{ENV_PREFIX}FAULTS / --faults")
+    except FaultError as exc:
+        raise click.BadParameter(str(exc), param_hint="--faults") from None
+    options = EmulatorOptions(
+        capacity_rps=capacity_rps or DEFAULT_CAPACITY_RPS[flavor],
+        load_s=load_s, ttft_base_s=ttft_base_s, itl_s=itl_s, output_tokens=output_tokens,
+        engine_version=engine_version or DEFAULT_ENGINE_VERSION[flavor], max_batch=max_batch,
+        trtllm_prefixed_names=trtllm_metric_names == "prefixed", build_s=build_s, faults=faults)
+    sys.exit(run(args, options))

@@ -1,0 +1,350 @@
+"""Supervise one engine process: start, watch health, restart on crash, drain, stop.
+
+The engine runs in its own process group (session) so that stopping it also
+reaches the workers it spawned; SIGTERM goes to the engine itself (it drains),
+SIGKILL to the whole group after the grace. A background task waits on the
+process (an exit is seen at once, not at the next poll) and probes the health
+URL every `health_interval_s`: connection refused = still loading, 200 =
+ready, anything else = unhealthy. A crash is restarted after an exponential
+backoff; more than `max_restarts` crashes in a row (without a stable run of
+`STABLE_RUN_S` in between) give up with phase `failed`. Every await that could
+be cancelled leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import aiohttp
+from gearshift.agents.runtimes.base import EngineEndpoints, EngineRuntime, HealthState, LaunchPlan
+from gearshift.agents.runtimes.spec import DeploymentSpec, Phase
+from gearshift.controller.errors import FailedPrecondition
+
+log = logging.getLogger(__name__)
+
+STABLE_RUN_S = 60.0          # a run this long resets the consecutive-crash count
+HEALTH_TIMEOUT_S = 2.0
+DEFAULT_STOP_GRACE_S = 5.0
+_FINAL_PHASES = (Phase.STOPPED, Phase.FAILED)
+
+
+def pick_free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on `host` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class EngineSupervisor:
+    """Runs and watches one engine deployment as a child process."""
+
+    def __init__(self, spec: DeploymentSpec, runtime: EngineRuntime, *,
+                 workdir: Path | str,
+                 executable: Sequence[str] | None = None,
+                 env: Mapping[str, str] | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 restart_backoff_s: tuple[float, float] = (1.0, 30.0),
+                 max_restarts: int | None = None,
+                 health_interval_s: float = 1.0,
+                 health_timeout_s: float = HEALTH_TIMEOUT_S,
+                 bind_host: str = "127.0.0.1",
+                 on_change: Callable[[EngineSupervisor], None] | None = None) -> None:
+        initial, maximum = restart_backoff_s
+        if initial < 0 or maximum < initial:
+            raise ValueError(f"restart_backoff_s {restart_backoff_s}: need 0 <= initial <= max")
+        if health_interval_s <= 0:
+            raise ValueError(f"health_interval_s {health_interval_s} must be > 0")
+        self.spec = spec
+        self.runtime = runtime
+        self.workdir = Path(workdir)
+        self.executable = list(executable) if executable else list(runtime.default_executable)
+        self._env = dict(env or {})
+        self._clock = clock
+        self._backoff_s = (initial, maximum)
+        self._max_restarts = max_restarts
+        self._health_interval_s = health_interval_s
+        self._health_timeout_s = health_timeout_s
+        self._bind_host = bind_host
+        self._on_change = on_change
+        self.log_path = self.workdir / f"{spec.deployment_id}.engine.log"
+
+        self._phase = Phase.STARTING
+        self._message = "not started"
+        self._phase_since = clock()
+        self._changed = asyncio.Event()
+        self._restarts = 0
+        self._crashes_in_a_row = 0
+        self._port = spec.port
+        self._plan: LaunchPlan | None = None
+        self._proc: asyncio.subprocess.Process | None = None
+        self._exit_waiter: asyncio.Future[int] | None = None
+        self._started_at = clock()
+        self._monitor: asyncio.Task[None] | None = None
+        self._spawning: asyncio.Task[None] | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._started = False
+        self._stopping = False
+
+    # --- read-only view ------------------------------------------------------------
+    @property
+    def phase(self) -> Phase:
+        return self._phase
+
+    @property
+    def phase_since(self) -> float:
+        """`clock()` value when the current phase began."""
+        return self._phase_since
+
+    @property
+    def restarts(self) -> int:
+        return self._restarts
+
+    @property
+    def last_message(self) -> str:
+        return self._message
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def endpoint(self) -> str:
+        host = "127.0.0.1" if self._bind_host in ("0.0.0.0", "", "::") else self._bind_host
+        return f"http://{host}:{self._port}"
+
+    @property
+    def endpoints(self) -> EngineEndpoints:
+        return self.runtime.endpoints(self.endpoint)
+
+    @property
+    def served_model_name(self) -> str:
+        return self._plan.served_model_name if self._plan else self.spec.model
+
+    @property
+    def pid(self) -> int | None:
+        proc = self._proc
+        return proc.pid if proc is not None and proc.returncode is None else None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.returncode if self._proc is not None else None
+
+    def _set(self, phase: Phase, message: str) -> None:
+        changed = phase != self._phase
+        self._message = message
+        if changed:
+            self._phase = phase
+            self._phase_since = self._clock()
+        self._changed.set()
+        self._changed = asyncio.Event()
+        if changed and self._on_change is not None:
+            self._on_change(self)
+
+    # --- lifecycle -----------------------------------------------------------------
+    async def start(self) -> None:
+        """Start the engine process and the health loop (returns once it is spawned)."""
+        if self._started:
+            raise FailedPrecondition(f"deployment {self.spec.deployment_id}: already started")
+        self._started = True
+        if self._port == 0:
+            self._port = pick_free_port(self._bind_host if self._bind_host != "0.0.0.0"
+                                        else "127.0.0.1")
+        await self._spawn_safely()
+        if self._proc is None:  # could not even exec
+            raise FailedPrecondition(f"deployment {self.spec.deployment_id}: {self._message}")
+        self._monitor = asyncio.create_task(self._watch(),
+                                            name=f"supervise-{self.spec.deployment_id}")
+
+    async def wait_ready(self, timeout_s: float) -> bool:
+        """Wait until ready (True), or until failed/stopped or `timeout_s` passes (False)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self._phase is not Phase.READY:
+            if self._phase in _FINAL_PHASES:
+                return False
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), remaining)
+        return True
+
+    async def drain(self, grace_s: float) -> None:
+        """SIGTERM (the engine finishes in-flight requests), SIGKILL after `grace_s`."""
+        await self._terminate(grace_s, draining=True)
+
+    async def stop(self, grace_s: float = DEFAULT_STOP_GRACE_S) -> None:
+        """Stop the engine: SIGTERM, then SIGKILL to its process group after `grace_s`."""
+        await self._terminate(grace_s, draining=False)
+
+    def kill_now(self) -> None:
+        """Synchronous last resort (e.g. atexit): SIGKILL the engine's process group."""
+        self._stopping = True
+        self._kill_group()
+
+    async def __aenter__(self) -> EngineSupervisor:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop(grace_s=0.0 if exc[0] is not None else DEFAULT_STOP_GRACE_S)
+
+    # --- internals -----------------------------------------------------------------
+    async def _spawn(self) -> None:
+        try:
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            plan = self.runtime.launch_plan(self.spec, executable=self.executable,
+                                            host=self._bind_host, port=self._port,
+                                            workdir=self.workdir)
+            log = open(self.log_path, "ab")  # noqa: SIM115 - closed below once the child has it
+        except OSError as exc:
+            self._proc = None
+            self._set(Phase.FAILED, f"cannot prepare the launch in {self.workdir}: {exc}")
+            return
+        self._plan = plan
+        env = {**os.environ, **self._env, **plan.env}
+        with log:
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            log.write(f"=== gearshift {stamp}: {' '.join(plan.argv)}\n".encode())
+            log.flush()
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *plan.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    env=env, cwd=str(self.workdir), start_new_session=True)
+            except OSError as exc:
+                self._proc = None
+                self._set(Phase.FAILED, f"cannot run {plan.argv[0]!r}: {exc.strerror or exc}")
+                return
+        self._proc = proc
+        self._exit_waiter = asyncio.ensure_future(proc.wait())
+        self._started_at = self._clock()
+        self._set(Phase.STARTING, f"started pid {proc.pid}; loading")
+
+    async def _spawn_safely(self) -> None:
+        """Spawn in a task of its own so a cancel cannot orphan a half-started process."""
+        task = asyncio.create_task(self._spawn())
+        self._spawning = task
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await task
+            self._kill_group()
+            raise
+        finally:
+            self._spawning = None
+
+    async def _watch(self) -> None:
+        while not self._stopping:
+            waiter = self._exit_waiter
+            if waiter is None:
+                return
+            done, _ = await asyncio.wait({waiter}, timeout=self._health_interval_s)
+            if self._stopping:
+                return
+            try:
+                if done:
+                    if not await self._restart_after_exit(waiter.result()):
+                        return
+                    continue
+                await self._check_health()
+            except Exception as exc:  # keep supervising; the next tick retries
+                log.exception("supervisor of %s: unexpected error", self.spec.deployment_id)
+                self._message = f"supervisor error: {exc!r}"
+
+    async def _check_health(self) -> None:
+        url = self.endpoints.health_urls[0]
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self._health_timeout_s))
+        status: int | None
+        try:
+            async with self._session.get(url) as resp:
+                status = resp.status
+        except aiohttp.ClientConnectorError:
+            status = None
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            if self._phase in (Phase.READY, Phase.UNHEALTHY):
+                self._set(Phase.UNHEALTHY, f"health probe {url} failed: {exc!r}")
+            return
+        if self._stopping:
+            return
+        state = self.runtime.health_state(status)
+        if state is HealthState.READY:
+            if self._phase is not Phase.READY:
+                self._set(Phase.READY, f"ready at {self.endpoint}")
+        elif state is HealthState.DEAD:
+            self._set(Phase.UNHEALTHY, f"health {url} answered HTTP {status}")
+        elif self._phase in (Phase.READY, Phase.UNHEALTHY):
+            self._set(Phase.UNHEALTHY, f"health {url}: connection refused")
+
+    async def _restart_after_exit(self, code: int) -> bool:
+        """Handle an unexpected exit; False when giving up."""
+        self._kill_group()  # workers the engine left behind
+        if self._clock() - self._started_at >= STABLE_RUN_S:
+            self._crashes_in_a_row = 0
+        self._crashes_in_a_row += 1
+        how = f"exited with code {code}" if code >= 0 else f"killed by signal {-code}"
+        if self._max_restarts is not None and self._crashes_in_a_row > self._max_restarts:
+            self._set(Phase.FAILED, f"engine {how}; gave up after {self._restarts} restart(s)")
+            return False
+        initial, maximum = self._backoff_s
+        delay_s = min(maximum, initial * 2 ** (self._crashes_in_a_row - 1))
+        self._set(Phase.RESTARTING, f"engine {how}; restarting in {delay_s:g} s")
+        await asyncio.sleep(delay_s)
+        if self._stopping:
+            return False
+        self._restarts += 1
+        await self._spawn_safely()
+        return self._proc is not None and self._phase is not Phase.FAILED
+
+    def _kill_group(self) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    async def _terminate(self, grace_s: float, *, draining: bool) -> None:
+        self._stopping = True
+        try:
+            if self._monitor is not None:
+                self._monitor.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._monitor
+            if self._spawning is not None:
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await self._spawning
+            proc, waiter = self._proc, self._exit_waiter
+            if proc is None or waiter is None:
+                if self._phase is not Phase.FAILED:
+                    self._set(Phase.STOPPED, "stopped (no process)")
+                return
+            if proc.returncode is None and not waiter.done():
+                if draining:
+                    self._set(Phase.DRAINING, f"SIGTERM sent; draining for up to {grace_s:g} s")
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
+                done, _ = await asyncio.wait({waiter}, timeout=max(0.0, grace_s))
+                killed = not done
+            else:
+                killed = False
+            self._kill_group()
+            code = await waiter
+            note = f"; killed after {grace_s:g} s grace" if killed else ""
+            self._set(Phase.STOPPED, f"engine exited with code {code}{note}")
+        finally:
+            # Also on cancellation: never leave the engine behind.
+            self._kill_group()
+            if self._session is not None:
+                await self._session.close()
+                self._session = None

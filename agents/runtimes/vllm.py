@@ -1,0 +1,54 @@
+"""vLLM runtime: `vllm serve MODEL --host H --port P --served-model-name N
+--tensor-parallel-size T --gpu-memory-utilization F [--shutdown-timeout S]`.
+
+Connections are refused while loading; `GET /health` 200 = ready, 503 = dead;
+`GET /metrics` is Prometheus text with `vllm:` names.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gearshift.agents.runtimes.base import (
+    EngineEndpoints,
+    HealthState,
+    LaunchPlan,
+    classify_health,
+    cuda_env,
+    register,
+)
+from gearshift.agents.runtimes.spec import DeploymentSpec
+
+
+def _number(value: float) -> str:
+    """Render 0.9 as "0.9" and 30.0 as "30" (what a person would type)."""
+    return f"{value:g}"
+
+
+class VllmRuntime:
+    name = "vllm"
+    default_executable: tuple[str, ...] = ("vllm",)
+
+    def launch_plan(self, spec: DeploymentSpec, *, executable: list[str], host: str,
+                    port: int, workdir: Path) -> LaunchPlan:
+        argv = [*executable, "serve", spec.source,
+                "--host", host,
+                "--port", str(port),
+                "--served-model-name", spec.model,
+                "--tensor-parallel-size", str(spec.tensor_parallel_size),
+                "--gpu-memory-utilization", _number(spec.gpu_memory_fraction)]
+        if spec.shutdown_timeout_s > 0:
+            argv += ["--shutdown-timeout", _number(spec.shutdown_timeout_s)]
+        argv += spec.extra_args
+        return LaunchPlan(argv=tuple(argv), env=cuda_env(spec), served_model_name=spec.model)
+
+    def endpoints(self, base_url: str) -> EngineEndpoints:
+        base = base_url.rstrip("/")
+        return EngineEndpoints(base_url=base, health_urls=(f"{base}/health",),
+                               prometheus_url=f"{base}/metrics", models_url=f"{base}/v1/models")
+
+    def health_state(self, status: int | None) -> HealthState:
+        return classify_health(status)
+
+
+VLLM = register(VllmRuntime())
