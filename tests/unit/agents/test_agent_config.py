@@ -1,0 +1,55 @@
+"""The agent's config file: the shipped example loads; bad input names field and value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gearshift.agents.config import load_agent_config, parse_agent_config
+from gearshift.controller.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_shipped_example_loads() -> None:
+    cfg = load_agent_config(REPO / "deploy" / "examples" / "agent.yaml")
+    assert cfg.host_id == "gpu-node-01"
+    assert cfg.engine("tensorrt-llm").executable == ["trtllm-serve"]
+    assert cfg.deployments[0].gpu_indices == [0, 1, 2, 3]
+
+
+def test_defaults_fill_engine_executables() -> None:
+    cfg = parse_agent_config({"host_id": "h"})
+    assert cfg.engine("vllm").executable == ["vllm"]
+
+
+@pytest.mark.parametrize("data,needles", [
+    ({"report_interval_s": 0}, ["report_interval_s", "found 0"]),
+    ({"controller": "nohost"}, ["controller", "HOST:PORT", "'nohost'"]),
+    ({"engines": {"sglang": {}}}, ["unknown engine 'sglang'", "vllm, tensorrt-llm"]),
+    ({"gpus": {"source": "magic"}}, ["gpus.source", "'magic'"]),
+    ({"deployments": [{"deployment_id": "a", "model": "m", "engine": "tgi"}]},
+     ["deployments.0.engine", "'tgi'"]),
+    ({"deployments": [{"deployment_id": "a", "model": "m", "engine": "vllm"},
+                      {"deployment_id": "a", "model": "n", "engine": "vllm"}]},
+     ["duplicate deployment_id a"]),
+    ({"colour": 1}, ["colour: unknown key"]),
+])
+def test_bad_config_names_field_and_value(data: dict, needles: list[str]) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_agent_config(data, "agent.yaml")
+    for needle in needles:
+        assert needle in err.value.message
+
+
+def test_unreadable_and_non_mapping_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_agent_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        load_agent_config(bad)
+    bad.write_text("key: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_agent_config(bad)
