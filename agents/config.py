@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from gearshift.controller.errors import ConfigError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from gearshift.controller.errors import ConfigError
 
 ENGINE_NAMES = ("vllm", "tensorrt-llm")
 DEFAULT_EXECUTABLES = {"vllm": ["vllm"], "tensorrt-llm": ["trtllm-serve"]}

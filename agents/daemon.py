@@ -20,6 +20,8 @@ from pathlib import Path
 
 import aiohttp
 import grpc
+from grpc import aio
+
 from gearshift.agents.commands import CommandExecutor
 from gearshift.agents.config import AgentConfig, EngineConfig
 from gearshift.agents.gpus import EmulatedGpus, GpuSource, open_gpu_source
@@ -31,7 +33,6 @@ from gearshift.agents.runtimes.spec import DeploymentSpec, Phase
 from gearshift.agents.runtimes.supervisor import EngineSupervisor
 from gearshift.controller.errors import FailedPrecondition, InvalidArgument
 from gearshift.v1 import agent_pb2, agent_pb2_grpc
-from grpc import aio
 
 log = logging.getLogger(__name__)
 

@@ -9,6 +9,7 @@ from typing import ClassVar, TypeVar
 
 import click
 import grpc
+
 from gearshift.controller.errors import GearshiftError, from_rpc_error
 from gearshift.v1 import control_pb2_grpc
 
@@ -32,7 +33,7 @@ class CliError(click.ClickException):
 
     def __init__(self, err: GearshiftError) -> None:
         super().__init__(err.message)
-        self.exit_code = self.EXIT_BY_CODE.get(err.code, 1)
+        self.exit_code = self.EXIT_BY_CODE.get(err.code, 1)  # type: ignore[misc]
 
 
 def controller_address(ctx: click.Context) -> str:

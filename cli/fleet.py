@@ -7,7 +7,15 @@ import time
 import click
 
 from gearshift.cli.client import call, control_stub
-from gearshift.cli.output import enum_name, fmt_ms, fmt_rate, output_option, print_json, print_table, to_dict
+from gearshift.cli.output import (
+    enum_name,
+    fmt_ms,
+    fmt_rate,
+    output_option,
+    print_json,
+    print_table,
+    to_dict,
+)
 from gearshift.v1 import agent_pb2, control_pb2
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import click
-from gearshift.cli.daemons import agent, controller
+
 from gearshift.agents.emulator.cli import emulate
+from gearshift.cli.daemons import agent, controller
 from gearshift.cli.fleet import fleet
 from gearshift.gateway.cli import gateway
 

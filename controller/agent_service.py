@@ -10,6 +10,7 @@ disturbed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -51,10 +52,8 @@ class AgentConnection:
 
     def close(self) -> None:
         self.closed = True
-        try:
+        with contextlib.suppress(asyncio.QueueFull):
             self.outbox.put_nowait(None)
-        except asyncio.QueueFull:
-            pass
 
 
 ReportHook = Callable[[str, HostEntry, agent_pb2.Report, float], None]
@@ -85,7 +84,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         self._on_report = on_report
         self._on_result = on_command_result
 
-    async def Connect(  # noqa: N802 - gRPC method name
+    async def Connect(
         self,
         request_iterator: AsyncIterator[agent_pb2.AgentMessage],
         context: aio.ServicerContext,
@@ -134,10 +133,9 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 if msg is None:
                     break
                 yield msg
-            if reader.done() and reader.exception() is not None:
-                exc = reader.exception()
-                if isinstance(exc, GearshiftError):
-                    await context.abort(exc.code, exc.message)
+            failure = reader.exception() if reader.done() else None
+            if isinstance(failure, GearshiftError):
+                await context.abort(failure.code, failure.message)
         finally:
             reader.cancel()
             conn.closed = True

@@ -23,7 +23,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         self.store_kind = store_kind
         self._paused = paused
 
-    async def FleetStatus(self, request: control_pb2.FleetStatusRequest,  # noqa: N802
+    async def FleetStatus(self, request: control_pb2.FleetStatusRequest,
                           context: aio.ServicerContext) -> control_pb2.FleetStatusResponse:
         now = self.fleet.now()
         resp = control_pb2.FleetStatusResponse(
@@ -48,7 +48,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         resp.models = len(models)
         return resp
 
-    async def ListHosts(self, request: control_pb2.ListHostsRequest,  # noqa: N802
+    async def ListHosts(self, request: control_pb2.ListHostsRequest,
                         context: aio.ServicerContext) -> control_pb2.ListHostsResponse:
         now = self.fleet.now()
         resp = control_pb2.ListHostsResponse()
@@ -64,7 +64,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
             h.last_report.FromNanoseconds(int(e.last_report_ts * 1e9))
         return resp
 
-    async def ListDeployments(self, request: control_pb2.ListDeploymentsRequest,  # noqa: N802
+    async def ListDeployments(self, request: control_pb2.ListDeploymentsRequest,
                               context: aio.ServicerContext) -> control_pb2.ListDeploymentsResponse:
         resp = control_pb2.ListDeploymentsResponse()
         rows = sorted(self.fleet.deployments(), key=lambda r: (r[1].model, r[0], r[1].deployment_id))
@@ -77,11 +77,11 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
             d.updated.FromNanoseconds(int(ts * 1e9))
         return resp
 
-    async def ListModels(self, request: control_pb2.ListModelsRequest,  # noqa: N802
+    async def ListModels(self, request: control_pb2.ListModelsRequest,
                          context: aio.ServicerContext) -> control_pb2.ListModelsResponse:
         return control_pb2.ListModelsResponse(models=self.fleet.models())
 
-    async def WatchRoutes(self, request: control_pb2.WatchRoutesRequest,  # noqa: N802
+    async def WatchRoutes(self, request: control_pb2.WatchRoutesRequest,
                           context: aio.ServicerContext) -> AsyncIterator[control_pb2.RoutingTable]:
         q = self.fleet.watch_routes()
         log.info("gateway %s watches routes", request.gateway_id or "(anonymous)")
@@ -93,7 +93,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         finally:
             self.fleet.unwatch_routes(q)
 
-    async def ReportGateway(self, request: control_pb2.GatewayReport,  # noqa: N802
+    async def ReportGateway(self, request: control_pb2.GatewayReport,
                             context: aio.ServicerContext) -> control_pb2.GatewayReportAck:
         self.fleet.gateway_stats[request.gateway_id] = {
             d.deployment_id: d for d in request.deployments}

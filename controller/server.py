@@ -182,4 +182,4 @@ def new_controller_id() -> str:
     return f"ctl-{uuid.uuid4().hex[:8]}"
 
 
-__all__ = ["Controller", "ControllerConfig", "run_controller", "grpc"]
+__all__ = ["Controller", "ControllerConfig", "grpc", "run_controller"]

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from aiohttp import web
+
 from gearshift.agents.emulator.args import EngineArgs
 from gearshift.agents.emulator.batching import BatchEngine
 from gearshift.agents.emulator.config import EmulatorOptions, FaultError, Faults, apply_faults

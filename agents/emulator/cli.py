@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 
 import click
+
 from gearshift.agents.emulator.args import FLAVORS, EngineArgsError, parse_engine_argv
 from gearshift.agents.emulator.config import (
     DEFAULT_CAPACITY_RPS,

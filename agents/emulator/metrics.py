@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gearshift.agents.emulator.batching import KV_TOKENS_PER_BLOCK, BatchEngine
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -23,6 +22,8 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
+
+from gearshift.agents.emulator.batching import KV_TOKENS_PER_BLOCK, BatchEngine
 
 TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                   2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)

@@ -17,6 +17,7 @@ import signal
 import sys
 
 from aiohttp import web
+
 from gearshift.agents.emulator.app import EmulatorState, build_app
 from gearshift.agents.emulator.args import EngineArgs
 from gearshift.agents.emulator.batching import BatchEngine, derive_max_batch

@@ -27,6 +27,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import TypeVar
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from gearshift.agents.metrics.model import (
     EngineSnapshot,
     Histogram,
@@ -34,7 +36,6 @@ from gearshift.agents.metrics.model import (
     Skip,
     SkipReason,
 )
-from prometheus_client.parser import text_string_to_metric_families
 
 NAME_PREFIXES = ("vllm:", "trtllm_", "")
 COUNTER_SUFFIX = "_total"

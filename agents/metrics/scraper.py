@@ -22,6 +22,8 @@ from dataclasses import dataclass, replace
 from typing import ClassVar, Protocol
 
 import aiohttp
+from prometheus_client import REGISTRY, CollectorRegistry, Counter
+
 from gearshift.agents.metrics.model import (
     EngineSample,
     EngineSnapshot,
@@ -33,7 +35,6 @@ from gearshift.agents.metrics.prometheus_text import parse_prometheus_text
 from gearshift.agents.metrics.rates import RateCalculator
 from gearshift.agents.metrics.trtllm_json import parse_trtllm_json
 from gearshift.controller.errors import InvalidArgument
-from prometheus_client import REGISTRY, CollectorRegistry, Counter
 
 logger = logging.getLogger(__name__)
 

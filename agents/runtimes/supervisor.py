@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import aiohttp
+
 from gearshift.agents.runtimes.base import EngineEndpoints, EngineRuntime, HealthState, LaunchPlan
 from gearshift.agents.runtimes.spec import DeploymentSpec, Phase
 from gearshift.controller.errors import FailedPrecondition

@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 
 import yaml
+
 from gearshift.agents.runtimes.base import (
     EngineEndpoints,
     HealthState,

@@ -8,6 +8,7 @@ import json
 import urllib.request
 
 import pytest
+
 from gearshift.cli.local_fleet import LocalFleet
 from integration.helpers import FAST_ENGINE_ENV, SteadyLoad, gearshift, gearshift_json, wait_for
 

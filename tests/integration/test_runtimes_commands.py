@@ -6,14 +6,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
 from gearshift.agents.emulator.args import parse_engine_argv
 from gearshift.agents.runtimes.base import RUNTIMES, HealthState, get_runtime
 from gearshift.agents.runtimes.spec import DeploymentSpec, Phase
 from gearshift.agents.runtimes.trtllm import TrtllmRuntime
 from gearshift.controller.errors import InvalidArgument
 from gearshift.v1 import agent_pb2
-from hypothesis import given
-from hypothesis import strategies as st
 
 
 def make_spec(**overrides) -> DeploymentSpec:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+
 from gearshift.agents.runtimes.base import get_runtime
 from gearshift.agents.runtimes.spec import DeploymentSpec, Phase
 from gearshift.agents.runtimes.supervisor import EngineSupervisor

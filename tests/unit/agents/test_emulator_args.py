@@ -6,12 +6,13 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
+
 from gearshift.agents.emulator.args import EngineArgsError, parse_engine_argv
 from gearshift.agents.emulator.batching import derive_max_batch
 from gearshift.agents.emulator.cli import emulate
 from gearshift.agents.emulator.config import FaultError, Faults, apply_faults, parse_faults_json
-from hypothesis import given
-from hypothesis import strategies as st
 
 
 def test_vllm_serve_command_line_is_understood():

@@ -12,11 +12,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
+
 from gearshift.agents.emulator.app import build_app
 from gearshift.agents.emulator.args import parse_engine_argv
 from gearshift.agents.emulator.config import EmulatorOptions
 from gearshift.agents.emulator.server import make_state
-from prometheus_client.parser import text_string_to_metric_families
 
 FIXTURES = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "engine-metrics"
 needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(),

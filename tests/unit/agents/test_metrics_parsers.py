@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+
 from gearshift.agents.metrics import (
     EngineSnapshot,
     MetricsParseError,

@@ -6,6 +6,9 @@ import json
 import math
 from typing import Any
 
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
 from gearshift.agents.metrics import (
     EngineSnapshot,
     MetricsParseError,
@@ -15,8 +18,6 @@ from gearshift.agents.metrics import (
     parse_trtllm_json,
     read_engine_metrics,
 )
-from hypothesis import HealthCheck, example, given, settings
-from hypothesis import strategies as st
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -12,9 +12,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
+from prometheus_client import CollectorRegistry
+
 from gearshift.agents.metrics import EngineScraper, SkipReason
 from gearshift.controller.errors import InvalidArgument
-from prometheus_client import CollectorRegistry
 
 VLLM_BEFORE = (
     "# TYPE vllm:request_success_total counter\n"

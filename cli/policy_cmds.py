@@ -1,0 +1,115 @@
+"""`gearshift policy …` commands that need no controller: validate, schema, backtest.
+
+The lead registers the `policy` group on the root command and adds the
+controller-backed commands (apply, show, diff, history) in another module.
+Importing this module has no side effects.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from gearshift.controller.errors import GearshiftError
+from gearshift.policies.backtest import run_backtest
+from gearshift.policies.loader import Policy, load_policy_file, policy_json_schema
+from gearshift.policies.trace import read_trace
+
+
+def _load(path: str) -> Policy:
+    try:
+        return load_policy_file(path)
+    except GearshiftError as exc:
+        raise click.ClickException(exc.message) from None
+
+
+@click.group("policy")
+def policy() -> None:
+    """Write, check and replay engine policies."""
+
+
+@policy.command("validate")
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+def validate(files: tuple[str, ...]) -> None:
+    """Check policy FILES; print each one's version, or every problem found."""
+    problems: list[str] = []
+    for path in files:
+        try:
+            p = load_policy_file(path)
+        except GearshiftError as exc:
+            problems.append(exc.message)
+            continue
+        click.echo(f"{path}: ok ({p.version}, mode {p.mode}, {len(p.doc.spec.rules)} rules)")
+    if problems:
+        raise click.ClickException("\n".join(problems))
+
+
+@policy.command("schema")
+def schema() -> None:
+    """Print the JSON Schema of an EnginePolicy document."""
+    click.echo(json.dumps(policy_json_schema(), indent=2, sort_keys=True))
+
+
+@policy.command("backtest")
+@click.argument("policy_file", metavar="POLICY", type=click.Path(dir_okay=False))
+@click.option("--trace", "trace_file", required=True, type=click.Path(dir_okay=False),
+              help="Trace file (JSON Lines, optionally gzipped; DESIGN §7).")
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text",
+              show_default=True)
+@click.option("--compare", "compare_file", type=click.Path(dir_okay=False), default=None,
+              help="Another policy: show where it decides differently and what that costs.")
+def backtest(policy_file: str, trace_file: str, output: str, compare_file: str | None) -> None:
+    """Replay a trace through POLICY and price the outcome."""
+    pol = _load(policy_file)
+    other = _load(compare_file) if compare_file else None
+    try:
+        trace = read_trace(trace_file)
+    except GearshiftError as exc:
+        raise click.ClickException(exc.message) from None
+    result = run_backtest(pol, trace, compare=other)
+    if output == "json":
+        click.echo(json.dumps(result))
+        return
+    _print_text(result)
+
+
+def _usd(v: float) -> str:
+    return f"${v:,.2f}"
+
+
+def _print_text(r: dict[str, Any]) -> None:
+    console = Console(highlight=False)
+    s, b = r["summary"], r["baselines"]
+    console.print(f"[bold]{r['policy']}[/bold] on trace [bold]{r['trace']}[/bold]: "
+                  f"{_usd(s['cost_usd'])}, {s['flaps']} flaps, revision lag {s['revision_lag_h']} h, "
+                  f"SLA violations {s['sla_violation_min']} min")
+    console.print(f"baselines: static-vllm {_usd(b['static-vllm']['cost_usd'])}, "
+                  f"static-tensorrt-llm {_usd(b['static-tensorrt-llm']['cost_usd'])}")
+    table = Table("model", "cost", "GPU-h", "flaps", "rev. lag h", "SLA min", "switches")
+    for name, m in r["models"].items():
+        switches = ", ".join(f"{w['ts']} → {w['to']} ({w['rule']})" for w in m["switches"]) or "-"
+        table.add_row(name, _usd(m["cost_usd"]), f"{m['gpu_hours']:,.2f}", str(m["flaps"]),
+                      str(m["revision_lag_h"]), str(m["sla_violation_min"]), switches)
+    console.print(table)
+    c = r.get("compare")
+    if c is None:
+        return
+    delta = c["cost_delta_usd"]
+    console.print(f"\ncompared with [bold]{c['policy']}[/bold]: {_usd(c['summary']['cost_usd'])} "
+                  f"({'+' if delta >= 0 else '-'}{_usd(abs(delta))} vs {r['policy']}), "
+                  f"{c['summary']['flaps']} flaps")
+    diff = Table("model", f"only {r['policy']}", f"only {c['policy']}", "cost difference")
+    for name, m in c["models"].items():
+        if not m["only_policy"] and not m["only_other"] and not m["cost_delta_usd"]:
+            continue
+        diff.add_row(name, "\n".join(f"{w['ts']} → {w['to']}" for w in m["only_policy"]) or "-",
+                     "\n".join(f"{w['ts']} → {w['to']}" for w in m["only_other"]) or "-",
+                     f"{'+' if m['cost_delta_usd'] >= 0 else '-'}{_usd(abs(m['cost_delta_usd']))}")
+    if diff.row_count:
+        console.print(diff)
+    else:
+        console.print("both policies decide the same on every model")

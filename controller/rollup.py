@@ -1,0 +1,237 @@
+"""Per-minute rollups of agent reports: pure, no I/O, on the ingest hot path.
+
+`RollupAggregator.add` folds one `DeploymentReport` into the bucket of its
+(model, engine, minute); `flush_completed(now)` hands back the `RollupRow`s of
+the minutes that can no longer receive reports (a minute is complete once
+``now >= minute_start + 60 + LATENESS_S``). Reports for a minute already handed
+back are dropped and counted in `late_reports` (writing them would replace the
+complete row with a partial one).
+
+How a minute is summarised (no library computes these from pre-aggregated
+reports, hence the hand-written fold):
+
+- Only reports with ``metrics_present`` count; a minute without any yields no row.
+  `reports` counts them, `replicas` counts their distinct deployments.
+- Totals per model and engine: `request_rate_mean`, `running_mean`,
+  `waiting_mean` and `generation_tokens_per_s` are the sum over deployments of
+  each deployment's mean within the minute. `request_rate_max` is the peak of
+  the total rebuilt after each report as the sum of every deployment's latest
+  rate in that minute.
+- `kv_cache_usage_mean` is the plain mean over the reports (a fraction, not a total).
+- Latency: p50 is the count-weighted mean of the report p50s. p99 is the
+  count-weighted 99th percentile of the report p99s: the slowest report's p99
+  unless the slowest reports together hold under 1 % of the minute's requests,
+  in which case those are skipped. The true p99 of the merged requests lies
+  between the smallest and the largest report p99; this choice stays near the
+  conservative end without letting one slow request in a nearly idle report
+  decide the minute. A quantile marked present with ``count == 0`` weighs as
+  one request. No present quantile in the minute → NULL.
+- `errors` sums per-deployment deltas of ``errors_total``; a drop of the counter
+  means the engine restarted, and the new value is the delta. A deployment's
+  first report gives no delta (nothing to subtract). Baselines survive minute
+  boundaries and are forgotten after `BASELINE_TTL_S` without reports.
+- `engine_version` and `gpu_model` are the last non-empty values seen.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from datetime import UTC, datetime
+
+import numpy as np
+
+from gearshift.controller.errors import InvalidArgument
+from gearshift.controller.tables import RollupRow
+from gearshift.v1 import agent_pb2
+
+MINUTE_S = 60
+LATENESS_S = 5.0  # reports may arrive this long after their minute ended
+BASELINE_TTL_S = 600.0  # forget a deployment's errors_total baseline after this long unseen
+P99_TAIL_FRACTION = 0.01
+
+
+class _Deployment:
+    """One deployment's sums within one bucket."""
+
+    __slots__ = ("gen_sum", "n", "rate_latest", "rate_sum", "running_sum", "waiting_sum")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.rate_sum = 0.0
+        self.rate_latest = 0.0
+        self.running_sum = 0.0
+        self.waiting_sum = 0.0
+        self.gen_sum = 0.0
+
+
+class _Latency:
+    """Count-weighted p50 sum and the p99s (with weights) of one latency kind."""
+
+    __slots__ = ("count", "p50_wsum", "p99_weights", "p99s")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.p50_wsum = 0.0
+        # array('d') appends as fast as a list and hands numpy its buffer without a copy
+        self.p99s = array("d")
+        self.p99_weights = array("d")
+
+    def add(self, q: agent_pb2.Quantiles) -> None:
+        if not q.present:
+            return
+        w = q.count or 1
+        self.count += w
+        self.p50_wsum += q.p50_s * w
+        self.p99s.append(q.p99_s)
+        self.p99_weights.append(w)
+
+    def p50(self) -> float | None:
+        return self.p50_wsum / self.count if self.count else None
+
+    def p99(self) -> float | None:
+        """The count-weighted 99th percentile of the report p99s (see the module doc)."""
+        if not self.count:
+            return None
+        values = np.frombuffer(self.p99s, dtype=np.float64)
+        order = np.argsort(-values, kind="stable")  # slowest first
+        cumulative = np.cumsum(np.frombuffer(self.p99_weights, dtype=np.float64)[order])
+        first = int(np.searchsorted(cumulative, self.count * P99_TAIL_FRACTION, side="left"))
+        return float(values[order[min(first, len(order) - 1)]])
+
+
+class _Bucket:
+    """Everything known about one (model, engine, minute)."""
+
+    __slots__ = ("deployments", "e2e", "engine_version", "errors", "gpu_model", "itl",
+                 "kv_sum", "rate_max", "rate_total", "reports", "ttft")
+
+    def __init__(self) -> None:
+        self.deployments: dict[str, _Deployment] = {}
+        self.reports = 0
+        self.kv_sum = 0.0
+        self.rate_total = 0.0
+        self.rate_max = 0.0
+        self.errors = 0
+        self.engine_version = ""
+        self.gpu_model = ""
+        self.ttft = _Latency()
+        self.itl = _Latency()
+        self.e2e = _Latency()
+
+
+class RollupAggregator:
+    """Folds deployment reports into per-minute `RollupRow`s. Not thread-safe: call it
+    from one thread (the controller's event loop)."""
+
+    def __init__(self, lateness_s: float = LATENESS_S) -> None:
+        self._lateness_s = lateness_s
+        self._buckets: dict[tuple[str, str, int], _Bucket] = {}
+        self._errors_baseline: dict[str, tuple[int, float]] = {}  # id -> (errors_total, ts)
+        self._watermark = -math.inf  # minutes starting before this were handed back
+        self.late_reports = 0
+
+    def add(self, host_id: str, report: agent_pb2.DeploymentReport, ts: float,
+            gpu_model: str = "") -> None:
+        """Fold one report taken at `ts` (seconds since the epoch) into its minute.
+
+        Deployments are keyed by their (fleet-unique) deployment_id; `host_id`
+        only names the source in errors. A NaN or infinite time or metric raises
+        InvalidArgument and changes nothing.
+        """
+        if not report.metrics_present:
+            return
+        t, i, e = report.ttft, report.itl, report.e2e
+        if not math.isfinite(
+                ts + report.request_rate + report.running_requests + report.waiting_requests
+                + report.generation_tokens_per_s + report.kv_cache_usage + t.p50_s + t.p99_s
+                + i.p50_s + i.p99_s + e.p50_s + e.p99_s):
+            raise InvalidArgument(
+                f"report of deployment {report.deployment_id!r} from host {host_id!r}: "
+                f"time or a metric is not a finite number (NaN or infinity)")
+        minute = int(ts // MINUTE_S) * MINUTE_S
+        if minute < self._watermark:
+            self.late_reports += 1  # its errors delta moves to the next accepted report
+            return
+        key = (report.model, report.engine, minute)
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = _Bucket()
+        dep_id = report.deployment_id
+        dep = bucket.deployments.get(dep_id)
+        if dep is None:
+            dep = bucket.deployments[dep_id] = _Deployment()
+        rate = report.request_rate
+        dep.n += 1
+        dep.rate_sum += rate
+        bucket.rate_total += rate - dep.rate_latest
+        dep.rate_latest = rate
+        if bucket.rate_total > bucket.rate_max:
+            bucket.rate_max = bucket.rate_total
+        dep.running_sum += report.running_requests
+        dep.waiting_sum += report.waiting_requests
+        dep.gen_sum += report.generation_tokens_per_s
+        bucket.reports += 1
+        bucket.kv_sum += report.kv_cache_usage
+        bucket.ttft.add(report.ttft)
+        bucket.itl.add(report.itl)
+        bucket.e2e.add(report.e2e)
+        if report.engine_version:
+            bucket.engine_version = report.engine_version
+        if gpu_model:
+            bucket.gpu_model = gpu_model
+        errors_total = report.errors_total
+        prev = self._errors_baseline.get(dep_id)
+        if prev is not None:
+            bucket.errors += errors_total - prev[0] if errors_total >= prev[0] else errors_total
+        self._errors_baseline[dep_id] = (errors_total, ts)
+
+    def flush_completed(self, now: float) -> list[RollupRow]:
+        """Rows of every minute complete at `now`; later reports for them are dropped."""
+        watermark = int((now - self._lateness_s) // MINUTE_S) * MINUTE_S
+        self._watermark = max(self._watermark, watermark)
+        done = [k for k in self._buckets if k[2] + MINUTE_S <= watermark]
+        rows = [_row(k, self._buckets.pop(k)) for k in sorted(done, key=lambda k: k[2])]
+        stale = [d for d, (_, seen) in self._errors_baseline.items()
+                 if seen < now - BASELINE_TTL_S]
+        for dep_id in stale:
+            del self._errors_baseline[dep_id]
+        return rows
+
+    def flush_all(self) -> list[RollupRow]:
+        """Rows of every minute, complete or not (shutdown); later reports for them are dropped."""
+        keys = sorted(self._buckets, key=lambda k: k[2])
+        if keys:
+            self._watermark = max(self._watermark, keys[-1][2] + MINUTE_S)
+        return [_row(k, self._buckets.pop(k)) for k in keys]
+
+    @property
+    def open_minutes(self) -> int:
+        """How many (model, engine, minute) buckets are still open."""
+        return len(self._buckets)
+
+
+def _row(key: tuple[str, str, int], b: _Bucket) -> RollupRow:
+    model, engine, minute = key
+    deps = b.deployments.values()
+    return RollupRow(
+        model=model,
+        engine=engine,
+        minute=datetime.fromtimestamp(minute, UTC),
+        engine_version=b.engine_version,
+        gpu_model=b.gpu_model,
+        reports=b.reports,
+        replicas=len(b.deployments),
+        request_rate_mean=sum(d.rate_sum / d.n for d in deps),
+        request_rate_max=b.rate_max,
+        running_mean=sum(d.running_sum / d.n for d in deps),
+        waiting_mean=sum(d.waiting_sum / d.n for d in deps),
+        ttft_p50_s=b.ttft.p50(),
+        ttft_p99_s=b.ttft.p99(),
+        itl_p50_s=b.itl.p50(),
+        itl_p99_s=b.itl.p99(),
+        e2e_p99_s=b.e2e.p99(),
+        generation_tokens_per_s=sum(d.gen_sum / d.n for d in deps),
+        kv_cache_usage_mean=b.kv_sum / b.reports,
+        errors=b.errors,
+    )

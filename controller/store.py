@@ -1,0 +1,426 @@
+"""The controller's durable store: SQLite (WAL) by default, PostgreSQL for HA.
+
+`Store.open(url)` validates the URL, connects, and brings the schema to the
+newest Alembic revision (the migrations live in `gearshift.controller.migrations`;
+the Alembic Config is built here, no alembic.ini). Sessions stay inside: callers
+pass and get the SQLModel rows of `gearshift.controller.tables`, detached and
+fully loaded. Upserts use each dialect's ``INSERT … ON CONFLICT`` so a batch is
+one statement per table. `write_batch` is the one-transaction entry point of the
+`BatchingWriter`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.pool import StaticPool
+from sqlmodel import Session, SQLModel, col, select
+
+from gearshift.controller.errors import (
+    AlreadyExists,
+    ConfigError,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+)
+from gearshift.controller.tables import (
+    SETTING_EPOCH,
+    SETTING_TYPES,
+    CommandLogRow,
+    DecisionRow,
+    DecisionStatus,
+    DeploymentRow,
+    HostRow,
+    PolicyVersionRow,
+    RevisionRow,
+    RollupRow,
+    SettingRow,
+    utcnow,
+)
+
+SQLITE_BUSY_TIMEOUT_MS = 5000
+SQLITE_DB_FILENAME = "gearshift.db"
+SUPPORTED_URLS = "sqlite:///PATH, postgresql+psycopg://USER@HOST:PORT/DB"
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+
+
+def default_sqlite_url(data_dir: Path) -> str:
+    """``sqlite:///<data_dir>/gearshift.db``, creating `data_dir` if needed."""
+    data_dir = Path(data_dir).expanduser()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{(data_dir / SQLITE_DB_FILENAME).resolve()}"
+
+
+def alembic_config(connection: Connection) -> Config:
+    """An Alembic Config for the store's migrations, bound to an open connection."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.attributes["connection"] = connection
+    return cfg
+
+
+def _parse_url(url: str) -> sa.URL:
+    try:
+        parsed = sa.make_url(url)
+    except (sa.exc.ArgumentError, ValueError):
+        scheme = url.split("://", 1)[0] if "://" in url else "(none)"
+        raise ConfigError(
+            f"database URL is not a valid URL (scheme {scheme!r}); supported: {SUPPORTED_URLS}"
+        ) from None
+    if parsed.drivername in ("sqlite", "sqlite+pysqlite"):
+        return parsed
+    if parsed.drivername in ("postgresql", "postgresql+psycopg"):
+        return parsed.set(drivername="postgresql+psycopg")
+    raise ConfigError(
+        f"unsupported database URL scheme {parsed.drivername!r}; supported: {SUPPORTED_URLS}"
+    )
+
+
+def _sqlite_on_connect(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cur.execute("PRAGMA synchronous=NORMAL")  # durable across process crashes in WAL mode
+    cur.close()
+
+
+def _create_engine(url: sa.URL) -> Engine:
+    if url.drivername.startswith("sqlite"):
+        memory = url.database in (None, "", ":memory:")
+        if not memory:
+            Path(url.database or "").parent.mkdir(parents=True, exist_ok=True)
+        engine = sa.create_engine(
+            url,
+            connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+            poolclass=StaticPool if memory else None,
+        )
+        sa.event.listen(engine, "connect", _sqlite_on_connect)
+        return engine
+    return sa.create_engine(url, pool_pre_ping=True)
+
+
+def _insert(dialect: str, table: sa.Table) -> Any:
+    return (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
+
+
+def _dump(rows: Iterable[SQLModel]) -> list[dict[str, Any]]:
+    return [row.model_dump() for row in rows]
+
+
+@dataclass
+class WriteBatch:
+    """What one writer flush commits in one transaction (each list keyed, last wins)."""
+
+    hosts: list[HostRow] = field(default_factory=list)
+    deployments: list[DeploymentRow] = field(default_factory=list)
+    deleted_deployments: list[str] = field(default_factory=list)
+    rollups: list[RollupRow] = field(default_factory=list)
+    commands: list[CommandLogRow] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return (len(self.hosts) + len(self.deployments) + len(self.deleted_deployments)
+                + len(self.rollups) + len(self.commands))
+
+
+class Store:
+    """Typed access to the controller's tables. Thread-safe (a pool of connections)."""
+
+    def __init__(self, engine: Engine, safe_url: str) -> None:
+        self._engine = engine
+        self.url = safe_url  # password hidden
+
+    @classmethod
+    def open(cls, url: str) -> Store:
+        """Connect to `url` and run the migrations up to head (idempotent)."""
+        parsed = _parse_url(url)
+        safe = parsed.render_as_string(hide_password=True)
+        engine = _create_engine(parsed)
+        try:
+            with engine.begin() as conn:
+                command.upgrade(alembic_config(conn), "head")
+        except sa.exc.OperationalError as err:
+            engine.dispose()
+            raise Unavailable(f"cannot open database {safe}: {err.orig}") from None
+        return cls(engine, safe)
+
+    @property
+    def dialect(self) -> str:
+        """``"sqlite"`` or ``"postgresql"``."""
+        return self._engine.dialect.name
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    def _session(self) -> Session:
+        return Session(self._engine, expire_on_commit=False)
+
+    def _upsert(self, conn: Connection, model: type[SQLModel], rows: list[dict[str, Any]],
+                keys: Sequence[str], keep: Sequence[str] = ()) -> None:
+        """INSERT rows, or on a key conflict update every column but `keys` and `keep`."""
+        if not rows:
+            return
+        table: sa.Table = model.__table__  # type: ignore[attr-defined]
+        stmt = _insert(self.dialect, table)
+        update = {c.name: stmt.excluded[c.name] for c in table.columns
+                  if c.name not in keys and c.name not in keep}
+        conn.execute(stmt.on_conflict_do_update(index_elements=list(keys), set_=update), rows)
+
+    # -- batches (the BatchingWriter's one transaction) ------------------------------
+
+    def write_batch(self, batch: WriteBatch) -> None:
+        """Commit everything in `batch` in one transaction, or nothing."""
+        with self._engine.begin() as conn:
+            self._upsert(conn, HostRow, _dump(batch.hosts), ["host_id"], ["first_seen"])
+            self._upsert(conn, DeploymentRow, _dump(batch.deployments), ["deployment_id"])
+            if batch.deleted_deployments:
+                conn.execute(sa.delete(DeploymentRow).where(
+                    col(DeploymentRow.deployment_id).in_(batch.deleted_deployments)))
+            self._upsert(conn, RollupRow, _dump(batch.rollups), ["model", "engine", "minute"])
+            self._upsert(conn, CommandLogRow, _dump(batch.commands), ["command_id"],
+                         ["created", "host_id", "epoch", "kind", "payload"])
+
+    # -- hosts and deployments ---------------------------------------------------------
+
+    def upsert_hosts(self, rows: Iterable[HostRow]) -> None:
+        """Insert or replace hosts; an existing host keeps its `first_seen`."""
+        self.write_batch(WriteBatch(hosts=list(rows)))
+
+    def get_host(self, host_id: str) -> HostRow | None:
+        with self._session() as s:
+            return s.get(HostRow, host_id)
+
+    def list_hosts(self) -> list[HostRow]:
+        with self._session() as s:
+            return list(s.exec(select(HostRow).order_by(col(HostRow.host_id))).all())
+
+    def upsert_deployments(self, rows: Iterable[DeploymentRow]) -> None:
+        self.write_batch(WriteBatch(deployments=list(rows)))
+
+    def delete_deployment(self, deployment_id: str) -> bool:
+        """Remove a deployment; False when there was none with that id."""
+        with self._engine.begin() as conn:
+            res = conn.execute(sa.delete(DeploymentRow).where(
+                col(DeploymentRow.deployment_id) == deployment_id))
+            return bool(res.rowcount)
+
+    def list_deployments(self, model: str | None = None,
+                         host_id: str | None = None) -> list[DeploymentRow]:
+        q = select(DeploymentRow).order_by(col(DeploymentRow.deployment_id))
+        if model is not None:
+            q = q.where(DeploymentRow.model == model)
+        if host_id is not None:
+            q = q.where(DeploymentRow.host_id == host_id)
+        with self._session() as s:
+            return list(s.exec(q).all())
+
+    # -- rollups -------------------------------------------------------------------------
+
+    def write_rollups(self, rows: Iterable[RollupRow]) -> None:
+        """Insert or replace rollups keyed by (model, engine, minute)."""
+        self.write_batch(WriteBatch(rollups=list(rows)))
+
+    def rollups(self, model: str | None = None, engine: str | None = None,
+                since: datetime | None = None, until: datetime | None = None) -> list[RollupRow]:
+        """Rollups with `since` <= minute < `until`, oldest first."""
+        q = select(RollupRow).order_by(col(RollupRow.minute), col(RollupRow.model),
+                                       col(RollupRow.engine))
+        if model is not None:
+            q = q.where(RollupRow.model == model)
+        if engine is not None:
+            q = q.where(RollupRow.engine == engine)
+        if since is not None:
+            q = q.where(col(RollupRow.minute) >= since)
+        if until is not None:
+            q = q.where(col(RollupRow.minute) < until)
+        with self._session() as s:
+            return list(s.exec(q).all())
+
+    # -- command log ---------------------------------------------------------------------
+
+    def log_command(self, command_id: str, host_id: str, epoch: int, kind: str,
+                    payload: dict[str, Any], phase: str = "pending",
+                    message: str = "") -> CommandLogRow:
+        """Record a command sent to an agent; logging the same id again changes nothing."""
+        row = CommandLogRow(command_id=command_id, host_id=host_id, epoch=epoch, kind=kind,
+                            payload=payload, phase=phase, message=message)
+        stmt = _insert(self.dialect, CommandLogRow.__table__)  # type: ignore[attr-defined]
+        with self._engine.begin() as conn:
+            conn.execute(stmt.on_conflict_do_nothing(index_elements=["command_id"]),
+                         [row.model_dump()])
+        stored = self.get_command(command_id)
+        assert stored is not None
+        return stored
+
+    def update_command(self, command_id: str, phase: str, message: str = "") -> bool:
+        """Set a command's phase and message; False when the id is unknown."""
+        with self._engine.begin() as conn:
+            res = conn.execute(sa.update(CommandLogRow)
+                               .where(col(CommandLogRow.command_id) == command_id)
+                               .values(phase=phase, message=message, updated=utcnow()))
+            return bool(res.rowcount)
+
+    def get_command(self, command_id: str) -> CommandLogRow | None:
+        with self._session() as s:
+            return s.get(CommandLogRow, command_id)
+
+    def list_commands(self, host_id: str | None = None, limit: int = 100) -> list[CommandLogRow]:
+        """Newest first."""
+        q = select(CommandLogRow).order_by(col(CommandLogRow.created).desc()).limit(_limit(limit))
+        if host_id is not None:
+            q = q.where(CommandLogRow.host_id == host_id)
+        with self._session() as s:
+            return list(s.exec(q).all())
+
+    # -- policy versions and settings ----------------------------------------------------
+
+    def add_policy_version(self, name: str, yaml_text: str, applied_by: str,
+                           comment: str = "") -> int:
+        """Store an applied policy document; returns its new version number."""
+        digest = hashlib.sha256(yaml_text.encode()).hexdigest()
+        row = PolicyVersionRow(name=name, yaml_text=yaml_text, digest=digest,
+                               applied_by=applied_by, comment=comment)
+        with self._session() as s:
+            s.add(row)
+            s.commit()
+            assert row.version is not None
+            return row.version
+
+    def get_policy_version(self, version: int) -> PolicyVersionRow | None:
+        with self._session() as s:
+            return s.get(PolicyVersionRow, version)
+
+    def list_policy_versions(self) -> list[PolicyVersionRow]:
+        """Newest first."""
+        with self._session() as s:
+            q = select(PolicyVersionRow).order_by(col(PolicyVersionRow.version).desc())
+            return list(s.exec(q).all())
+
+    def get_setting(self, key: str, default: Any = None) -> Any:
+        with self._session() as s:
+            row = s.get(SettingRow, key)
+            return default if row is None else row.value
+
+    def set_setting(self, key: str, value: Any) -> None:
+        """Store a JSON value under `key` (known keys must have their documented type)."""
+        want = SETTING_TYPES.get(key)
+        if want is not None and (not isinstance(value, want)
+                                 or (bool not in want and isinstance(value, bool))):
+            names = " or ".join("null" if t is type(None) else t.__name__ for t in want)
+            raise InvalidArgument(f"setting {key!r} must be {names}, got {value!r}")
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError) as err:
+            raise InvalidArgument(f"setting {key!r}: value is not JSON serializable: {err}") from None
+        with self._engine.begin() as conn:
+            self._upsert(conn, SettingRow, [{"key": key, "value": value, "updated": utcnow()}],
+                         ["key"])
+
+    def bump_epoch(self) -> int:
+        """Atomically increment the fencing epoch and return the new value (1 at first)."""
+        with self._session() as s:
+            row = s.exec(select(SettingRow).where(SettingRow.key == SETTING_EPOCH)
+                         .with_for_update()).first()
+            epoch = (int(row.value) if row is not None and row.value is not None else 0) + 1
+            if row is None:
+                s.add(SettingRow(key=SETTING_EPOCH, value=epoch))
+            else:
+                row.value = epoch
+                row.updated = utcnow()
+            s.commit()
+            return epoch
+
+    # -- decisions ---------------------------------------------------------------------
+
+    def add_decision(self, row: DecisionRow) -> str:
+        """Store a new decision; returns its id. AlreadyExists if the id is taken."""
+        with self._session() as s:
+            s.add(row)
+            try:
+                s.commit()
+            except sa.exc.IntegrityError:
+                raise AlreadyExists(f"decision {row.id!r} already exists") from None
+            return row.id
+
+    def get_decision(self, decision_id: str) -> DecisionRow | None:
+        with self._session() as s:
+            return s.get(DecisionRow, decision_id)
+
+    def list_decisions(self, model: str | None = None, status: DecisionStatus | None = None,
+                       limit: int = 100) -> list[DecisionRow]:
+        """Newest first."""
+        q = select(DecisionRow).order_by(col(DecisionRow.created_at).desc(),
+                                         col(DecisionRow.id)).limit(_limit(limit))
+        if model is not None:
+            q = q.where(DecisionRow.model == model)
+        if status is not None:
+            q = q.where(DecisionRow.status == _status(status))
+        with self._session() as s:
+            return list(s.exec(q).all())
+
+    def update_decision_status(self, decision_id: str, status: DecisionStatus, reason: str = "",
+                               expected_from: DecisionStatus | None = None) -> bool:
+        """Set a decision's status; with `expected_from`, only if it currently has that
+        status (compare-and-set). Returns False when the compare failed.
+
+        Raises NotFound for an unknown id and InvalidArgument for an unknown status.
+        """
+        new = _status(status)
+        q = sa.update(DecisionRow).where(col(DecisionRow.id) == decision_id)
+        if expected_from is not None:
+            q = q.where(col(DecisionRow.status) == _status(expected_from))
+        with self._engine.begin() as conn:
+            res = conn.execute(q.values(status=new, status_reason=reason, updated_at=utcnow()))
+            if res.rowcount:
+                return True
+            exists = conn.execute(sa.select(col(DecisionRow.id))
+                                  .where(col(DecisionRow.id) == decision_id)).first()
+        if exists is None:
+            raise NotFound(f"decision {decision_id!r} not found")
+        return False
+
+    # -- revisions ---------------------------------------------------------------------
+
+    def add_revision(self, model: str, revision: str, published_at: datetime | None = None,
+                     source: str = "") -> bool:
+        """Record a published revision; False when (model, revision) was already known."""
+        row = RevisionRow(model=model, revision=revision, source=source,
+                          published_at=published_at or utcnow())
+        stmt = _insert(self.dialect, RevisionRow.__table__)  # type: ignore[attr-defined]
+        values = row.model_dump(exclude={"id"})
+        with self._engine.begin() as conn:
+            res = conn.execute(stmt.values(**values).on_conflict_do_nothing(
+                index_elements=["model", "revision"]).returning(col(RevisionRow.id)))
+            return res.first() is not None
+
+    def list_revisions(self, model: str, since: datetime | None = None) -> list[RevisionRow]:
+        """Revisions of `model` published at or after `since`, oldest first."""
+        q = select(RevisionRow).where(RevisionRow.model == model)
+        if since is not None:
+            q = q.where(col(RevisionRow.published_at) >= since)
+        with self._session() as s:
+            return list(s.exec(q.order_by(col(RevisionRow.published_at))).all())
+
+
+def _limit(limit: int) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InvalidArgument(f"limit must be a positive integer, got {limit!r}")
+    return limit
+
+
+def _status(value: DecisionStatus | str) -> DecisionStatus:
+    try:
+        return DecisionStatus(value)
+    except ValueError:
+        known = ", ".join(m.value for m in DecisionStatus)
+        raise InvalidArgument(f"unknown decision status {value!r}; known: {known}") from None
