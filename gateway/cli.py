@@ -6,6 +6,7 @@ import asyncio
 import logging
 
 import click
+
 from gearshift.controller.errors import GearshiftError
 from gearshift.gateway.server import GatewayConfig, serve
 

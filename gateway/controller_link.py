@@ -15,6 +15,7 @@ import random
 from collections.abc import Callable
 
 import grpc
+
 from gearshift.gateway.proxy import Router
 from gearshift.gateway.routes import RoutingTable, table_from_proto
 from gearshift.v1 import control_pb2, control_pb2_grpc

@@ -26,6 +26,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+
 from gearshift.gateway.metrics import GatewayMetrics
 from gearshift.gateway.routes import EMPTY_TABLE, Endpoint, RoutingTable
 

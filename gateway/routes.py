@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from gearshift.controller.errors import ConfigError
-from gearshift.v1 import control_pb2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from yarl import URL
+
+from gearshift.controller.errors import ConfigError
+from gearshift.v1 import control_pb2
 
 # How long an endpoint that refused a connection is passed over (seconds).
 EJECT_S = 2.0

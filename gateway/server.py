@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import grpc
 from aiohttp import web
+from prometheus_client import CollectorRegistry
+
 from gearshift.controller.errors import ConfigError
 from gearshift.gateway.controller_link import (
     BACKOFF_INITIAL_S,
@@ -30,7 +32,6 @@ from gearshift.gateway.controller_link import (
 from gearshift.gateway.metrics import GatewayMetrics
 from gearshift.gateway.proxy import UPSTREAM_CONNECTIONS_LIMIT, Router
 from gearshift.gateway.routes import RoutingTable, load_routes_file
-from prometheus_client import CollectorRegistry
 
 log = logging.getLogger(__name__)
 

@@ -12,10 +12,11 @@ import aiohttp
 import grpc
 import pytest
 from aiohttp import web
+from prometheus_client import CollectorRegistry
+
 from gearshift.gateway.routes import table_from_mapping
 from gearshift.gateway.server import Gateway, GatewayConfig
 from gearshift.v1 import control_pb2, control_pb2_grpc
-from prometheus_client import CollectorRegistry
 
 
 class Upstream:

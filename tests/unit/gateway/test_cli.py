@@ -13,6 +13,7 @@ import urllib.request
 
 import pytest
 from click.testing import CliRunner
+
 from gearshift.gateway.cli import gateway
 
 pytestmark = pytest.mark.timeout(60)

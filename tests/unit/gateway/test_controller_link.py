@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Callable
 
 import pytest
+
 from gearshift.v1 import control_pb2
 
 pytestmark = pytest.mark.timeout(30)

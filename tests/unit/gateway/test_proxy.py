@@ -9,8 +9,9 @@ from collections.abc import Callable
 
 import aiohttp
 import pytest
-from gearshift.gateway.routes import table_from_mapping
 from prometheus_client.parser import text_string_to_metric_families
+
+from gearshift.gateway.routes import table_from_mapping
 
 pytestmark = pytest.mark.timeout(30)
 

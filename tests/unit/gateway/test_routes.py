@@ -7,6 +7,9 @@ import random
 from collections import Counter
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from gearshift.controller.errors import ConfigError
 from gearshift.gateway.controller_link import next_backoff_s
 from gearshift.gateway.routes import (
@@ -16,8 +19,6 @@ from gearshift.gateway.routes import (
     table_from_proto,
 )
 from gearshift.v1 import control_pb2
-from hypothesis import given
-from hypothesis import strategies as st
 
 
 def test_weighted_choice_follows_weights() -> None:
