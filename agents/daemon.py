@@ -170,14 +170,15 @@ class Agent:
         asyncio.get_running_loop().create_task(self._flush_results())
 
     async def _flush_results(self) -> None:
-        call = self._call
+        call: aio.StreamStreamCall | None = self._call
         if call is None:
             return
         async with self._write_lock:
             while self._pending_results and self._call is call:
                 result = self._pending_results[0]
                 try:
-                    await call.write(agent_pb2.AgentMessage(command_result=result))
+                    await call.write(  # type: ignore[union-attr]  # narrowed by the loop test
+                        agent_pb2.AgentMessage(command_result=result))
                 except (grpc.RpcError, asyncio.InvalidStateError, aio.UsageError):
                     return
                 self._pending_results.popleft()
