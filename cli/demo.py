@@ -62,13 +62,13 @@ def _fleet_table(deps: control_pb2.ListDeploymentsResponse, hosts: control_pb2.L
 
 
 class LoadGenerator:
-    """Poisson arrivals per model straight at the ready endpoints (no gateway yet)."""
+    """Poisson arrivals per model, sent through the gateway as a client would."""
 
-    def __init__(self, rates: dict[str, float]) -> None:
+    def __init__(self, gateway_url: str, rates: dict[str, float]) -> None:
+        self.gateway_url = gateway_url
         self.rates = rates
         self.sent = 0
         self.failed = 0
-        self.endpoints: dict[str, list[str]] = {}
 
     async def run(self, stop: asyncio.Event) -> None:
         async with aiohttp.ClientSession() as session:
@@ -81,19 +81,16 @@ class LoadGenerator:
         inflight: set[asyncio.Task[None]] = set()
         while not stop.is_set():
             await asyncio.sleep(random.expovariate(rps))
-            eps = self.endpoints.get(model)
-            if not eps:
-                continue
-            t = asyncio.create_task(self._one(session, random.choice(eps), model))
+            t = asyncio.create_task(self._one(session, model))
             inflight.add(t)
             t.add_done_callback(inflight.discard)
         await asyncio.gather(*inflight, return_exceptions=True)
 
-    async def _one(self, session: aiohttp.ClientSession, endpoint: str, model: str) -> None:
+    async def _one(self, session: aiohttp.ClientSession, model: str) -> None:
         self.sent += 1
         body = {"model": model, "prompt": "Explain continuous batching.", "max_tokens": 16}
         try:
-            async with session.post(f"{endpoint}/v1/completions", json=body,
+            async with session.post(f"{self.gateway_url}/v1/completions", json=body,
                                     timeout=aiohttp.ClientTimeout(total=30)) as resp:
                 await resp.read()
                 if resp.status != 200:
@@ -103,7 +100,7 @@ class LoadGenerator:
 
 
 async def _run(fleet: LocalFleet, duration_s: float, console: Console, live: bool) -> tuple[int, int]:
-    load = LoadGenerator(LOAD_RPS)
+    load = LoadGenerator(fleet.gateway_url, LOAD_RPS)
     stop = asyncio.Event()
     load_task = asyncio.create_task(load.run(stop))
     started = time.monotonic()
@@ -113,10 +110,6 @@ async def _run(fleet: LocalFleet, duration_s: float, console: Console, live: boo
             while (elapsed := time.monotonic() - started) < duration_s:
                 deps = await stub.ListDeployments(control_pb2.ListDeploymentsRequest(), timeout=5)
                 hosts = await stub.ListHosts(control_pb2.ListHostsRequest(), timeout=5)
-                load.endpoints = {}
-                for d in deps.deployments:
-                    if phase(d.report.phase) == "ready":
-                        load.endpoints.setdefault(d.report.model, []).append(d.report.endpoint)
                 table = _fleet_table(deps, hosts, elapsed, load.sent, load.failed)
                 if live:
                     view.update(table, refresh=True)
@@ -126,6 +119,20 @@ async def _run(fleet: LocalFleet, duration_s: float, console: Console, live: boo
     stop.set()
     await load_task
     return load.sent, load.failed
+
+
+def _wait_ready(fleet: LocalFleet, n: int, timeout_s: float = 60.0) -> None:
+    """Wait until every demo deployment is ready and routed, so no request meets an empty table."""
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(fleet.controller_addr) as channel:
+        stub = control_pb2_grpc.ControlServiceStub(channel)
+        while time.monotonic() < deadline:
+            deps = stub.ListDeployments(control_pb2.ListDeploymentsRequest(), timeout=5)
+            if sum(1 for d in deps.deployments if phase(d.report.phase) == "ready") >= n:
+                time.sleep(0.5)  # one routing-table push to the gateway
+                return
+            time.sleep(0.2)
+    raise click.ClickException(f"the demo deployments were not ready within {timeout_s:.0f}s")
 
 
 class _NoLive:
@@ -155,6 +162,9 @@ def demo(duration_s: float, workdir: Path | None, json_summary: bool) -> None:
             console.print(f"controller on {fleet.controller_addr}, metrics on :{fleet.metrics_port}")
             for host_id, deps in DEMO_DEPLOYMENTS.items():
                 fleet.start_agent(host_id, deps)
+            fleet.start_gateway()
+            console.print(f"gateway on {fleet.gateway_url} (OpenAI-compatible)")
+            _wait_ready(fleet, sum(len(d) for d in DEMO_DEPLOYMENTS.values()))
             sent, failed = asyncio.run(_run(fleet, duration_s, console, console.is_terminal))
         finally:
             fleet.stop()

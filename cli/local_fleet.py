@@ -104,6 +104,7 @@ class LocalFleet:
     db_url: str = ""
     controller_port: int = 0
     metrics_port: int = 0
+    gateway_port: int = 0
     procs: dict[str, Proc] = field(default_factory=dict)
 
     @property
@@ -156,6 +157,31 @@ class LocalFleet:
         proc = _spawn(host_id, gearshift_cmd("agent", "--config", str(path)), self.workdir)
         self.procs[host_id] = proc
         return proc
+
+    @property
+    def gateway_url(self) -> str:
+        return f"http://127.0.0.1:{self.gateway_port}"
+
+    def start_gateway(self) -> Proc:
+        """Start the gateway and wait until it has its first routing table."""
+        import urllib.error
+        import urllib.request
+
+        self.gateway_port = self.gateway_port or free_port()
+        proc = _spawn("gateway", gearshift_cmd(
+            "gateway", "--controller", self.controller_addr,
+            "--listen", f"127.0.0.1:{self.gateway_port}"), self.workdir)
+        self.procs["gateway"] = proc
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{self.gateway_url}/health", timeout=2):
+                    return proc
+            except (urllib.error.URLError, OSError):
+                if not proc.alive():
+                    raise RuntimeError(f"gateway exited:\n{proc.log()[-3000:]}") from None
+                time.sleep(0.1)
+        raise TimeoutError(f"gateway not ready after {READY_TIMEOUT_S}s:\n{proc.log()[-3000:]}")
 
     def stop(self) -> None:
         # Agents first (they stop their engines), then the controller.

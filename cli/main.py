@@ -6,6 +6,7 @@ import click
 
 from gearshift.agents.emulator.cli import emulate
 from gearshift.cli.daemons import agent, controller
+from gearshift.cli.demo import demo
 from gearshift.cli.fleet import fleet
 from gearshift.gateway.cli import gateway
 
@@ -24,6 +25,7 @@ cli.add_command(agent)
 cli.add_command(fleet)
 cli.add_command(gateway)
 cli.add_command(emulate)
+cli.add_command(demo)
 
 
 def main() -> None:
