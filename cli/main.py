@@ -8,6 +8,7 @@ from gearshift.agents.emulator.cli import emulate
 from gearshift.cli.daemons import agent, controller
 from gearshift.cli.demo import demo
 from gearshift.cli.fleet import fleet
+from gearshift.cli.policy_cmds import policy
 from gearshift.gateway.cli import gateway
 
 
@@ -26,6 +27,7 @@ cli.add_command(fleet)
 cli.add_command(gateway)
 cli.add_command(emulate)
 cli.add_command(demo)
+cli.add_command(policy)
 
 
 def main() -> None:

@@ -1,0 +1,157 @@
+"""Replay a trace (DESIGN §7) through the decision core on a simulated clock and
+price the outcome with the cost model (DESIGN §6).
+
+At the start of every evaluation step the backtest computes each model's signals
+from the samples before that instant, calls `decide`, and feeds the decisions to
+`costmodel.ModelReplay`, which applies the delay, rebuilds, flaps and SLA minutes.
+Measured facts (capacity, latency, build and cold-start times) come from the trace
+header, as the live system would measure them. The backtest replays what the
+policy would do if executed, whatever its `mode`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from gearshift.policies.core import Decision, ModelState, decide
+from gearshift.policies.costmodel import ModelOutcome, ModelReplay, replay_model
+from gearshift.policies.loader import Policy
+from gearshift.policies.signals import (
+    EngineFacts,
+    ModelFacts,
+    ModelHistory,
+    Signals,
+    compute_signals,
+)
+from gearshift.policies.trace import ModelProfile, Trace, format_ts
+
+LONG_AGO_S = 365 * 86400.0  # models start the trace settled on their initial engine
+
+
+def facts_from_profile(trace: Trace, p: ModelProfile) -> ModelFacts:
+    """What the live system would have measured for a model, from the trace header."""
+    engines = {
+        e: EngineFacts(capacity_rps=p.capacity_rps[e], ttft_p99_ms=p.ttft_p99_ms[e],
+                       cold_start_s=p.cold_start_s[e], build_s=p.build_s[e],
+                       build_overhead_usd=p.build_overhead_usd[e])
+        for e in p.capacity_rps
+    }
+    return ModelFacts(gpus_per_replica=p.gpus_per_replica, min_replicas=p.min_replicas,
+                      headroom=trace.headroom, overlap_s=trace.overlap_s,
+                      sla_ttft_p99_ms=p.sla_ttft_p99_ms, engines=engines, nvidia=True,
+                      price_per_gpu_hour=trace.price_per_gpu_hour)
+
+
+def histories(trace: Trace) -> dict[str, ModelHistory]:
+    start = trace.start.timestamp()
+    out = {}
+    for model, s in trace.series.items():
+        ts = start + np.arange(len(s.rps), dtype=np.float64) * trace.step_s
+        rev = start + np.asarray(s.revision_steps, dtype=np.float64) * trace.step_s
+        out[model] = ModelHistory.of(ts, s.rps, rev, trace.step_s, replay=True)
+    return out
+
+
+def simulate(policy: Policy, trace: Trace) -> tuple[dict[str, ModelOutcome], dict[str, list[Decision]]]:
+    """Replay `trace` under `policy`; the outcome and the accepted decisions per model."""
+    start = trace.start.timestamp()
+    models = sorted(trace.series)
+    facts = {m: facts_from_profile(trace, trace.profiles[m]) for m in models}
+    hist = histories(trace)
+    replays = {m: ModelReplay(trace, m) for m in models}
+    since = dict.fromkeys(models, start - LONG_AGO_S)
+    engine_now = {m: replays[m].serving for m in models}
+    last_switch: dict[str, float | None] = dict.fromkeys(models)
+    accepted: dict[str, list[Decision]] = {m: [] for m in models}
+    every = max(1, math.ceil(policy.doc.spec.interval / trace.step_s - 1e-9))
+    settings = policy.signal_settings
+    for k in range(trace.n_steps):
+        now = start + k * trace.step_s
+        wanted: dict[str, Decision] = {}
+        for m in models:
+            serving = replays[m].serving_at(k)
+            if serving != engine_now[m]:
+                engine_now[m], since[m] = serving, now
+        if k % every == 0:
+            signals: dict[str, Signals] = {
+                m: compute_signals(m, hist[m], facts[m], now, settings) for m in models}
+            state = {m: ModelState(engine=engine_now[m], since=since[m], last_switch=last_switch[m],
+                                   migrating_to=replays[m].switching_at(k)) for m in models}
+            wanted = {d.model: d for d in decide(policy, signals, state, now)}
+        for m in models:
+            d = wanted.get(m)
+            if replays[m].step(k, d.to_engine if d else None) and d is not None:
+                accepted[m].append(d)
+                last_switch[m] = now
+    return {m: r.outcome() for m, r in replays.items()}, accepted
+
+
+def _model_json(out: ModelOutcome, decisions: list[Decision]) -> dict[str, Any]:
+    return {
+        "switches": [{"ts": _ts(d.created_at), "to": d.to_engine, "rule": d.rule} for d in decisions],
+        "gpu_hours": out.gpu_hours, "cost_usd": out.cost_usd, "flaps": out.flaps,
+        "revision_lag_h": out.revision_lag_h, "sla_violation_min": out.sla_violation_min,
+    }
+
+
+def _ts(epoch_s: float) -> str:
+    from datetime import UTC, datetime
+    return format_ts(datetime.fromtimestamp(epoch_s, UTC))
+
+
+def _summary(outcomes: dict[str, ModelOutcome]) -> dict[str, Any]:
+    return {
+        "cost_usd": round(sum(o.cost_usd for o in outcomes.values()), 2),
+        "flaps": sum(o.flaps for o in outcomes.values()),
+        "revision_lag_h": round(sum(o.revision_lag_h for o in outcomes.values()), 2),
+        "sla_violation_min": round(sum(o.sla_violation_min for o in outcomes.values()), 2),
+    }
+
+
+def baseline_costs(trace: Trace) -> dict[str, dict[str, float]]:
+    out = {}
+    for name, engine in (("static-vllm", "vllm"), ("static-tensorrt-llm", "tensorrt-llm")):
+        total = sum(replay_model(trace, m, {}, initial_engine=engine).cost_usd for m in trace.series)
+        out[name] = {"cost_usd": round(total, 2)}
+    return out
+
+
+def run_backtest(policy: Policy, trace: Trace, *, compare: Policy | None = None) -> dict[str, Any]:
+    """The DESIGN §7 JSON object; with `compare`, an extra ``compare`` key says where
+    and at what cost the other policy decides differently."""
+    outcomes, decisions = simulate(policy, trace)
+    result: dict[str, Any] = {
+        "policy": policy.name,
+        "trace": trace.name,
+        "models": {m: _model_json(outcomes[m], decisions[m]) for m in sorted(outcomes)},
+        "summary": _summary(outcomes),
+        "baselines": baseline_costs(trace),
+    }
+    if compare is not None:
+        other_out, other_dec = simulate(compare, trace)
+        result["compare"] = _comparison(compare, result, other_out, other_dec)
+    return result
+
+
+def _comparison(other: Policy, mine: dict[str, Any], outcomes: dict[str, ModelOutcome],
+                decisions: dict[str, list[Decision]]) -> dict[str, Any]:
+    models: dict[str, Any] = {}
+    for m in sorted(outcomes):
+        theirs = _model_json(outcomes[m], decisions[m])
+        ours = mine["models"][m]
+        a = [(s["ts"], s["to"]) for s in ours["switches"]]
+        b = [(s["ts"], s["to"]) for s in theirs["switches"]]
+        models[m] = {
+            "switches": theirs["switches"],
+            "cost_usd": theirs["cost_usd"],
+            "cost_delta_usd": round(theirs["cost_usd"] - ours["cost_usd"], 2),
+            "only_policy": [{"ts": ts, "to": to} for ts, to in a if (ts, to) not in b],
+            "only_other": [{"ts": ts, "to": to} for ts, to in b if (ts, to) not in a],
+        }
+    summary = _summary(outcomes)
+    return {"policy": other.name, "summary": summary,
+            "cost_delta_usd": round(summary["cost_usd"] - mine["summary"]["cost_usd"], 2),
+            "models": models}

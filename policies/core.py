@@ -1,0 +1,248 @@
+"""The pure decision core (DESIGN §5, STYLE 1–2):
+``decide(policy, signals, state, now) -> list[Decision]``, no I/O.
+
+For each governed model: skip it when frozen or already moving; obey a pin;
+otherwise ask the rules in order (the first with an opinion wins), drop targets
+that break the SLA, lack hardware or are excluded, apply dwell, cooldown and
+maintenance windows (an SLA move bypasses them), and finally keep only as many
+moves as the concurrency budget allows, SLA moves first, then by net savings.
+The live controller loop and the backtest are adapters around this function.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from gearshift.policies.economics import CostSettings, MoveEstimate, estimate_move
+from gearshift.policies.loader import Policy
+from gearshift.policies.rules import RULE_KINDS, RuleContext, RuleOutcome
+from gearshift.policies.signals import Signals, SignalValue, SignalView, meets_sla
+
+HOURS_PER_DAY = 24.0
+
+
+class DecisionStatus(StrEnum):
+    PROPOSED = "proposed"  # returned by the core; waits for approval in `approve` mode
+    APPROVED = "approved"  # a person (or `auto` mode) accepted it
+    REJECTED = "rejected"  # a person rejected it
+    EXECUTING = "executing"  # a migration carries it out
+    DONE = "done"  # the model serves on the target
+    ROLLED_BACK = "rolled_back"  # the migration failed and was undone
+    SUPERSEDED = "superseded"  # a newer decision for the model replaced it
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """Where a model stands (times are epoch seconds)."""
+
+    engine: str
+    since: float  # when the current engine started serving
+    last_switch: float | None = None  # decision time of the last accepted switch
+    migrating_to: str | None = None  # a move in flight
+    pinned: str | None = None  # an operator's pin, on top of the policy's pins
+    frozen: bool = False  # an operator's freeze, on top of the policy's freezes
+
+
+@dataclass(frozen=True)
+class Decision:
+    model: str
+    from_engine: str
+    to_engine: str
+    rule: str
+    inputs: dict[str, SignalValue]
+    expected: dict[str, float | None]  # cost_usd_per_day (negative saves), ttft_p99_ms change, …
+    alternatives: tuple[tuple[str, str], ...]  # (engine or rule, why it was rejected)
+    policy_version: str
+    created_at: float  # epoch seconds
+    urgent: bool = False
+    status: DecisionStatus = DecisionStatus.PROPOSED
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model, "from_engine": self.from_engine, "to_engine": self.to_engine,
+            "rule": self.rule, "inputs": dict(self.inputs), "expected": dict(self.expected),
+            "alternatives": [{"option": o, "why": w} for o, w in self.alternatives],
+            "policy_version": self.policy_version,
+            "created_at": datetime.fromtimestamp(self.created_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "urgent": self.urgent, "status": self.status.value,
+        }
+
+
+@dataclass
+class _Plan:
+    decision: Decision
+    net_usd: float
+
+
+@dataclass
+class _Evaluation:
+    outcome: RuleOutcome | None = None
+    rule: str = ""
+    alternatives: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _matches(patterns: Mapping[str, str] | list[str], model: str) -> str | None:
+    for pattern in patterns:
+        if fnmatch.fnmatchcase(model, pattern):
+            return pattern
+    return None
+
+
+def selects(policy: Policy, model: str, labels: Mapping[str, str]) -> bool:
+    sel = policy.doc.spec.selector
+    return _named(policy, model) and all(labels.get(k) == v for k, v in sel.labels.items())
+
+
+@functools.lru_cache(maxsize=65536)
+def _named(policy: Policy, model: str) -> bool:
+    sel = policy.doc.spec.selector
+    return (not sel.names and not sel.globs) or model in sel.names or any(
+        fnmatch.fnmatchcase(model, g) for g in sel.globs)
+
+
+def cost_settings(policy: Policy) -> CostSettings:
+    c = policy.doc.spec.cost
+    return CostSettings(price_per_gpu_hour=c.price_per_gpu_hour,
+                        build_overhead_usd=dict(c.build_overhead_usd), horizon_s=c.horizon,
+                        hysteresis=policy.doc.spec.guardrails.hysteresis)
+
+
+def _candidates(policy: Policy, sig: Signals, current: str,
+                cost: CostSettings) -> tuple[dict[str, MoveEstimate | None], list[tuple[str, str]]]:
+    """Engines the model may move to, with estimates; and those refused, with why."""
+    prefs = policy.doc.spec.preferences
+    allowed: dict[str, MoveEstimate | None] = {}
+    refused: list[tuple[str, str]] = []
+    for engine in prefs.order:
+        if engine == current:
+            continue
+        facts = sig.facts.engines.get(engine)
+        if engine in prefs.exclude:
+            refused.append((engine, "excluded by preferences"))
+        elif facts is None:
+            refused.append((engine, "not available for this model"))
+        elif engine == "tensorrt-llm" and sig.facts.nvidia is False:
+            refused.append((engine, "TensorRT-LLM needs NVIDIA GPUs"))
+        elif meets_sla(sig.facts, engine) is False:
+            refused.append((engine, f"breaks the latency SLA (TTFT p99 {facts.ttft_p99_ms} ms > "
+                                    f"{sig.facts.sla_ttft_p99_ms} ms)"))
+        else:
+            allowed[engine] = estimate_move(sig, current, engine, cost)
+    return allowed, refused
+
+
+def _evaluate(policy: Policy, ctx: RuleContext, refused: list[tuple[str, str]]) -> _Evaluation:
+    ev = _Evaluation(alternatives=list(refused))
+    current = ctx.view.engine
+    for rule, params in zip(policy.doc.spec.rules, policy.rule_params, strict=True):
+        outcome = RULE_KINDS[rule.kind].evaluate(rule, params, ctx)
+        if outcome.target is None:
+            ev.alternatives.append((f"rule {rule.name}", outcome.why))
+            continue
+        if outcome.target != current and outcome.target not in ctx.candidates:
+            ev.alternatives.append((f"rule {rule.name}", f"wants {outcome.target}, which is refused"))
+            continue
+        ev.outcome, ev.rule = outcome, rule.name
+        return ev
+    return ev
+
+
+def _guardrail(policy: Policy, st: ModelState, now: float) -> str | None:
+    g = policy.doc.spec.guardrails
+    if now - st.since < g.min_dwell:
+        return f"minimum dwell: on {st.engine} for {(now - st.since) / 3600:.1f} h of {g.min_dwell / 3600:g} h"
+    if st.last_switch is not None and now - st.last_switch < g.cooldown:
+        return f"cooldown: last switch {(now - st.last_switch) / 3600:.1f} h ago, cooldown {g.cooldown / 3600:g} h"
+    if not policy.in_maintenance_window(now):
+        return "outside every maintenance window"
+    return None
+
+
+def _expected(sig: Signals, current: str, target: str, est: MoveEstimate | None) -> dict[str, float | None]:
+    cur, tgt = sig.facts.engines.get(current), sig.facts.engines.get(target)
+    ttft = (None if cur is None or tgt is None or cur.ttft_p99_ms is None or tgt.ttft_p99_ms is None
+            else tgt.ttft_p99_ms - cur.ttft_p99_ms)
+    return {
+        "cost_usd_per_day": None if est is None else -est.savings_usd_per_h * HOURS_PER_DAY,
+        "ttft_p99_ms": ttft,
+        "switch_cost_usd": None if est is None else est.switch_usd,
+        "net_savings_usd": None if est is None else est.net_usd,
+    }
+
+
+def _plan_model(policy: Policy, model: str, sig: Signals, st: ModelState, now: float,
+                cost: CostSettings) -> _Plan | None:
+    g = policy.doc.spec.guardrails
+    if st.frozen or _matches(g.freezes, model) or st.migrating_to is not None:
+        return None
+    pin_pattern = _matches(g.pins, model)
+    pin = st.pinned or (g.pins[pin_pattern] if pin_pattern else None)
+    candidates, refused = _candidates(policy, sig, st.engine, cost)
+    if pin is not None:
+        if pin == st.engine:
+            return None
+        outcome = RuleOutcome(pin, f"pinned to {pin}", urgent=True, estimate=candidates.get(pin))
+        ev = _Evaluation(outcome=outcome, rule="pin")
+    else:
+        if sig.history_s < policy.doc.spec.signals.min_history:
+            return None
+        best = max((e for e in candidates.values() if e is not None), default=None,
+                   key=lambda e: e.net_usd)
+        view = SignalView(sig, st.engine, now - st.since, None if best is None else best.net_usd)
+        order = tuple(policy.doc.spec.preferences.order)
+        ev = _evaluate(policy, RuleContext(view, candidates, order), refused)
+        if ev.outcome is None or ev.outcome.target in (None, st.engine):
+            return None
+        if not ev.outcome.urgent and _guardrail(policy, st, now) is not None:
+            return None
+    outcome = ev.outcome
+    assert outcome is not None and outcome.target is not None
+    inputs: dict[str, SignalValue] = {
+        "rps_current": sig.rps_current, "rps_sustained": sig.rps_sustained, "rps_peak": sig.rps_peak,
+        "rps_mean": sig.rps_mean, "burstiness": sig.burstiness,
+        "revisions_per_week": sig.revisions_per_week, "history_h": sig.history_s / 3600.0,
+        "dwell_h": (now - st.since) / 3600.0,
+        "nvidia": sig.facts.nvidia, "gpu_model": sig.facts.gpu_model,
+        "sla_ttft_p99_ms": sig.facts.sla_ttft_p99_ms,
+    }
+    for engine, facts in sig.facts.engines.items():
+        inputs[f"capacity_rps.{engine}"] = facts.capacity_rps
+        inputs[f"ttft_p99_ms.{engine}"] = facts.ttft_p99_ms
+    inputs.update(outcome.inputs)
+    alternatives = list(ev.alternatives)
+    alternatives.append((st.engine, f"stay: rule {ev.rule}: {outcome.why}"))
+    decision = Decision(
+        model=model, from_engine=st.engine, to_engine=outcome.target, rule=ev.rule, inputs=inputs,
+        expected=_expected(sig, st.engine, outcome.target, outcome.estimate),
+        alternatives=tuple(alternatives), policy_version=policy.version, created_at=now,
+        urgent=outcome.urgent,
+    )
+    return _Plan(decision, outcome.estimate.net_usd if outcome.estimate else 0.0)
+
+
+def decide(policy: Policy, signals: Mapping[str, Signals], state: Mapping[str, ModelState],
+           now: float) -> list[Decision]:
+    """Moves the policy wants now, as data (pure: no I/O, no clock, no randomness).
+
+    `signals` and `state` are keyed by model; a model missing from either is skipped.
+    `now` is epoch seconds; signals must have been computed from data before it.
+    """
+    cost = cost_settings(policy)
+    plans: list[_Plan] = []
+    for model in sorted(signals):
+        sig, st = signals[model], state.get(model)
+        if st is None or not selects(policy, model, sig.facts.labels):
+            continue
+        plan = _plan_model(policy, model, sig, st, now, cost)
+        if plan is not None:
+            plans.append(plan)
+    in_flight = sum(1 for s in state.values() if s.migrating_to is not None)
+    budget = max(0, policy.doc.spec.guardrails.max_concurrent_migrations - in_flight)
+    plans.sort(key=lambda p: (not p.decision.urgent, -p.net_usd, p.decision.model))
+    return [p.decision for p in plans[:budget]]

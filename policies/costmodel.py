@@ -1,0 +1,156 @@
+"""The cost model of DESIGN §6, exactly: replicas, switch delay, rebuild cost, and
+the per-step replay of one model that yields GPU-hours, cost, flaps, revision lag
+and SLA-violation minutes.
+
+The formulas are shared by the backtest (which applies them to what really
+happened) and the decision core (which applies them to its estimates), so the
+two can never disagree about what a switch costs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from gearshift.policies.trace import ModelProfile, Trace
+
+FLAP_WINDOW_S = 24 * 3600
+SECONDS_PER_HOUR = 3600.0
+REPLICA_EPSILON = 1e-9  # DESIGN §6: keeps r*(1+h)/cap == integer from rounding up
+
+
+def replicas(rps: float, capacity_rps: float, headroom: float, min_replicas: int) -> int:
+    """Replicas needed for `rps` with `headroom` on an engine serving `capacity_rps` each."""
+    return max(min_replicas, math.ceil(rps * (1 + headroom) / capacity_rps - REPLICA_EPSILON))
+
+
+def delay_steps(build_s: float, cold_start_s: float, step_s: float) -> int:
+    """Steps from deciding a (re)build until the new engine serves (at least one)."""
+    return max(1, math.ceil((build_s + cold_start_s) / step_s))
+
+
+def rebuild_usd(p: ModelProfile, engine: str, rps: float, *, price_per_gpu_hour: float,
+                headroom: float, overlap_s: float) -> float:
+    """One-off cost of building and starting `engine` for the model at `rps` (DESIGN §6)."""
+    n = replicas(rps, p.capacity_rps[engine], headroom, p.min_replicas)
+    gpu_s = p.build_s[engine] * p.gpus_per_replica + (
+        p.cold_start_s[engine] + overlap_s) * n * p.gpus_per_replica
+    return price_per_gpu_hour * gpu_s / SECONDS_PER_HOUR + p.build_overhead_usd[engine]
+
+
+@dataclass(frozen=True)
+class ModelOutcome:
+    """What one model cost over a replay (figures rounded as DESIGN §7 prints them)."""
+
+    gpu_hours: float
+    cost_usd: float
+    flaps: int
+    revision_lag_h: float
+    sla_violation_min: float
+    accepted_steps: tuple[int, ...]  # decision steps of the switches that took effect
+
+
+class ModelReplay:
+    """DESIGN §6 for one model, one step at a time, so a policy can act between steps.
+
+    Call `step(k, to)` for k = 0, 1, … in order; `serving_at(k)` / `switching_at(k)`
+    describe the model at the start of step k (what a decision at that instant sees).
+    """
+
+    def __init__(self, trace: Trace, model: str, *, initial_engine: str | None = None) -> None:
+        self._p = p = trace.profiles[model]
+        self._rps = trace.series[model].rps
+        self._revisions = set(trace.series[model].revision_steps)
+        self._step_s = trace.step_s
+        self._price, self._headroom, self._overlap = (
+            trace.price_per_gpu_hour, trace.headroom, trace.overlap_s)
+        self._delay = {e: delay_steps(p.build_s[e], p.cold_start_s[e], trace.step_s)
+                       for e in p.capacity_rps}
+        # GPUs per step on each engine, vectorised; numpy does the same IEEE arithmetic
+        # as `replicas`, so the figures are identical.
+        rps = np.asarray(self._rps, dtype=np.float64)
+        self._gpus = {e: (np.maximum(p.min_replicas, np.ceil(
+            rps * (1 + trace.headroom) / cap - REPLICA_EPSILON)) * p.gpus_per_replica
+        ).astype(np.int64).tolist() for e, cap in p.capacity_rps.items()}
+        self._breaks_sla = {e: p.ttft_p99_ms[e] > p.sla_ttft_p99_ms for e in p.ttft_p99_ms}
+        self.serving = initial_engine or p.initial_engine
+        self.pending: tuple[str, int] | None = None  # (target, ready step)
+        self.left_at: dict[str, int] = {}  # engine -> decision step of the switch off it
+        self.last_switch_step: int | None = None
+        self._one_off_usd = 0.0
+        self._gpu_steps = 0  # replica-GPUs summed over steps: exact, times Δ at the end
+        self._lag_open = False
+        self._lag_steps = 0
+        self._sla_steps = 0
+        self._flaps = 0
+        self._accepted: list[int] = []
+
+    def serving_at(self, k: int) -> str:
+        if self.pending is not None and k >= self.pending[1]:
+            return self.pending[0]
+        return self.serving
+
+    def switching_at(self, k: int) -> str | None:
+        """The engine a switch in flight at step k goes to (None: no switch in flight)."""
+        if self.pending is None or k >= self.pending[1] or self.pending[0] == self.serving:
+            return None
+        return self.pending[0]
+
+    def _rebuild(self, engine: str, r: float) -> float:
+        return rebuild_usd(self._p, engine, r, price_per_gpu_hour=self._price,
+                           headroom=self._headroom, overlap_s=self._overlap)
+
+    def step(self, k: int, to: str | None = None) -> bool:
+        """Replay step k with an optional switch decided at k; True when it was accepted."""
+        r = self._rps[k]
+        if self.pending is not None and k >= self.pending[1]:
+            self.serving, self.pending, self._lag_open = self.pending[0], None, False
+        if k in self._revisions:
+            target = self.pending[0] if self.pending is not None else self.serving
+            self._one_off_usd += self._rebuild(target, r)
+            self.pending = (target, k + self._delay[target])
+            self._lag_open = True
+        accepted = (to is not None and to != self.serving
+                    and not (self.pending is not None and self.pending[0] != self.serving))
+        if accepted:
+            assert to is not None
+            self._one_off_usd += self._rebuild(to, r)
+            self.pending = (to, k + self._delay[to])
+            if to in self.left_at and (k - self.left_at[to]) * self._step_s < FLAP_WINDOW_S:
+                self._flaps += 1
+            self.left_at[self.serving] = k
+            self.last_switch_step = k
+            self._accepted.append(k)
+        self._gpu_steps += self._gpus[self.serving][k]
+        if self._breaks_sla[self.serving]:
+            self._sla_steps += 1
+        if self._lag_open:
+            self._lag_steps += 1
+        return accepted
+
+    def outcome(self) -> ModelOutcome:
+        gpu_hours = self._gpu_steps * self._step_s / SECONDS_PER_HOUR
+        return ModelOutcome(
+            gpu_hours=round(gpu_hours, 2),
+            cost_usd=round(gpu_hours * self._price + self._one_off_usd, 2),
+            flaps=self._flaps,
+            revision_lag_h=round(self._lag_steps * self._step_s / SECONDS_PER_HOUR, 2),
+            sla_violation_min=round(self._sla_steps * self._step_s / 60, 2),
+            accepted_steps=tuple(self._accepted),
+        )
+
+
+def replay_model(trace: Trace, model: str, switches: Mapping[int, str], *,
+                 initial_engine: str | None = None) -> ModelOutcome:
+    """Apply DESIGN §6 to `model` with the switch decisions `switches` (step -> target).
+
+    `initial_engine` overrides the profile's (the static TensorRT-LLM baseline starts
+    there at no cost).
+    """
+    sim = ModelReplay(trace, model, initial_engine=initial_engine)
+    for k in range(len(trace.series[model].rps)):
+        sim.step(k, switches.get(k))
+    return sim.outcome()

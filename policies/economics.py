@@ -1,0 +1,97 @@
+"""Expected cost of staying versus moving, for one model, from its signals.
+
+The estimate applies the DESIGN §6 formulas (`costmodel`) to what was observed:
+serving cost is the replica count each engine needs for every rate sample of the
+recent past, with the engine's *measured* capacity; a move costs one rebuild of
+the target plus the savings forgone while it builds; revision churn costs one
+rebuild per revision on whichever engine serves. The savings rate is the smaller
+of the short-window and the long-window figure, so a short spike (which moves
+only the short window) or a stale regime (only the long one) cannot trigger a
+move alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gearshift.policies.costmodel import SECONDS_PER_HOUR, replicas
+from gearshift.policies.signals import ModelFacts, Signals
+
+HOURS_PER_WEEK = 168.0
+
+
+@dataclass(frozen=True)
+class CostSettings:
+    price_per_gpu_hour: float | None  # None: use the fleet's figure from the facts
+    build_overhead_usd: dict[str, float]  # per engine, overrides the facts
+    horizon_s: float
+    hysteresis: float  # required net savings, as a fraction of the switch cost
+
+
+@dataclass(frozen=True)
+class MoveEstimate:
+    """Money figures in USD; rates per hour; net over the horizon."""
+
+    target: str
+    savings_usd_per_h: float  # serving cost on current minus on target (robust)
+    savings_short_usd_per_h: float
+    savings_long_usd_per_h: float
+    switch_usd: float  # one rebuild of the target plus savings forgone while it builds
+    churn_usd: float  # extra rebuild cost of revisions on target over the horizon
+    net_usd: float  # savings over the horizon - churn - switch
+    margin_usd: float  # what net must exceed (hysteresis)
+
+    @property
+    def worth_it(self) -> bool:
+        return self.net_usd > self.margin_usd
+
+
+def _price(facts: ModelFacts, cost: CostSettings) -> float | None:
+    return cost.price_per_gpu_hour if cost.price_per_gpu_hour is not None else facts.price_per_gpu_hour
+
+
+def rebuild_estimate_usd(facts: ModelFacts, engine: str, rps: float, price: float,
+                         cost: CostSettings) -> float | None:
+    """DESIGN §6 `rebuild` on measured facts; None when a fact is missing."""
+    ef = facts.engines.get(engine)
+    if ef is None or ef.capacity_rps is None or ef.cold_start_s is None:
+        return None
+    overhead = cost.build_overhead_usd.get(engine, ef.build_overhead_usd or 0.0)
+    n = replicas(rps, ef.capacity_rps, facts.headroom, facts.min_replicas)
+    gpu_s = (ef.build_s or 0.0) * facts.gpus_per_replica + (
+        ef.cold_start_s + facts.overlap_s) * n * facts.gpus_per_replica
+    return price * gpu_s / SECONDS_PER_HOUR + overhead
+
+
+def estimate_move(sig: Signals, current: str, target: str, cost: CostSettings) -> MoveEstimate | None:
+    """Expected net savings of moving `current` -> `target`; None when facts are missing."""
+    facts = sig.facts
+    price = _price(facts, cost)
+    cur, tgt = facts.engines.get(current), facts.engines.get(target)
+    if (price is None or cur is None or tgt is None or cur.capacity_rps is None
+            or tgt.capacity_rps is None or sig.rps_current is None):
+        return None
+    usd_per_replica_h = facts.gpus_per_replica * price
+    means = []
+    for samples in (sig.window_samples, sig.long_window_samples):
+        on_cur = sig.mean_replicas(cur.capacity_rps, facts.headroom, facts.min_replicas, samples)
+        on_tgt = sig.mean_replicas(tgt.capacity_rps, facts.headroom, facts.min_replicas, samples)
+        if on_cur is None or on_tgt is None:
+            return None
+        means.append((on_cur - on_tgt) * usd_per_replica_h)
+    s_short, s_long = means
+    savings = min(s_long, s_short)
+    rebuild_tgt = rebuild_estimate_usd(facts, target, sig.rps_current, price, cost)
+    rebuild_tgt_mean = rebuild_estimate_usd(facts, target, sig.rps_mean or 0.0, price, cost)
+    rebuild_cur_mean = rebuild_estimate_usd(facts, current, sig.rps_mean or 0.0, price, cost)
+    if rebuild_tgt is None or rebuild_tgt_mean is None or rebuild_cur_mean is None:
+        return None
+    build_h = ((tgt.build_s or 0.0) + (tgt.cold_start_s or 0.0)) / SECONDS_PER_HOUR
+    switch = rebuild_tgt + max(savings, 0.0) * build_h
+    horizon_h = cost.horizon_s / SECONDS_PER_HOUR
+    churn = sig.revisions_per_week * horizon_h / HOURS_PER_WEEK * (rebuild_tgt_mean - rebuild_cur_mean)
+    return MoveEstimate(
+        target=target, savings_usd_per_h=savings, savings_short_usd_per_h=s_short,
+        savings_long_usd_per_h=s_long, switch_usd=switch, churn_usd=churn,
+        net_usd=savings * horizon_h - churn - switch, margin_usd=cost.hysteresis * rebuild_tgt,
+    )

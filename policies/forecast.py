@@ -1,0 +1,304 @@
+"""Traffic forecast per model: the sustained (low-quantile) and peak request rate
+over the policy's horizon, learned only from samples before `now`.
+
+Method ("seasonal-gbm"): the rate history is put on a regular grid (one bin per
+`step_s`, coarsened only when 28 days would exceed `MAX_TRAIN_ROWS` bins), then
+two quantile gradient-boosting models (scikit-learn
+`HistGradientBoostingRegressor(loss="quantile")`, at `quantile` and at
+`peak_quantile`) predict every future bin of the horizon from
+
+- calendar features: hour of day and day of week (UTC) as sin/cos pairs;
+- lags that are already known at every step of the horizon: the rate one "day
+  lag" earlier (1 day, or the smallest whole number of days >= the horizon) and
+  one "week lag" earlier (7 days, or more for longer horizons), each smoothed
+  over +-30 min;
+- all in log space relative to the mean rate of the day ending at the day lag,
+  so a growing or shrinking model is learned as a ratio the trees can apply at
+  levels never seen in training.
+
+The per-step paths are returned; `sustained_rps` is the `quantile`-quantile over
+the horizon of the low path (so on a flat series it is the rate's low quantile,
+and on a daily cycle it sits near the trough, like the `rps_sustained` signal of
+a window), `peak_rps` is the highest value of the high path.
+
+Fallbacks are results, never exceptions: with under `MIN_SEASONAL_HISTORY_S` of
+history, or a constant series, the forecast is the recent low/high quantile
+(`method="recent-quantile"`, with the reason); with too few valid samples, or
+none recently, it is `status="insufficient_data"` with no numbers. NaN,
+infinite and negative rates (e.g. a counter reset turned into a rate) and
+extreme outliers are dropped and counted in the reason.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+from sklearn.ensemble import HistGradientBoostingRegressor
+
+from gearshift.controller.errors import InvalidArgument
+
+FloatArray = npt.NDArray[np.float64]
+
+SECONDS_PER_HOUR = 3600.0
+SECONDS_PER_DAY = 86400.0
+SECONDS_PER_WEEK = 7 * SECONDS_PER_DAY
+TRAIN_WINDOW_S = 28 * SECONDS_PER_DAY      # history the seasonal model reads
+MAX_TRAIN_ROWS = 9000                      # bins; coarser bins beyond this
+MIN_SEASONAL_HISTORY_S = 2 * SECONDS_PER_DAY  # below: recent-quantile fallback
+MIN_POINTS = 12                            # valid samples below which nothing is said
+RECENT_WINDOW_S = SECONDS_PER_DAY          # window of the recent-quantile fallback
+MIN_STALE_S = SECONDS_PER_HOUR             # no sample for max(this, 6 steps): no forecast
+LAG_SMOOTH_S = 1800.0                      # half-width of the lag smoothing window
+OUTLIER_MADS = 25.0                        # robust z above which a rate is an outlier
+DEFAULT_PEAK_QUANTILE = 0.9
+
+Status = Literal["ok", "insufficient_data"]
+Method = Literal["seasonal-gbm", "recent-quantile", "none"]
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """The rate forecast for one model over `horizon_s` after the origin `now`."""
+
+    status: Status
+    method: Method
+    sustained_rps: float | None   # low quantile of the rate over the horizon
+    peak_rps: float | None        # high quantile (the peak) over the horizon
+    horizon_s: float
+    quantile: float
+    reason: str                   # why a fallback or no forecast; notes on dropped data
+    points: int                   # valid samples before `now` that were used
+    path_ts: tuple[float, ...] = ()    # start of each forecast bin (epoch s)
+    path_low: tuple[float, ...] = ()   # per-bin `quantile` forecast
+    path_high: tuple[float, ...] = ()  # per-bin `peak_quantile` forecast
+
+
+def _check_args(now: float, horizon_s: float, step_s: float, quantile: float,
+                peak_quantile: float) -> None:
+    for name, value in (("now", now), ("horizon_s", horizon_s), ("step_s", step_s)):
+        if not math.isfinite(value):
+            raise InvalidArgument(f"forecast_rate: {name} must be finite, got {value}")
+    if horizon_s <= 0 or step_s <= 0:
+        raise InvalidArgument(
+            f"forecast_rate: horizon_s and step_s must be > 0, got {horizon_s} and {step_s}")
+    if horizon_s / step_s > MAX_TRAIN_ROWS:
+        raise InvalidArgument(f"forecast_rate: horizon_s/step_s = {horizon_s / step_s:.0f} "
+                              f"bins is more than {MAX_TRAIN_ROWS}")
+    for name, q in (("quantile", quantile), ("peak_quantile", peak_quantile)):
+        if not 0.0 < q < 1.0:
+            raise InvalidArgument(f"forecast_rate: {name} must be in (0, 1), got {q}")
+
+
+def _none(reason: str, horizon_s: float, quantile: float, points: int) -> Forecast:
+    return Forecast("insufficient_data", "none", None, None, horizon_s, quantile, reason, points)
+
+
+def forecast_rate(ts: npt.ArrayLike, rps: npt.ArrayLike, now: float, horizon_s: float, *,
+                  step_s: float = 300.0, quantile: float = 0.1,
+                  peak_quantile: float = DEFAULT_PEAK_QUANTILE) -> Forecast:
+    """Forecast the rate over (now, now + horizon_s] from the samples with ts < now.
+
+    `ts` are epoch seconds (any order), `rps` the request rate of each sample,
+    `step_s` the sampling period. Bad data gives a fallback or an
+    "insufficient_data" result with the reason; only bad arguments raise
+    `InvalidArgument`.
+    """
+    _check_args(now, horizon_s, step_s, quantile, peak_quantile)
+    times = np.asarray(ts, dtype=np.float64).ravel()
+    rates = np.asarray(rps, dtype=np.float64).ravel()
+    if times.shape != rates.shape:
+        return _none(f"{times.size} timestamps but {rates.size} rates", horizon_s, quantile, 0)
+    past = np.isfinite(times) & (times < now) & (times >= now - TRAIN_WINDOW_S)
+    times, rates = times[past], rates[past]
+    notes: list[str] = []
+    valid = np.isfinite(rates) & (rates >= 0)
+    if (bad := int((~valid).sum())):
+        notes.append(f"dropped {bad} NaN/infinite/negative rate(s)")
+    times, rates = times[valid], rates[valid]
+    if rates.size:
+        med = float(np.median(rates))
+        mad = float(np.median(np.abs(rates - med))) * 1.4826
+        limit = med + OUTLIER_MADS * max(mad, 0.05 * med, 1e-9)
+        keep = rates <= limit
+        if (outliers := int((~keep).sum())):
+            notes.append(f"dropped {outliers} outlier(s) above {limit:.3g} rps")
+        times, rates = times[keep], rates[keep]
+    points = int(rates.size)
+    if points < MIN_POINTS:
+        return _none("; ".join([f"insufficient data: {points} valid rate sample(s) before now, "
+                                f"need {MIN_POINTS}", *notes]), horizon_s, quantile, points)
+    stale_s = max(MIN_STALE_S, 6 * step_s)
+    if (last := float(times.max())) < now - stale_s:
+        return _none("; ".join([f"insufficient data: no rate sample in the last "
+                                f"{(now - last) / 3600:.1f} h (gap longer than "
+                                f"{stale_s / 3600:.1f} h)", *notes]), horizon_s, quantile, points)
+    bin_s = step_s * max(1, math.ceil(TRAIN_WINDOW_S / step_s / MAX_TRAIN_ROWS))
+    future_bins = max(1, math.ceil(horizon_s / bin_s - 1e-9))
+    path_ts = now + bin_s * np.arange(future_bins, dtype=np.float64)
+    span_s = now - float(times.min())
+    recent = rates[times >= now - RECENT_WINDOW_S]
+    if float(np.ptp(rates)) <= 1e-9 * max(1.0, abs(float(rates[0]))):
+        notes.insert(0, "constant series: nothing seasonal to learn")
+    elif span_s < MIN_SEASONAL_HISTORY_S:
+        notes.insert(0, f"only {span_s / 3600:.1f} h of history; the seasonal model needs "
+                        f"{MIN_SEASONAL_HISTORY_S / 3600:.0f} h")
+    else:
+        return _seasonal(times, rates, now, horizon_s, bin_s, path_ts, quantile, peak_quantile,
+                         points, notes)
+    low = float(np.quantile(recent, quantile))
+    high = float(np.quantile(recent, peak_quantile))
+    return Forecast("ok", "recent-quantile", low, high, horizon_s, quantile, "; ".join(notes),
+                    points, tuple(path_ts.tolist()), (low,) * future_bins, (high,) * future_bins)
+
+
+def _grid(times: FloatArray, rates: FloatArray, now: float, bin_s: float,
+          past_bins: int, future_bins: int) -> FloatArray:
+    """Mean rate per bin; bins [-past_bins, future_bins) relative to `now`; NaN = no data."""
+    index = np.floor((times - now) / bin_s).astype(np.int64) + past_bins
+    inside = (index >= 0) & (index < past_bins)
+    total = np.bincount(index[inside], weights=rates[inside], minlength=past_bins + future_bins)
+    count = np.bincount(index[inside], minlength=past_bins + future_bins)
+    grid = np.full(past_bins + future_bins, np.nan)
+    has = count > 0
+    grid[has] = total[has] / count[has]
+    return grid
+
+
+def _window_mean(grid: FloatArray, before: int, after: int) -> FloatArray:
+    """nanmean of grid[i - before .. i + after] for every i (NaN where all are NaN)."""
+    filled = np.where(np.isnan(grid), 0.0, grid)
+    present = (~np.isnan(grid)).astype(np.float64)
+    csum = np.concatenate([[0.0], np.cumsum(filled)])
+    ccount = np.concatenate([[0.0], np.cumsum(present)])
+    idx = np.arange(grid.size)
+    lo = np.clip(idx - before, 0, grid.size)
+    hi = np.clip(idx + after + 1, 0, grid.size)
+    count = ccount[hi] - ccount[lo]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, (csum[hi] - csum[lo]) / np.maximum(count, 1), np.nan)
+
+
+def _shift(values: FloatArray, lag: int) -> FloatArray:
+    out = np.full(values.size, np.nan)
+    if lag < values.size:
+        out[lag:] = values[: values.size - lag]
+    return out
+
+
+def _features(grid: FloatArray, bin_ts: FloatArray, bin_s: float, day_lag: int,
+              week_lag: int) -> tuple[FloatArray, FloatArray]:
+    """(feature matrix, log level) per bin; the target is log1p(rate) - log level."""
+    half = max(0, round(LAG_SMOOTH_S / bin_s))
+    smooth = _window_mean(grid, half, half)
+    per_day = max(1, round(SECONDS_PER_DAY / bin_s))
+    day_mean = _window_mean(grid, per_day - 1, 0)
+    level = np.log1p(_shift(day_mean, day_lag))
+    lag_day = np.log1p(_shift(smooth, day_lag)) - level
+    lag_week = np.log1p(_shift(smooth, week_lag)) - level
+    week_level = np.log1p(_shift(day_mean, week_lag)) - level
+    centre = bin_ts + bin_s / 2
+    hour = 2 * np.pi * (centre % SECONDS_PER_DAY) / SECONDS_PER_DAY
+    # 1970-01-01 was a Thursday: +3 days makes Monday 0.
+    dow = 2 * np.pi * (((centre // SECONDS_PER_DAY) + 3) % 7) / 7
+    x = np.column_stack([np.sin(hour), np.cos(hour), np.sin(dow), np.cos(dow),
+                         lag_day, lag_week, week_level])
+    return x, level
+
+
+def _fit_predict(x_train: FloatArray, y_train: FloatArray, x_pred: FloatArray,
+                 q: float) -> FloatArray:
+    model = HistGradientBoostingRegressor(loss="quantile", quantile=q, max_iter=80,
+                                          learning_rate=0.1, max_leaf_nodes=15,
+                                          min_samples_leaf=40, early_stopping=False,
+                                          random_state=0)
+    model.fit(x_train, y_train)
+    return np.asarray(model.predict(x_pred), dtype=np.float64)
+
+
+def _seasonal(times: FloatArray, rates: FloatArray, now: float, horizon_s: float, bin_s: float,
+              path_ts: FloatArray, quantile: float, peak_quantile: float, points: int,
+              notes: list[str]) -> Forecast:
+    past_bins = math.ceil(TRAIN_WINDOW_S / bin_s)
+    future_bins = path_ts.size
+    grid = _grid(times, rates, now, bin_s, past_bins, future_bins)
+    bin_ts = now + bin_s * np.arange(-past_bins, future_bins, dtype=np.float64)
+    day_lag = max(1, round(SECONDS_PER_DAY * math.ceil(horizon_s / SECONDS_PER_DAY - 1e-9) / bin_s))
+    week_lag = max(1, round(SECONDS_PER_WEEK * math.ceil(horizon_s / SECONDS_PER_WEEK - 1e-9)
+                            / bin_s))
+    x, level = _features(grid, bin_ts, bin_s, day_lag, week_lag)
+    target = np.log1p(grid) - level
+    train = np.isfinite(target[:past_bins])
+    if int(train.sum()) < max(MIN_POINTS, round(SECONDS_PER_DAY / bin_s) // 2):
+        notes.insert(0, "too few samples with a known day-lag to train the seasonal model")
+        recent = rates[times >= now - RECENT_WINDOW_S]
+        low, high = (float(np.quantile(recent, q)) for q in (quantile, peak_quantile))
+        return Forecast("ok", "recent-quantile", low, high, horizon_s, quantile,
+                        "; ".join(notes), points, tuple(path_ts.tolist()),
+                        (low,) * future_bins, (high,) * future_bins)
+    x_future = x[past_bins:]
+    future_level = level[past_bins:]
+    if not np.all(np.isfinite(future_level)):
+        # Gap a day before: fall back to the latest known daily level.
+        known = level[:past_bins][np.isfinite(level[:past_bins])]
+        future_level = np.where(np.isfinite(future_level), future_level,
+                                known[-1] if known.size else float(np.log1p(np.mean(rates))))
+    paths = []
+    for q in (quantile, peak_quantile):
+        z = _fit_predict(x[:past_bins][train], target[:past_bins][train], x_future, q)
+        paths.append(np.maximum(0.0, np.expm1(z + future_level)))
+    low_path, high_path = paths
+    high_path = np.maximum(high_path, low_path)
+    sustained = float(np.quantile(low_path, quantile))
+    peak = float(np.max(high_path))
+    return Forecast("ok", "seasonal-gbm", sustained, peak, horizon_s, quantile, "; ".join(notes),
+                    points, tuple(path_ts.tolist()), tuple(low_path.tolist()),
+                    tuple(high_path.tolist()))
+
+
+def pinball_loss(actual: npt.ArrayLike, predicted: npt.ArrayLike, quantile: float) -> float:
+    """Mean pinball (quantile) loss of `predicted` against `actual` at `quantile`."""
+    diff = np.asarray(actual, dtype=np.float64) - np.asarray(predicted, dtype=np.float64)
+    return float(np.mean(np.maximum(quantile * diff, (quantile - 1.0) * diff)))
+
+
+def plot_forecast(ts: npt.ArrayLike, rps: npt.ArrayLike, forecast: Forecast, path: str | Path,
+                  *, title: str = "") -> Path:
+    """Write a PNG: the recent history, the forecast band and the sustained/peak levels."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    times = np.asarray(ts, dtype=np.float64)
+    rates = np.asarray(rps, dtype=np.float64)
+    origin = forecast.path_ts[0] if forecast.path_ts else (float(times.max()) if times.size else 0.0)
+    shown = (times >= origin - 3 * SECONDS_PER_DAY) & (times < origin)
+    fig, ax = plt.subplots(figsize=(10, 4))
+    try:
+        ax.plot((times[shown] - origin) / 3600, rates[shown], lw=0.8, color="0.3", label="observed")
+        if forecast.path_ts:
+            hours = (np.asarray(forecast.path_ts) - origin) / 3600
+            ax.fill_between(hours, forecast.path_low, forecast.path_high, alpha=0.3,
+                            step="post", label="forecast band")
+        for value, name, style in ((forecast.sustained_rps, "sustained", "--"),
+                                   (forecast.peak_rps, "peak", ":")):
+            if value is not None:
+                ax.axhline(value, ls=style, color="C1", label=f"{name} {value:.3g} rps")
+        ax.axvline(0.0, color="k", lw=0.5)
+        ax.set_xlabel("hours from now")
+        ax.set_ylabel("requests/s")
+        status = forecast.method if forecast.status == "ok" else forecast.status
+        ax.set_title(f"{title} forecast ({status})".strip())
+        if forecast.reason:
+            ax.text(0.01, 0.98, forecast.reason, transform=ax.transAxes, va="top", fontsize=7)
+        ax.legend(loc="lower left", fontsize=7)
+        out = Path(path)
+        fig.savefig(out, dpi=90)
+    finally:
+        plt.close(fig)
+    return out

@@ -1,0 +1,179 @@
+"""Rule kinds, registered by name and checked when a policy loads (STYLE 3).
+
+A rule looks at one model's signals and says which engine it wants (possibly the
+current one: "hold"), or has no opinion. The first rule with an opinion decides;
+the decision core applies guardrails afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gearshift.policies.economics import MoveEstimate
+from gearshift.policies.schema import Condition, Rule
+from gearshift.policies.signals import SIGNALS, SignalValue, SignalView, is_number
+
+OPERATORS = ("gt", "ge", "lt", "le", "eq", "ne", "in")
+NUMBER_OPERATORS = frozenset({"gt", "ge", "lt", "le", "eq", "ne"})
+EQUALITY_OPERATORS = frozenset({"eq", "ne"})
+STRING_OPERATORS = frozenset({"eq", "ne", "in"})
+
+
+@dataclass(frozen=True)
+class RuleContext:
+    view: SignalView
+    candidates: Mapping[str, MoveEstimate | None]  # engines the model may move to
+    order: tuple[str, ...]  # preference order, for ties
+
+
+@dataclass(frozen=True)
+class RuleOutcome:
+    target: str | None  # None: no opinion; the current engine: hold
+    why: str
+    urgent: bool = False  # bypasses dwell, cooldown and maintenance windows
+    inputs: dict[str, SignalValue] = field(default_factory=dict)
+    estimate: MoveEstimate | None = None
+
+
+class _Params(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=False)
+
+
+class NoParams(_Params):
+    pass
+
+
+class SavingsParams(_Params):
+    min_net_savings_usd: float = Field(default=0.0, ge=0, alias="minNetSavingsUsd")
+
+
+@dataclass(frozen=True)
+class RuleKind:
+    help: str
+    params: type[_Params]
+    conditions: bool  # uses when / whenAny (required) or not (forbidden)
+    prefer: bool  # needs `prefer` (required) or not (forbidden)
+    evaluate: Callable[[Rule, Any, RuleContext], RuleOutcome]
+
+
+def condition_operator(c: Condition) -> list[tuple[str, Any]]:
+    """The (operator, operand) pairs set on a condition."""
+    return [(op, getattr(c, "in_" if op == "in" else op)) for op in OPERATORS
+            if getattr(c, "in_" if op == "in" else op) is not None]
+
+
+def _holds(op: str, value: SignalValue, operand: Any) -> bool:
+    if value is None:
+        return False  # unknown never fires a rule
+    if op == "in":
+        return value in operand
+    if op == "eq":
+        return bool(value == operand)
+    if op == "ne":
+        return bool(value != operand)
+    if not is_number(value):
+        return False
+    assert isinstance(value, int | float)
+    return {"gt": value > operand, "ge": value >= operand,
+            "lt": value < operand, "le": value <= operand}[op]
+
+
+def _check(conds: list[Condition], view: SignalView,
+           inputs: dict[str, SignalValue]) -> list[tuple[Condition, bool]]:
+    out = []
+    for c in conds:
+        value = SIGNALS[c.signal].read(view)
+        inputs[c.signal] = value
+        op, operand = condition_operator(c)[0]
+        out.append((c, _holds(op, value, operand)))
+    return out
+
+
+def _describe(c: Condition, inputs: dict[str, SignalValue]) -> str:
+    op, operand = condition_operator(c)[0]
+    sym = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "eq": "==", "ne": "!=", "in": "in"}[op]
+    value = inputs.get(c.signal)
+    shown = f"{value:.4g}" if is_number(value) else repr(value)
+    return f"{c.signal}={shown} {sym} {operand!r}"
+
+
+def _threshold(rule: Rule, _: NoParams, ctx: RuleContext) -> RuleOutcome:
+    inputs: dict[str, SignalValue] = {}
+    all_ok = _check(rule.when, ctx.view, inputs)
+    any_ok = _check(rule.when_any, ctx.view, inputs)
+    failed = [c for c, ok in all_ok if not ok]
+    if failed or (any_ok and not any(ok for _, ok in any_ok)):
+        why = ("not met: " + ", ".join(_describe(c, inputs) for c in failed) if failed
+               else "none of whenAny met: " + ", ".join(_describe(c, inputs) for c, _ in any_ok))
+        return RuleOutcome(None, why, inputs=inputs)
+    met = [c for c, ok in all_ok] + [c for c, ok in any_ok if ok]
+    why = "met: " + ", ".join(_describe(c, inputs) for c in met)
+    return RuleOutcome(rule.prefer, why, inputs=inputs, estimate=ctx.candidates.get(rule.prefer or ""))
+
+
+def _static(rule: Rule, _: NoParams, ctx: RuleContext) -> RuleOutcome:
+    return RuleOutcome(rule.prefer, f"always {rule.prefer}",
+                       estimate=ctx.candidates.get(rule.prefer or ""))
+
+
+def _sla_guard(rule: Rule, _: NoParams, ctx: RuleContext) -> RuleOutcome:
+    view = ctx.view
+    facts = view.signals.facts
+    ef = facts.engines.get(view.engine)
+    inputs: dict[str, SignalValue] = {
+        "ttft_p99_ms": None if ef is None else ef.ttft_p99_ms,
+        "sla_ttft_p99_ms": facts.sla_ttft_p99_ms,
+        "itl_p99_ms": None if ef is None else ef.itl_p99_ms,
+        "sla_itl_p99_ms": facts.sla_itl_p99_ms,
+    }
+    ok = SIGNALS["sla_ok"].read(view)
+    inputs["sla_ok"] = ok
+    if ok is not False:
+        return RuleOutcome(None, "SLA met" if ok else "SLA not measured yet", inputs=inputs)
+    if not ctx.candidates:
+        return RuleOutcome(None, f"{view.engine} breaks the SLA but no other engine meets it",
+                           inputs=inputs)
+
+    def rank(engine: str) -> tuple[float, int]:
+        est = ctx.candidates[engine]
+        return (-(est.savings_usd_per_h if est else float("-inf")), ctx.order.index(engine))
+    target = min(ctx.candidates, key=rank)
+    return RuleOutcome(target, f"{view.engine} breaks the latency SLA; {target} meets it",
+                       urgent=True, inputs=inputs, estimate=ctx.candidates[target])
+
+
+def _savings(rule: Rule, params: SavingsParams, ctx: RuleContext) -> RuleOutcome:
+    view = ctx.view
+    known = {e: est for e, est in ctx.candidates.items() if est is not None}
+    if not known:
+        return RuleOutcome(None, "no engine to compare with (capacity or traffic not measured)")
+    best = max(known.values(), key=lambda est: (est.net_usd, -ctx.order.index(est.target)))
+    inputs: dict[str, SignalValue] = {
+        "savings_usd_per_h": best.savings_usd_per_h, "switch_usd": best.switch_usd,
+        "churn_usd": best.churn_usd, "net_savings_usd": best.net_usd,
+        "margin_usd": best.margin_usd + params.min_net_savings_usd,
+    }
+    if best.net_usd > best.margin_usd + params.min_net_savings_usd:
+        return RuleOutcome(best.target, f"moving to {best.target} saves ${best.net_usd:,.2f} net over "
+                           f"the horizon (margin ${best.margin_usd + params.min_net_savings_usd:,.2f})",
+                           inputs=inputs, estimate=best)
+    return RuleOutcome(view.engine, f"best move ({best.target}) nets ${best.net_usd:,.2f} over the "
+                       f"horizon, under the margin ${best.margin_usd + params.min_net_savings_usd:,.2f}",
+                       inputs=inputs, estimate=best)
+
+
+RULE_KINDS: dict[str, RuleKind] = {
+    "sla-guard": RuleKind("move off an engine that breaks the latency SLA (bypasses dwell)",
+                          NoParams, conditions=False, prefer=False, evaluate=_sla_guard),
+    "expected-savings": RuleKind("move when expected savings over the horizon, net of switch and "
+                                 "rebuild costs, exceed the switch cost by the hysteresis margin",
+                                 SavingsParams, conditions=False, prefer=False, evaluate=_savings),
+    "threshold": RuleKind("prefer an engine when conditions on signals hold",
+                          NoParams, conditions=True, prefer=True, evaluate=_threshold),
+    "static": RuleKind("always prefer one engine", NoParams, conditions=False, prefer=True,
+                       evaluate=_static),
+}

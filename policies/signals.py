@@ -1,0 +1,331 @@
+"""Signals per model, computed by a pure function from what was observed strictly
+before `now` (DESIGN §5), and the registry of signal names that policy conditions
+may use (checked when a policy loads).
+
+Rates are kept as numpy arrays: a 28-day backtest evaluates hundreds of thousands
+of windows, and the window statistics are vector operations.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from bisect import bisect_left
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+from numpy.lib.stride_tricks import sliding_window_view
+
+from gearshift.policies.trace import ENGINES
+
+SECONDS_PER_WEEK = 7 * 24 * 3600.0
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What was measured for one model on one engine; None = not measured yet."""
+
+    capacity_rps: float | None = None  # per replica, at the SLA
+    ttft_p99_ms: float | None = None
+    itl_p99_ms: float | None = None
+    cold_start_s: float | None = None
+    build_s: float | None = None
+    build_overhead_usd: float | None = None
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """Slow-moving facts about a model's deployment: sizing, SLA, hardware, engines."""
+
+    gpus_per_replica: int
+    min_replicas: int = 1
+    headroom: float = 0.2
+    overlap_s: float = 600.0
+    sla_ttft_p99_ms: float | None = None
+    sla_itl_p99_ms: float | None = None
+    engines: Mapping[str, EngineFacts] = field(default_factory=dict)
+    nvidia: bool | None = None
+    gpu_model: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    price_per_gpu_hour: float | None = None
+
+
+@dataclass(frozen=True)
+class ModelHistory:
+    """Observations of one model: request-rate samples and revision times (epoch s).
+
+    Arrays may extend past `now`; `compute_signals` only reads what lies before it.
+    Rolling statistics over the whole series are computed once and cached (the
+    arrays are immutable), so replaying a long trace costs O(1) per window.
+    """
+
+    sample_ts: FloatArray  # sorted, one per sample period
+    rps: FloatArray
+    revision_ts: FloatArray  # sorted
+    sample_period_s: float
+    replay: bool = False  # cache rolling statistics over the whole series (backtests)
+    _cache: dict[tuple[object, ...], Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @staticmethod
+    def of(sample_ts: list[float] | FloatArray, rps: list[float] | FloatArray,
+           revision_ts: list[float] | FloatArray, sample_period_s: float, *,
+           replay: bool = False) -> ModelHistory:
+        ts = np.array(sample_ts, dtype=np.float64)
+        values = np.array(rps, dtype=np.float64)
+        revisions = np.array(revision_ts, dtype=np.float64)
+        if ts.shape != values.shape:
+            raise ValueError(f"{ts.size} sample times but {values.size} rates")
+        if replay and ts.size > 1 and not np.allclose(np.diff(ts), sample_period_s):
+            raise ValueError("replay histories need one sample every sample_period_s")
+        for a in (ts, values, revisions):
+            a.setflags(write=False)
+        return ModelHistory(ts, values, revisions, float(sample_period_s), replay)
+
+    def _cached(self, key: tuple[object, ...], make: Callable[[], Any]) -> Any:
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
+    def index_before(self, t: float) -> int:
+        """Number of samples with timestamp < t."""
+        if self.replay:  # a regular grid: arithmetic instead of a search
+            if not self.sample_ts.size:
+                return 0
+            i = math.ceil((t - float(self.sample_ts[0])) / self.sample_period_s - 1e-9)
+            return min(max(i, 0), self.sample_ts.size)
+        return int(self.sample_ts.searchsorted(t, side="left"))
+
+    def revision_list(self) -> list[float]:
+        return self._cached(("revisions",), lambda: [float(t) for t in self.revision_ts])  # type: ignore[no-any-return]
+
+    def prefix_rps(self) -> list[float]:
+        """prefix[i] = sum of rps[:i]."""
+        return self._cached(("rps",), lambda: np.concatenate(([0.0], np.cumsum(self.rps))).tolist())
+
+    def prefix_replicas(self, capacity_rps: float, headroom: float, min_replicas: int) -> list[float]:
+        """prefix[i] = replicas summed over samples [:i] (DESIGN §6 `replicas`)."""
+        key = ("replicas", capacity_rps, headroom, min_replicas)
+        found = self._cache.get(key)
+        if found is None:
+            n = np.maximum(min_replicas, np.ceil(self.rps * (1 + headroom) / capacity_rps - 1e-9))
+            found = self._cache[key] = np.concatenate(([0.0], np.cumsum(n))).tolist()
+        return found  # type: ignore[no-any-return]
+
+    def rolling(self, width: int, quantile: float) -> tuple[FloatArray, FloatArray]:
+        """(max, quantile) of every run of `width` samples; index i covers [i, i + width)."""
+        def make() -> tuple[FloatArray, FloatArray]:
+            view = sliding_window_view(self.rps, width)
+            return view.max(axis=1), np.quantile(view, quantile, axis=1)
+        return self._cached(("rolling", width, quantile), make)  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class SignalSettings:
+    """How signals are computed (the policy's `signals` section)."""
+
+    window_s: float = 24 * 3600.0
+    long_window_s: float = 7 * 24 * 3600.0
+    sustained_quantile: float = 0.1
+    revision_window_s: float = 14 * 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class Signals:
+    """One model's signals at `now`; rates in requests/s.
+
+    The order statistics (peak, sustained, burstiness) are computed on first use:
+    the cost rule does not need them, and a backtest evaluates many windows.
+    """
+
+    model: str
+    now: float
+    facts: ModelFacts
+    history_s: float  # span of the samples seen so far
+    rps_current: float | None
+    rps_mean: float | None
+    revisions_per_week: float
+    last_revision_ts: float | None
+    window_samples: int
+    long_window_samples: int
+    _history: ModelHistory = field(compare=False, repr=False)
+    _end: int = field(compare=False, repr=False)  # samples before now: [0, _end)
+    _settings: SignalSettings = field(compare=False, repr=False)
+
+    @functools.cached_property
+    def _order_stats(self) -> tuple[float, float] | None:
+        """(peak, sustained) over the window; None without samples."""
+        n, end, h = self.window_samples, self._end, self._history
+        if not n:
+            return None
+        q = self._settings.sustained_quantile
+        if h.replay and n == round(self._settings.window_s / h.sample_period_s):
+            peaks, quantiles = h.rolling(n, q)
+            return float(peaks[end - n]), float(quantiles[end - n])
+        window = h.rps[end - n:end]
+        return float(window.max()), float(np.quantile(window, q))
+
+    @property
+    def rps_peak(self) -> float | None:
+        """Highest rate in the window."""
+        stats = self._order_stats
+        return None if stats is None else stats[0]
+
+    @property
+    def rps_sustained(self) -> float | None:
+        """The low quantile (`sustained_quantile`) of the rate over the window."""
+        stats = self._order_stats
+        return None if stats is None else stats[1]
+
+    @property
+    def burstiness(self) -> float | None:
+        """Peak / mean over the window."""
+        if self.rps_peak is None or self.rps_mean is None:
+            return None
+        return self.rps_peak / self.rps_mean if self.rps_mean > 0 else 1.0
+
+    def mean_replicas(self, capacity_rps: float, headroom: float, min_replicas: int,
+                      samples: int) -> float | None:
+        """Mean replicas an engine would have needed over the last `samples` samples."""
+        n = min(samples, self._end)
+        if n <= 0:
+            return None
+        prefix = self._history.prefix_replicas(capacity_rps, headroom, min_replicas)
+        return (prefix[self._end] - prefix[self._end - n]) / n
+
+
+def compute_signals(model: str, history: ModelHistory, facts: ModelFacts, now: float,
+                    settings: SignalSettings) -> Signals:
+    """Signals from samples with timestamp < `now` only (pure)."""
+    find = history.index_before
+    end = find(now)
+    start = find(now - settings.window_s)
+    long_start = find(now - settings.long_window_s)
+    history_s = (now - float(history.sample_ts[0])) if end else 0.0
+    revs = history.revision_list()
+    rev_end = bisect_left(revs, now)
+    rev_start = bisect_left(revs, now - settings.revision_window_s)
+    # Fewer than a week of history counts as a week, so one early revision is not
+    # read as a weekly habit.
+    weeks = max(min(history_s, settings.revision_window_s), SECONDS_PER_WEEK) / SECONDS_PER_WEEK
+    n = end - start
+    mean = current = None
+    if n:
+        prefix = history.prefix_rps()
+        mean = (prefix[end] - prefix[start]) / n
+        current = float(history.rps[end - 1])
+    return Signals(
+        model=model, now=now, facts=facts, history_s=history_s, rps_current=current,
+        rps_mean=mean, revisions_per_week=(rev_end - rev_start) / weeks,
+        last_revision_ts=revs[rev_end - 1] if rev_end else None, window_samples=n,
+        long_window_samples=end - long_start, _history=history, _end=end, _settings=settings,
+    )
+
+
+# ---- the registry of signal names usable in policy conditions -------------------
+
+SignalKind = Literal["number", "bool", "string"]
+SignalValue = float | str | bool | None
+
+
+@dataclass(frozen=True)
+class SignalView:
+    """What a condition can read: the signals plus the model's current engine."""
+
+    signals: Signals
+    engine: str
+    dwell_s: float | None
+    net_savings_usd: float | None = None  # of the best other engine over the horizon
+
+
+@dataclass(frozen=True)
+class SignalSpec:
+    kind: SignalKind
+    unit: str
+    help: str
+    read: Callable[[SignalView], SignalValue]
+
+
+def _engine_fact(engine: str, name: str) -> Callable[[SignalView], SignalValue]:
+    def read(v: SignalView) -> SignalValue:
+        facts = v.signals.facts.engines.get(engine)
+        return None if facts is None else getattr(facts, name)
+    return read
+
+
+def _current_fact(name: str) -> Callable[[SignalView], SignalValue]:
+    def read(v: SignalView) -> SignalValue:
+        facts = v.signals.facts.engines.get(v.engine)
+        return None if facts is None else getattr(facts, name)
+    return read
+
+
+def _capacity_gain(v: SignalView) -> SignalValue:
+    e = v.signals.facts.engines
+    vllm = e.get("vllm", EngineFacts()).capacity_rps
+    trt = e.get("tensorrt-llm", EngineFacts()).capacity_rps
+    return None if not vllm or trt is None else trt / vllm - 1.0
+
+
+def _sla_ok(v: SignalView) -> SignalValue:
+    return meets_sla(v.signals.facts, v.engine)
+
+
+def meets_sla(facts: ModelFacts, engine: str) -> bool | None:
+    """True/False when measured on `engine`; None when nothing is measured yet."""
+    ef = facts.engines.get(engine)
+    if ef is None:
+        return None
+    checks = [(ef.ttft_p99_ms, facts.sla_ttft_p99_ms), (ef.itl_p99_ms, facts.sla_itl_p99_ms)]
+    known = [(m, t) for m, t in checks if m is not None and t is not None]
+    if not known:
+        return None
+    return all(m <= t for m, t in known)
+
+
+SIGNALS: dict[str, SignalSpec] = {
+    "rps_current": SignalSpec("number", "req/s", "last rate sample", lambda v: v.signals.rps_current),
+    "rps_sustained": SignalSpec("number", "req/s", "low quantile of the rate over the window",
+                                lambda v: v.signals.rps_sustained),
+    "rps_peak": SignalSpec("number", "req/s", "highest rate in the window", lambda v: v.signals.rps_peak),
+    "rps_mean": SignalSpec("number", "req/s", "mean rate over the window", lambda v: v.signals.rps_mean),
+    "burstiness": SignalSpec("number", "ratio", "peak / mean rate over the window",
+                             lambda v: v.signals.burstiness),
+    "revisions_per_week": SignalSpec("number", "1/week", "new weights per week (revision window)",
+                                     lambda v: v.signals.revisions_per_week),
+    "history_h": SignalSpec("number", "h", "how long the model has been observed",
+                            lambda v: v.signals.history_s / 3600.0),
+    "ttft_p99_ms": SignalSpec("number", "ms", "measured TTFT p99 on the current engine",
+                              _current_fact("ttft_p99_ms")),
+    "itl_p99_ms": SignalSpec("number", "ms", "measured ITL p99 on the current engine",
+                             _current_fact("itl_p99_ms")),
+    "sla_ttft_p99_ms": SignalSpec("number", "ms", "TTFT p99 target",
+                                  lambda v: v.signals.facts.sla_ttft_p99_ms),
+    "sla_ok": SignalSpec("bool", "", "the current engine meets every latency target", _sla_ok),
+    "capacity_vllm_rps": SignalSpec("number", "req/s", "measured vLLM capacity per replica",
+                                    _engine_fact("vllm", "capacity_rps")),
+    "capacity_tensorrt_llm_rps": SignalSpec("number", "req/s",
+                                            "measured TensorRT-LLM capacity per replica",
+                                            _engine_fact("tensorrt-llm", "capacity_rps")),
+    "capacity_gain": SignalSpec("number", "ratio",
+                                "TensorRT-LLM capacity / vLLM capacity - 1 (measured)", _capacity_gain),
+    "net_savings_usd": SignalSpec("number", "USD",
+                                  "expected savings of the best other engine over the horizon, "
+                                  "net of switch and rebuild costs", lambda v: v.net_savings_usd),
+    "nvidia": SignalSpec("bool", "", "the model's GPUs are NVIDIA", lambda v: v.signals.facts.nvidia),
+    "gpu_model": SignalSpec("string", "", "GPU model name", lambda v: v.signals.facts.gpu_model),
+    "engine": SignalSpec("string", "", "the current engine", lambda v: v.engine),
+    "dwell_h": SignalSpec("number", "h", "time on the current engine",
+                          lambda v: None if v.dwell_s is None else v.dwell_s / 3600.0),
+}
+
+
+def is_number(value: SignalValue) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+__all__ = ["ENGINES", "SIGNALS", "EngineFacts", "ModelFacts", "ModelHistory", "SignalSettings",
+           "SignalSpec", "SignalView", "Signals", "compute_signals", "meets_sla"]

@@ -1,0 +1,259 @@
+"""Reader for backtest traces (DESIGN §7): JSON Lines, optionally gzipped.
+
+The first line is the header (step, price, per-model profiles); then one
+``traffic`` record per model per step and ``revision`` records, in time order.
+Every malformed line fails with a `TraceError` naming the file, the line and
+the reason; nothing is silently skipped. Written by hand because the format
+is ours (DESIGN §7); `json` does the parsing.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from gearshift.controller.errors import InvalidArgument
+
+ENGINES: tuple[str, ...] = ("vllm", "tensorrt-llm")
+TRACE_VERSION = 1
+_PER_ENGINE_FIELDS = ("capacity_rps", "cold_start_s", "build_s", "build_overhead_usd", "ttft_p99_ms")
+
+
+class TraceError(InvalidArgument):
+    """A trace file is malformed: the message names the file, line and reason."""
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """Measured facts about one model (the header's ``models`` entry)."""
+
+    gpus_per_replica: int
+    min_replicas: int
+    sla_ttft_p99_ms: float
+    capacity_rps: Mapping[str, float]
+    cold_start_s: Mapping[str, float]
+    build_s: Mapping[str, float]
+    build_overhead_usd: Mapping[str, float]
+    ttft_p99_ms: Mapping[str, float]
+    initial_engine: str
+
+
+@dataclass(frozen=True)
+class ModelSeries:
+    """One model's traffic (rps per step, index = step) and revision steps."""
+
+    rps: tuple[float, ...]
+    revision_steps: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Trace:
+    name: str
+    start: datetime
+    step_s: int
+    price_per_gpu_hour: float
+    headroom: float
+    overlap_s: float
+    profiles: Mapping[str, ModelProfile]
+    series: Mapping[str, ModelSeries]
+
+    @property
+    def n_steps(self) -> int:
+        return max((len(s.rps) for s in self.series.values()), default=0)
+
+    def step_time(self, step: int) -> datetime:
+        """Start of step `step`."""
+        return datetime.fromtimestamp(self.start.timestamp() + step * self.step_s, UTC)
+
+
+def parse_ts(value: object) -> datetime:
+    """An RFC 3339 UTC timestamp ('...Z' or with an offset); ValueError otherwise."""
+    if not isinstance(value, str):
+        raise ValueError(f"expected an RFC 3339 timestamp string, found {value!r}")
+    try:
+        ts = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"expected an RFC 3339 timestamp, found {value!r}") from None
+    if ts.tzinfo is None:
+        raise ValueError(f"timestamp {value!r} has no time zone (expected e.g. a trailing 'Z')")
+    return ts.astimezone(UTC)
+
+
+def format_ts(ts: datetime) -> str:
+    return ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _number(obj: Mapping[str, Any], key: str, where: str, *, minimum: float = 0.0,
+             positive: bool = False) -> float:
+    if key not in obj:
+        raise ValueError(f"{where}{key}: missing")
+    value = obj[key]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{where}{key}: expected a finite number, found {value!r}")
+    if value < minimum or (positive and value <= 0):
+        bound = "> 0" if positive else f">= {minimum:g}"
+        raise ValueError(f"{where}{key}: expected a number {bound}, found {value!r}")
+    return float(value)
+
+
+def _int(obj: Mapping[str, Any], key: str, where: str, minimum: int) -> int:
+    value = obj.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{where}{key}: expected an integer >= {minimum}, found {value!r}")
+    return value
+
+
+def _profile(name: str, raw: object) -> ModelProfile:
+    where = f"models.{name}."
+    if not isinstance(raw, dict):
+        raise ValueError(f"models.{name}: expected an object, found {raw!r}")
+    per_engine: dict[str, dict[str, float]] = {}
+    for field in _PER_ENGINE_FIELDS:
+        block = raw.get(field)
+        if not isinstance(block, dict):
+            raise ValueError(f"{where}{field}: expected an object keyed by engine, found {block!r}")
+        unknown = sorted(set(block) - set(ENGINES))
+        if unknown:
+            raise ValueError(f"{where}{field}: unknown engine {unknown[0]!r} (known: {', '.join(ENGINES)})")
+        per_engine[field] = {
+            e: _number(block, e, f"{where}{field}.", positive=field == "capacity_rps")
+            for e in ENGINES
+        }
+    initial = raw.get("initial_engine", "vllm")
+    if initial not in ENGINES:
+        raise ValueError(f"{where}initial_engine: expected one of {', '.join(ENGINES)}, found {initial!r}")
+    return ModelProfile(
+        gpus_per_replica=_int(raw, "gpus_per_replica", where, 1),
+        min_replicas=_int(raw, "min_replicas", where, 0),
+        sla_ttft_p99_ms=_number(raw, "sla_ttft_p99_ms", where, positive=True),
+        initial_engine=initial,
+        **per_engine,  # type: ignore[arg-type]
+    )
+
+
+@dataclass
+class _Header:
+    name: str
+    start: datetime
+    step_s: int
+    price: float
+    headroom: float
+    overlap_s: float
+    profiles: dict[str, ModelProfile]
+
+
+def _header(rec: object) -> _Header:
+    if not isinstance(rec, dict) or rec.get("kind") != "header":
+        raise ValueError('the first line must be the header object ({"kind":"header",...})')
+    if rec.get("version") != TRACE_VERSION:
+        raise ValueError(f"version: expected {TRACE_VERSION}, found {rec.get('version')!r}")
+    name = rec.get("name")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name: expected a non-empty string, found {name!r}")
+    models = rec.get("models")
+    if not isinstance(models, dict) or not models:
+        raise ValueError(f"models: expected a non-empty object, found {models!r}")
+    return _Header(
+        name=name,
+        start=parse_ts(rec.get("start")),
+        step_s=_int(rec, "step_s", "", 1),
+        price=_number(rec, "price_per_gpu_hour", ""),
+        headroom=_number(rec, "headroom", ""),
+        overlap_s=_number(rec, "overlap_s", ""),
+        profiles={str(m): _profile(str(m), p) for m, p in models.items()},
+    )
+
+
+def _step_of(ts: datetime, head: _Header) -> int:
+    """The first step whose start is at or after `ts` (DESIGN §6)."""
+    offset = (ts - head.start).total_seconds()
+    if offset < 0:
+        raise ValueError(f"ts {format_ts(ts)} is before the trace start {format_ts(head.start)}")
+    return math.ceil(offset / head.step_s - 1e-9)
+
+
+def parse_trace(lines: Iterable[str], source: str = "<trace>") -> Trace:
+    """Parse trace lines; raise `TraceError` naming `source`, the line and the reason."""
+    head: _Header | None = None
+    rps: dict[str, dict[int, float]] = {}
+    revisions: dict[str, list[int]] = {}
+    last_ts: datetime | None = None
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+            if head is None:
+                head = _header(rec)
+                rps = {m: {} for m in head.profiles}
+                revisions = {m: [] for m in head.profiles}
+                continue
+            if not isinstance(rec, dict):
+                raise ValueError(f"expected a JSON object, found {type(rec).__name__}")
+            kind = rec.get("kind")
+            if kind not in ("traffic", "revision"):
+                raise ValueError(f"kind: expected 'traffic' or 'revision', found {kind!r}")
+            model = rec.get("model")
+            if model not in head.profiles:
+                raise ValueError(f"model {model!r} is not in the header (known: {', '.join(head.profiles)})")
+            ts = parse_ts(rec.get("ts"))
+            if last_ts is not None and ts < last_ts:
+                raise ValueError(f"ts {format_ts(ts)} goes back in time (previous {format_ts(last_ts)})")
+            last_ts = ts
+            step = _step_of(ts, head)
+            if kind == "revision":
+                if not isinstance(rec.get("revision"), str):
+                    raise ValueError(f"revision: expected a string, found {rec.get('revision')!r}")
+                revisions[model].append(step)
+                continue
+            if (ts - head.start).total_seconds() % head.step_s:
+                raise ValueError(f"ts {format_ts(ts)} is not on a step boundary (step_s={head.step_s})")
+            if step in rps[model]:
+                raise ValueError(f"second traffic record for model {model!r} at {format_ts(ts)}")
+            rps[model][step] = _number(rec, "rps", "")
+        except ValueError as exc:
+            raise TraceError(f"{source}:{lineno}: {exc}") from None
+    if head is None:
+        raise TraceError(f"{source}: empty trace (expected a header line)")
+    n_steps = max((max(s) + 1 for s in rps.values() if s), default=0)
+    series: dict[str, ModelSeries] = {}
+    for model, by_step in rps.items():
+        missing = [k for k in range(n_steps) if k not in by_step]
+        if missing:
+            at = format_ts(datetime.fromtimestamp(head.start.timestamp() + missing[0] * head.step_s, UTC))
+            raise TraceError(f"{source}: at end of file: model {model!r} has no traffic record at {at} "
+                             f"({len(missing)} step(s) missing; expected one per model per step)")
+        series[model] = ModelSeries(
+            rps=tuple(by_step[k] for k in range(n_steps)), revision_steps=tuple(revisions[model])
+        )
+    return Trace(name=head.name, start=head.start, step_s=head.step_s,
+                 price_per_gpu_hour=head.price, headroom=head.headroom, overlap_s=head.overlap_s,
+                 profiles=head.profiles, series=series)
+
+
+def read_trace(path: str | Path) -> Trace:
+    """Read a trace file (gzipped when it starts with the gzip magic number)."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise TraceError(f"{p}: cannot read trace ({exc.strerror or exc})") from None
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as exc:
+            raise TraceError(f"{p}: not a valid gzip file ({exc})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{p}: not UTF-8 text (byte {exc.start})") from None
+    return parse_trace(text.splitlines(), source=str(p))

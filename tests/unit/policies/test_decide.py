@@ -1,0 +1,167 @@
+"""The pure decision core: decisions as data, SLA first, guardrails, and no peeking
+at data from `now` on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gearshift.policies.core import Decision, ModelState, decide
+from gearshift.policies.loader import load_policy, load_policy_file
+from gearshift.policies.signals import (
+    EngineFacts,
+    ModelFacts,
+    ModelHistory,
+    SignalSettings,
+    compute_signals,
+)
+
+EXAMPLES = Path(__file__).parents[3] / "policies" / "examples"
+STEP_S = 300.0
+T0 = 1_772_409_600.0  # 2026-03-02T00:00:00Z
+DAY_S = 86400.0
+
+
+def facts(**overrides: Any) -> ModelFacts:
+    engines = {
+        "vllm": EngineFacts(capacity_rps=10.0, ttft_p99_ms=900.0, cold_start_s=210, build_s=0,
+                            build_overhead_usd=0.0),
+        "tensorrt-llm": EngineFacts(capacity_rps=11.6, ttft_p99_ms=780.0, cold_start_s=240,
+                                    build_s=1800, build_overhead_usd=150.0),
+    }
+    kw: dict[str, Any] = {"gpus_per_replica": 8, "sla_ttft_p99_ms": 1000.0, "engines": engines,
+                          "nvidia": True, "price_per_gpu_hour": 4.0}
+    kw.update(overrides)
+    return ModelFacts(**kw)
+
+
+def history(rates: list[float], revisions: list[float] | None = None) -> ModelHistory:
+    ts = T0 + np.arange(len(rates)) * STEP_S
+    return ModelHistory.of(ts, rates, revisions or [], STEP_S)
+
+
+def run(policy, models: dict[str, tuple[list[float], ModelFacts]], now: float,
+        states: dict[str, ModelState] | None = None) -> list[Decision]:
+    settings = policy.signal_settings
+    signals = {m: compute_signals(m, history(r), f, now, settings) for m, (r, f) in models.items()}
+    states = states or {m: ModelState(engine="vllm", since=T0 - 30 * DAY_S) for m in models}
+    return decide(policy, signals, states, now)
+
+
+def default():
+    return load_policy_file(str(EXAMPLES / "default.yaml"))
+
+
+def test_busy_model_moves_to_the_engine_with_more_measured_capacity() -> None:
+    now = T0 + DAY_S
+    [d] = run(default(), {"m": ([150.0] * 400, facts())}, now)
+    assert (d.model, d.from_engine, d.to_engine, d.rule) == ("m", "vllm", "tensorrt-llm", "cost")
+    assert d.policy_version == default().version and d.created_at == now
+    assert d.expected["cost_usd_per_day"] < 0  # saves money
+    assert d.expected["ttft_p99_ms"] == -120.0
+    assert d.inputs["capacity_rps.tensorrt-llm"] == 11.6 and d.inputs["rps_mean"] == 150.0
+    assert d.inputs["net_savings_usd"] > d.inputs["margin_usd"]
+    assert any(opt == "vllm" and "stay" in why for opt, why in d.alternatives)
+    json.dumps(d.to_dict())  # plain data
+
+
+def test_no_move_when_measured_capacity_shows_no_gain() -> None:
+    same = facts(engines={**facts().engines, "tensorrt-llm": EngineFacts(
+        capacity_rps=9.5, ttft_p99_ms=780.0, cold_start_s=240, build_s=1800, build_overhead_usd=150.0)})
+    assert run(default(), {"m": ([150.0] * 400, same)}, T0 + DAY_S) == []
+
+
+def test_decisions_ignore_data_from_now_on() -> None:
+    policy, now = default(), T0 + 2 * DAY_S
+    base = [150.0] * 2000
+    changed = base[:576] + [0.0] * (2000 - 576)  # everything from `now` on is different
+    settings = policy.signal_settings
+    s1 = compute_signals("m", history(base, [T0 + 3 * DAY_S]), facts(), now, settings)
+    s2 = compute_signals("m", history(changed), facts(), now, settings)
+    assert (s1.rps_mean, s1.rps_peak, s1.rps_sustained, s1.revisions_per_week) == (
+        s2.rps_mean, s2.rps_peak, s2.rps_sustained, s2.revisions_per_week)
+    state = {"m": ModelState(engine="vllm", since=T0 - 30 * DAY_S)}
+    d1 = [d.to_dict() for d in decide(policy, {"m": s1}, state, now)]
+    d2 = [d.to_dict() for d in decide(policy, {"m": s2}, state, now)]
+    assert d1 == d2 and d1
+
+
+def test_sla_breach_moves_at_once_even_within_dwell_and_never_onto_a_breaking_engine() -> None:
+    slow_vllm = facts(engines={**facts().engines, "vllm": EngineFacts(
+        capacity_rps=10.0, ttft_p99_ms=1500.0, cold_start_s=210, build_s=0, build_overhead_usd=0.0)})
+    now = T0 + DAY_S
+    just_moved = {"m": ModelState(engine="vllm", since=now - 600)}
+    [d] = run(default(), {"m": ([3.0] * 400, slow_vllm)}, now, just_moved)
+    assert (d.to_engine, d.rule, d.urgent) == ("tensorrt-llm", "sla-first", True)
+    slow_trt = facts(engines={**facts().engines, "tensorrt-llm": EngineFacts(
+        capacity_rps=20.0, ttft_p99_ms=1500.0, cold_start_s=240, build_s=1800, build_overhead_usd=150.0)})
+    assert run(default(), {"m": ([150.0] * 400, slow_trt)}, now) == []
+
+
+def test_short_spike_does_not_trigger_a_move() -> None:
+    rates = [3.0] * 2016 + [120.0] * 12 + [3.0] * 12  # a week quiet, one hour busy
+    for hours_after in (1, 2):
+        assert run(default(), {"m": (rates, facts())}, T0 + (2016 + 12 * hours_after) * STEP_S) == []
+
+
+def test_guardrails_dwell_freeze_pin_migration_and_hardware(policy_yaml) -> None:
+    busy = ([150.0] * 400, facts())
+    now = T0 + DAY_S
+    fresh = {"m": ModelState(engine="vllm", since=now - 3600)}
+    assert run(default(), {"m": busy}, now, fresh) == []  # minimum dwell 24 h
+    moving = {"m": ModelState(engine="vllm", since=T0 - DAY_S, migrating_to="tensorrt-llm")}
+    assert run(default(), {"m": busy}, now, moving) == []
+    frozen = {"m": ModelState(engine="vllm", since=T0 - DAY_S, frozen=True)}
+    assert run(default(), {"m": busy}, now, frozen) == []
+    assert run(default(), {"m": ([150.0] * 400, facts(nvidia=False))}, now) == []
+    pinned = load_policy(policy_yaml("  guardrails:\n    pins: {'m*': vllm}\n    freezes: [x]\n"))
+    assert run(pinned, {"m": busy, "x": busy}, now) == []
+    on_trt = {"m": ModelState(engine="tensorrt-llm", since=now - 60)}
+    [d] = run(pinned, {"m": busy}, now, on_trt)
+    assert (d.to_engine, d.rule) == ("vllm", "pin")
+
+
+def test_concurrency_budget_keeps_the_biggest_savings(policy_yaml) -> None:
+    policy = load_policy(policy_yaml("  guardrails: {maxConcurrentMigrations: 2}\n"))
+    models = {"small": ([40.0] * 400, facts()), "big": ([300.0] * 400, facts()),
+              "mid": ([150.0] * 400, facts()), "busy": ([150.0] * 400, facts())}
+    states = {m: ModelState(engine="vllm", since=T0 - 30 * DAY_S) for m in models}
+    states["busy"] = ModelState(engine="vllm", since=T0 - 30 * DAY_S, migrating_to="tensorrt-llm")
+    [d] = run(policy, models, T0 + DAY_S, states)
+    assert d.model == "big"
+
+
+def test_maintenance_windows_gate_cost_moves(policy_yaml) -> None:
+    policy = load_policy(policy_yaml("  guardrails:\n    maintenanceWindows:\n"
+                                     "      - {cron: '0 2 * * *', duration: 1h}\n"))
+    busy = {"m": ([150.0] * 600, facts())}
+    assert run(policy, busy, T0 + DAY_S + 3600) == []
+    assert len(run(policy, busy, T0 + DAY_S + 2.5 * 3600)) == 1
+
+
+def test_selector_and_threshold_rules(policy_yaml) -> None:
+    rules = ("    - name: heavy\n      kind: threshold\n      prefer: tensorrt-llm\n"
+             "      when:\n        - {signal: rps_sustained, gt: 100}\n        - {signal: nvidia, eq: true}\n")
+    policy = load_policy(policy_yaml("  selector: {globs: ['llama-*'], labels: {tier: prod}}\n",
+                                     rules=rules))
+    prod = facts(labels={"tier": "prod"})
+    got = run(policy, {"llama-1": ([150.0] * 400, prod), "llama-2": ([150.0] * 400, facts()),
+                       "qwen": ([150.0] * 400, prod), "llama-3": ([50.0] * 400, prod)}, T0 + DAY_S)
+    assert [(d.model, d.rule) for d in got] == [("llama-1", "heavy")]
+    assert got[0].inputs["rps_sustained"] == 150.0
+
+
+def test_rolling_cache_matches_direct_computation() -> None:
+    rng = np.random.default_rng(7)
+    rates = list(rng.gamma(2.0, 20.0, size=3000))
+    ts = T0 + np.arange(len(rates)) * STEP_S
+    plain = ModelHistory.of(ts, rates, [], STEP_S)
+    cached = ModelHistory.of(ts, rates, [], STEP_S, replay=True)
+    settings = SignalSettings()
+    for k in (1, 100, 288, 289, 2500, 3000):
+        a = compute_signals("m", plain, facts(), T0 + k * STEP_S, settings)
+        b = compute_signals("m", cached, facts(), T0 + k * STEP_S, settings)
+        assert (a.rps_peak, a.rps_sustained, a.rps_mean) == (b.rps_peak, b.rps_sustained, b.rps_mean)
