@@ -39,9 +39,13 @@ class HostEntry:
     deployments: dict[str, agent_pb2.DeploymentReport] = field(default_factory=dict)
     deployment_ts: dict[str, float] = field(default_factory=dict)
 
-    def route_key(self) -> tuple[tuple[str, str, int], ...]:
+    def models(self) -> set[str]:
+        return {d.model for d in self.deployments.values()}
+
+    def route_key(self) -> tuple[tuple[str, str, int, str], ...]:
         """What of this host's deployments matters to the routing table."""
-        return tuple((d.deployment_id, d.endpoint, d.phase) for d in self.deployments.values())
+        return tuple((d.deployment_id, d.endpoint, d.phase, d.model)
+                     for d in self.deployments.values())
 
     def state(self, now: float) -> int:
         if self.connected and now - self.last_report_ts <= UNREACHABLE_AFTER_INTERVALS * self.interval_s:
@@ -66,13 +70,16 @@ class FleetState:
         self.reports_total = 0
         self.started = clock()
         self._route_version = 0
-        self._route_key: tuple[object, ...] = ()
         self._route_table = control_pb2.RoutingTable()
         self._route_watchers: set[asyncio.Queue[control_pb2.RoutingTable]] = set()
         self.route_override: RouteOverride | None = None
         self.gateway_stats: dict[str, dict[str, control_pb2.GatewayDeploymentStats]] = {}
         self._routes_dirty = False
         self._routes_timer: asyncio.TimerHandle | None = None
+        self._dirty_models: set[str] | None = set()
+        self._routes: dict[str, list[control_pb2.RouteEndpoint]] = {}
+        self._route_keys: dict[str, tuple[object, ...]] = {}
+        self._hosts_by_model: dict[str, set[str]] = {}
 
     # -- agents -----------------------------------------------------------------
 
@@ -86,8 +93,7 @@ class FleetState:
             entry.deployment_ts = prior.deployment_ts
             entry.reports = prior.reports
             entry.last_seq = 0
-        self.hosts[hello.host_id] = entry
-        self._routes_changed()
+        self.hosts[hello.host_id] = entry  # its deployments, and so the routes, are unchanged
         return entry
 
     def report(self, host_id: str, report: agent_pb2.Report) -> bool:
@@ -103,11 +109,14 @@ class FleetState:
         if report.gpus:
             entry.gpus = list(report.gpus)
         routed_before = entry.route_key()
+        models_before = entry.models()
         fresh = {dep.deployment_id: dep for dep in report.deployments}
         entry.deployments = fresh
         entry.deployment_ts = dict.fromkeys(fresh, now)
         if entry.route_key() != routed_before:
-            self._routes_changed()
+            models_after = entry.models()
+            self._index_host(host_id, models_before, models_after)
+            self._routes_changed(models_before | models_after)
         return True
 
     def disconnected(self, host_id: str, entry: HostEntry) -> None:
@@ -156,8 +165,12 @@ class FleetState:
             self._refresh_routes()
         return self._route_table
 
-    def _routes_changed(self) -> None:
-        """Mark the table stale and recompute it soon (at once outside an event loop)."""
+    def _routes_changed(self, models: set[str] | None = None) -> None:
+        """Mark models' routes stale (None: all) and recompute soon (at once outside a loop)."""
+        if models is None:
+            self._dirty_models = None
+        elif self._dirty_models is not None:
+            self._dirty_models |= models
         self._routes_dirty = True
         try:
             loop = asyncio.get_running_loop()
@@ -167,51 +180,78 @@ class FleetState:
         if self._routes_timer is None:
             self._routes_timer = loop.call_later(ROUTE_DEBOUNCE_S, self._refresh_routes)
 
-    def _compute_routes(self) -> dict[str, list[control_pb2.RouteEndpoint]]:
-        routes: dict[str, list[control_pb2.RouteEndpoint]] = {}
-        for host_id, dep, _ts in self.deployments():
-            if dep.phase not in (Ready, agent_pb2.DEPLOYMENT_PHASE_DRAINING) or not dep.endpoint:
+    def _compute_model_routes(self, model: str) -> list[control_pb2.RouteEndpoint]:
+        eps = []
+        for host_id in sorted(self._hosts_by_model.get(model, ())):
+            entry = self.hosts.get(host_id)
+            if entry is None:
                 continue
-            routes.setdefault(dep.model, []).append(control_pb2.RouteEndpoint(
-                deployment_id=dep.deployment_id, host_id=host_id, endpoint=dep.endpoint,
-                engine=dep.engine, weight=1.0, served_model_name=dep.served_model_name,
-                leaving=dep.phase == agent_pb2.DEPLOYMENT_PHASE_DRAINING))
-        for model, eps in routes.items():
-            eps.sort(key=lambda e: e.deployment_id)
-            if self.route_override is not None:
-                eps[:] = self.route_override(model, eps)
-            active = [e for e in eps if not e.leaving and e.weight > 0]
-            total = sum(e.weight for e in active)
-            for e in eps:
-                e.weight = e.weight / total if (total > 0 and not e.leaving) else 0.0
-        return routes
+            for dep in entry.deployments.values():
+                if dep.model != model or not dep.endpoint or dep.phase not in (
+                        Ready, agent_pb2.DEPLOYMENT_PHASE_DRAINING):
+                    continue
+                eps.append(control_pb2.RouteEndpoint(
+                    deployment_id=dep.deployment_id, host_id=host_id, endpoint=dep.endpoint,
+                    engine=dep.engine, weight=1.0, served_model_name=dep.served_model_name,
+                    leaving=dep.phase == agent_pb2.DEPLOYMENT_PHASE_DRAINING))
+        eps.sort(key=lambda e: e.deployment_id)
+        if eps and self.route_override is not None:
+            eps = list(self.route_override(model, eps))
+        active = [e for e in eps if not e.leaving and e.weight > 0]
+        total = sum(e.weight for e in active)
+        for e in eps:
+            e.weight = e.weight / total if (total > 0 and not e.leaving) else 0.0
+        return eps
 
     def _refresh_routes(self) -> None:
         self._routes_dirty = False
         if self._routes_timer is not None:
             self._routes_timer.cancel()
             self._routes_timer = None
-        routes = self._compute_routes()
-        key = tuple(
-            (m, tuple((e.deployment_id, e.endpoint, round(e.weight, 6), e.leaving) for e in eps))
-            for m, eps in sorted(routes.items()))
-        if key == self._route_key:
+        dirty = set(self._hosts_by_model) | set(self._routes) if self._dirty_models is None \
+            else self._dirty_models
+        self._dirty_models = set()
+        changed = False
+        for model in dirty:
+            eps = self._compute_model_routes(model)
+            key = tuple((e.deployment_id, e.endpoint, round(e.weight, 6), e.leaving,
+                         e.served_model_name) for e in eps)
+            if self._route_keys.get(model) == key:
+                continue
+            changed = True
+            if eps:
+                self._routes[model] = eps
+                self._route_keys[model] = key
+            else:
+                self._routes.pop(model, None)
+                self._route_keys.pop(model, None)
+        if not changed:
             return
-        self._route_key = key
         self._route_version += 1
         table = control_pb2.RoutingTable(version=self._route_version)
         table.generated.FromSeconds(int(self._clock()))
-        for model in sorted(routes):
-            table.models.add(model=model, endpoints=routes[model])
+        for model in sorted(self._routes):
+            table.models.add(model=model, endpoints=self._routes[model])
         self._route_table = table
         for q in list(self._route_watchers):
             if q.full():
                 q.get_nowait()  # a slow watcher only needs the newest table
             q.put_nowait(table)
 
-    def refresh_routes(self) -> None:
-        """Recompute the routing table (after a route override changed)."""
+    def refresh_routes(self, models: set[str] | None = None) -> None:
+        """Recompute the routing table now (after a route override changed)."""
+        self._routes_changed(models)
         self._refresh_routes()
+
+    def _index_host(self, host_id: str, before: set[str], after: set[str]) -> None:
+        for m in before - after:
+            hosts = self._hosts_by_model.get(m)
+            if hosts is not None:
+                hosts.discard(host_id)
+                if not hosts:
+                    del self._hosts_by_model[m]
+        for m in after - before:
+            self._hosts_by_model.setdefault(m, set()).add(host_id)
 
     def watch_routes(self) -> asyncio.Queue[control_pb2.RoutingTable]:
         q: asyncio.Queue[control_pb2.RoutingTable] = asyncio.Queue(maxsize=1)

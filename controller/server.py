@@ -14,6 +14,7 @@ import signal
 import socket
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -143,10 +144,12 @@ class Controller:
             counts[names[entry.state(now)]] += 1
         for state, n in counts.items():
             self.metrics.hosts.labels(state).set(n)
+        by_engine_phase: Counter[tuple[str, int]] = Counter(
+            (dep.engine, dep.phase) for _h, dep, _ts in self.fleet.deployments())
         self.metrics.deployments.clear()
-        for _h, dep, _ts in self.fleet.deployments():
-            phase = agent_pb2.DeploymentPhase.Name(dep.phase).removeprefix("DEPLOYMENT_PHASE_").lower()
-            self.metrics.deployments.labels(dep.engine, phase).inc()
+        for (engine, phase_value), n in by_engine_phase.items():
+            phase = agent_pb2.DeploymentPhase.Name(phase_value).removeprefix("DEPLOYMENT_PHASE_")
+            self.metrics.deployments.labels(engine, phase.lower()).set(n)
         self.metrics.route_version.set(self.fleet.routing_table().version)
 
     async def stop(self, grace_s: float = 2.0) -> None:
