@@ -146,7 +146,8 @@ class Agent:
                 deployment_id=dep_id, engine=spec.engine, engine_version=self._engine(spec.engine).version,
                 model=spec.model, revision=spec.revision, phase=sup.phase.to_proto(),
                 endpoint=sup.endpoint or "", restarts=sup.restarts, message=sup.last_message or "",
-                backend=spec.backend, served_model_name=sup.served_model_name)
+                backend=spec.backend, served_model_name=sup.served_model_name,
+                source=spec.source, tensor_parallel_size=spec.tensor_parallel_size)
             d.gpu_indices.extend(spec.gpu_indices)
             if sample is not None:
                 to_proto(sample, d)

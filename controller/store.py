@@ -155,6 +155,11 @@ class Store:
         return cls(engine, safe)
 
     @property
+    def engine(self) -> Engine:
+        """The SQLAlchemy engine, for repositories of other modules' tables."""
+        return self._engine
+
+    @property
     def dialect(self) -> str:
         """``"sqlite"`` or ``"postgresql"``."""
         return self._engine.dialect.name

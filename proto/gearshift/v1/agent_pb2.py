@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18gearshift/v1/agent.proto\x12\x0cgearshift.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe9\x01\n\x07GpuInfo\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x1a\n\x12memory_total_bytes\x18\x04 \x01(\x04\x12\x19\n\x11memory_used_bytes\x18\x05 \x01(\x04\x12\x13\n\x0butilization\x18\x06 \x01(\x01\x12\x15\n\rtemperature_c\x18\x07 \x01(\x01\x12\x0f\n\x07power_w\x18\x08 \x01(\x01\x12\'\n\x06health\x18\t \x01(\x0e\x32\x17.gearshift.v1.GpuHealth\x12\x15\n\rhealth_reason\x18\n \x01(\t\"D\n\rEngineInstall\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x12\n\nexecutable\x18\x03 \x01(\t\"\xb2\x02\n\x05Hello\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12/\n\x06labels\x18\x02 \x03(\x0b\x32\x1f.gearshift.v1.Hello.LabelsEntry\x12\x15\n\ragent_version\x18\x03 \x01(\t\x12\x37\n\x10protocol_version\x18\x04 \x01(\x0e\x32\x1d.gearshift.v1.ProtocolVersion\x12#\n\x04gpus\x18\x05 \x03(\x0b\x32\x15.gearshift.v1.GpuInfo\x12,\n\x07\x65ngines\x18\x06 \x03(\x0b\x32\x1b.gearshift.v1.EngineInstall\x12\x15\n\remulated_gpus\x18\x07 \x01(\x08\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"Y\n\tQuantiles\x12\x0f\n\x07present\x18\x01 \x01(\x08\x12\r\n\x05p50_s\x18\x02 \x01(\x01\x12\r\n\x05p99_s\x18\x03 \x01(\x01\x12\x0e\n\x06mean_s\x18\x04 \x01(\x01\x12\r\n\x05\x63ount\x18\x05 \x01(\x04\"\xd8\x04\n\x10\x44\x65ploymentReport\x12\x15\n\rdeployment_id\x18\x01 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12\x16\n\x0e\x65ngine_version\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x10\n\x08revision\x18\x05 \x01(\t\x12,\n\x05phase\x18\x06 \x01(\x0e\x32\x1d.gearshift.v1.DeploymentPhase\x12\x10\n\x08\x65ndpoint\x18\x07 \x01(\t\x12\x14\n\x0crequest_rate\x18\x08 \x01(\x01\x12\x18\n\x10running_requests\x18\t \x01(\x01\x12\x18\n\x10waiting_requests\x18\n \x01(\x01\x12%\n\x04ttft\x18\x0b \x01(\x0b\x32\x17.gearshift.v1.Quantiles\x12$\n\x03itl\x18\x0c \x01(\x0b\x32\x17.gearshift.v1.Quantiles\x12$\n\x03\x65\x32\x65\x18\r \x01(\x0b\x32\x17.gearshift.v1.Quantiles\x12\x1b\n\x13prompt_tokens_per_s\x18\x0e \x01(\x01\x12\x1f\n\x17generation_tokens_per_s\x18\x0f \x01(\x01\x12\x16\n\x0ekv_cache_usage\x18\x10 \x01(\x01\x12\x14\n\x0c\x65rrors_total\x18\x11 \x01(\x04\x12\x10\n\x08restarts\x18\x12 \x01(\r\x12\x13\n\x0bgpu_indices\x18\x13 \x03(\r\x12\x0f\n\x07message\x18\x14 \x01(\t\x12\x17\n\x0fmetrics_present\x18\x15 \x01(\x08\x12\x0f\n\x07\x62\x61\x63kend\x18\x16 \x01(\t\x12\x19\n\x11served_model_name\x18\x17 \x01(\t\"\xad\x01\n\x06Report\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12#\n\x04gpus\x18\x03 \x03(\x0b\x32\x15.gearshift.v1.GpuInfo\x12\x33\n\x0b\x64\x65ployments\x18\x04 \x03(\x0b\x32\x1e.gearshift.v1.DeploymentReport\x12\x12\n\ninterval_s\x18\x05 \x01(\x01\"q\n\rCommandResult\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12)\n\x05phase\x18\x02 \x01(\x0e\x32\x1a.gearshift.v1.CommandPhase\x12\x10\n\x08progress\x18\x03 \x01(\x01\x12\x0f\n\x07message\x18\x04 \x01(\t\"\x9b\x01\n\x0c\x41gentMessage\x12$\n\x05hello\x18\x01 \x01(\x0b\x32\x13.gearshift.v1.HelloH\x00\x12&\n\x06report\x18\x02 \x01(\x0b\x32\x14.gearshift.v1.ReportH\x00\x12\x35\n\x0e\x63ommand_result\x18\x03 \x01(\x0b\x32\x1b.gearshift.v1.CommandResultH\x00\x42\x06\n\x04\x62ody\"U\n\x07Welcome\x12\x19\n\x11report_interval_s\x18\x01 \x01(\x01\x12\x18\n\x10\x63ontroller_epoch\x18\x02 \x01(\x04\x12\x15\n\rcontroller_id\x18\x03 \x01(\t\"\x87\x02\n\x0e\x44\x65ploymentSpec\x12\x15\n\rdeployment_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x10\n\x08revision\x18\x04 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x05 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\x12\x0c\n\x04port\x18\x07 \x01(\r\x12\x1c\n\x14tensor_parallel_size\x18\x08 \x01(\r\x12\x1b\n\x13gpu_memory_fraction\x18\t \x01(\x01\x12\x13\n\x0bgpu_indices\x18\n \x03(\r\x12\x1a\n\x12shutdown_timeout_s\x18\x0b \x01(\x01\x12\x12\n\nextra_args\x18\x0c \x03(\t\"=\n\x0fStartDeployment\x12*\n\x04spec\x18\x01 \x01(\x0b\x32\x1c.gearshift.v1.DeploymentSpec\"9\n\x0f\x44rainDeployment\x12\x15\n\rdeployment_id\x18\x01 \x01(\t\x12\x0f\n\x07grace_s\x18\x02 \x01(\x01\"8\n\x0eStopDeployment\x12\x15\n\rdeployment_id\x18\x01 \x01(\t\x12\x0f\n\x07grace_s\x18\x02 \x01(\x01\"9\n\x0b\x42uildEngine\x12*\n\x04spec\x18\x01 \x01(\x0b\x32\x1c.gearshift.v1.DeploymentSpec\"\xf0\x01\n\x07\x43ommand\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12.\n\x05start\x18\x03 \x01(\x0b\x32\x1d.gearshift.v1.StartDeploymentH\x00\x12.\n\x05\x64rain\x18\x04 \x01(\x0b\x32\x1d.gearshift.v1.DrainDeploymentH\x00\x12,\n\x04stop\x18\x05 \x01(\x0b\x32\x1c.gearshift.v1.StopDeploymentH\x00\x12*\n\x05\x62uild\x18\x06 \x01(\x0b\x32\x19.gearshift.v1.BuildEngineH\x00\x42\x08\n\x06\x61\x63tion\"\x12\n\x03\x41\x63k\x12\x0b\n\x03seq\x18\x01 \x01(\x04\"\x91\x01\n\x11\x43ontrollerMessage\x12(\n\x07welcome\x18\x01 \x01(\x0b\x32\x15.gearshift.v1.WelcomeH\x00\x12(\n\x07\x63ommand\x18\x02 \x01(\x0b\x32\x15.gearshift.v1.CommandH\x00\x12 \n\x03\x61\x63k\x18\x03 \x01(\x0b\x32\x11.gearshift.v1.AckH\x00\x42\x06\n\x04\x62ody*K\n\x0fProtocolVersion\x12 \n\x1cPROTOCOL_VERSION_UNSPECIFIED\x10\x00\x12\x16\n\x12PROTOCOL_VERSION_1\x10\x01*j\n\tGpuHealth\x12\x1a\n\x16GPU_HEALTH_UNSPECIFIED\x10\x00\x12\x11\n\rGPU_HEALTH_OK\x10\x01\x12\x17\n\x13GPU_HEALTH_DEGRADED\x10\x02\x12\x15\n\x11GPU_HEALTH_FAILED\x10\x03*\xa8\x02\n\x0f\x44\x65ploymentPhase\x12 \n\x1c\x44\x45PLOYMENT_PHASE_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x44\x45PLOYMENT_PHASE_STARTING\x10\x01\x12\x1a\n\x16\x44\x45PLOYMENT_PHASE_READY\x10\x02\x12\x1e\n\x1a\x44\x45PLOYMENT_PHASE_UNHEALTHY\x10\x03\x12\x1f\n\x1b\x44\x45PLOYMENT_PHASE_RESTARTING\x10\x04\x12\x1d\n\x19\x44\x45PLOYMENT_PHASE_DRAINING\x10\x05\x12\x1c\n\x18\x44\x45PLOYMENT_PHASE_STOPPED\x10\x06\x12\x1b\n\x17\x44\x45PLOYMENT_PHASE_FAILED\x10\x07\x12\x1d\n\x19\x44\x45PLOYMENT_PHASE_BUILDING\x10\x08*\xb7\x01\n\x0c\x43ommandPhase\x12\x1d\n\x19\x43OMMAND_PHASE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x43OMMAND_PHASE_ACCEPTED\x10\x01\x12\x19\n\x15\x43OMMAND_PHASE_RUNNING\x10\x02\x12\x1b\n\x17\x43OMMAND_PHASE_SUCCEEDED\x10\x03\x12\x18\n\x14\x43OMMAND_PHASE_FAILED\x10\x04\x12\x1a\n\x16\x43OMMAND_PHASE_REJECTED\x10\x05\x32Z\n\x0c\x41gentService\x12J\n\x07\x43onnect\x12\x1a.gearshift.v1.AgentMessage\x1a\x1f.gearshift.v1.ControllerMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18gearshift/v1/agent.proto\x12\x0cgearshift.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe9\x01\n\x07GpuInfo\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x1a\n\x12memory_total_bytes\x18\x04 \x01(\x04\x12\x19\n\x11memory_used_bytes\x18\x05 \x01(\x04\x12\x13\n\x0butilization\x18\x06 \x01(\x01\x12\x15\n\rtemperature_c\x18\x07 \x01(\x01\x12\x0f\n\x07power_w\x18\x08 \x01(\x01\x12\'\n\x06health\x18\t \x01(\x0e\x32\x17.gearshift.v1.GpuHealth\x12\x15\n\rhealth_reason\x18\n \x01(\t\"D\n\rEngineInstall\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x12\n\nexecutable\x18\x03 \x01(\t\"\xb2\x02\n\x05Hello\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12/\n\x06labels\x18\x02 \x03(\x0b\x32\x1f.gearshift.v1.Hello.LabelsEntry\x12\x15\n\ragent_version\x18\x03 \x01(\t\x12\x37\n\x10protocol_version\x18\x04 \x01(\x0e\x32\x1d.gearshift.v1.ProtocolVersion\x12#\n\x04gpus\x18\x05 \x03(\x0b\x32\x15.gearshift.v1.GpuInfo\x12,\n\x07\x65ngines\x18\x06 \x03(\x0b\x32\x1b.gearshift.v1.EngineInstall\x12\x15\n\remulated_gpus\x18\x07 \x01(\x08\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"Y\n\tQuantiles\x12\x0f\n\x07present\x18\x01 \x01(\x08\x12\r\n\x05p50_s\x18\x02 \x01(\x01\x12\r\n\x05p99_s\x18\x03 \x01(\x01\x12\x0e\n\x06mean_s\x18\x04 \x01(\x01\x12\r\n\x05\x63ount\x18\x05 \x01(\x04\"\x86\x05\n\x10\x44\x65ploymentReport\x12\x15\n\rdeployment_id\x18\x01 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12\x16\n\x0e\x65ngine_version\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x10\n\x08revision\x18\x05 \x01(\t\x12,\n\x05phase\x18\x06 \x01(\x0e\x32\x1d.gearshift.v1.DeploymentPhase\x12\x10\n\x08\x65ndpoint\x18\x07 \x01(\t\x12\x14\n\x0crequest_rate\x18\x08 \x01(\x01\x12\x18\n\x10running_requests\x18\t \x01(\x01\x12\x18\n\x10waiting_requests\x18\n \x01(\x01\x12%\n\x04ttft\x18\x0b \x01(\x0b\x32\x17.gearshift.v1.Quantiles\x12$\n\x03itl\x18\x0c \x01(\x0b\x32\x17.gearshift.v1.Quantiles\x12$\n\x03\x65\x32\x65\x18\r \x01(\x0b\x32\x17.gearshift.v1.Quantiles\x12\x1b\n\x13prompt_tokens_per_s\x18\x0e \x01(\x01\x12\x1f\n\x17generation_tokens_per_s\x18\x0f \x01(\x01\x12\x16\n\x0ekv_cache_usage\x18\x10 \x01(\x01\x12\x14\n\x0c\x65rrors_total\x18\x11 \x01(\x04\x12\x10\n\x08restarts\x18\x12 \x01(\r\x12\x13\n\x0bgpu_indices\x18\x13 \x03(\r\x12\x0f\n\x07message\x18\x14 \x01(\t\x12\x17\n\x0fmetrics_present\x18\x15 \x01(\x08\x12\x0f\n\x07\x62\x61\x63kend\x18\x16 \x01(\t\x12\x19\n\x11served_model_name\x18\x17 \x01(\t\x12\x0e\n\x06source\x18\x18 \x01(\t\x12\x1c\n\x14tensor_parallel_size\x18\x19 \x01(\r\"\xad\x01\n\x06Report\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12#\n\x04gpus\x18\x03 \x03(\x0b\x32\x15.gearshift.v1.GpuInfo\x12\x33\n\x0b\x64\x65ployments\x18\x04 \x03(\x0b\x32\x1e.gearshift.v1.DeploymentReport\x12\x12\n\ninterval_s\x18\x05 \x01(\x01\"q\n\rCommandResult\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12)\n\x05phase\x18\x02 \x01(\x0e\x32\x1a.gearshift.v1.CommandPhase\x12\x10\n\x08progress\x18\x03 \x01(\x01\x12\x0f\n\x07message\x18\x04 \x01(\t\"\x9b\x01\n\x0c\x41gentMessage\x12$\n\x05hello\x18\x01 \x01(\x0b\x32\x13.gearshift.v1.HelloH\x00\x12&\n\x06report\x18\x02 \x01(\x0b\x32\x14.gearshift.v1.ReportH\x00\x12\x35\n\x0e\x63ommand_result\x18\x03 \x01(\x0b\x32\x1b.gearshift.v1.CommandResultH\x00\x42\x06\n\x04\x62ody\"U\n\x07Welcome\x12\x19\n\x11report_interval_s\x18\x01 \x01(\x01\x12\x18\n\x10\x63ontroller_epoch\x18\x02 \x01(\x04\x12\x15\n\rcontroller_id\x18\x03 \x01(\t\"\x87\x02\n\x0e\x44\x65ploymentSpec\x12\x15\n\rdeployment_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x10\n\x08revision\x18\x04 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x05 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\x12\x0c\n\x04port\x18\x07 \x01(\r\x12\x1c\n\x14tensor_parallel_size\x18\x08 \x01(\r\x12\x1b\n\x13gpu_memory_fraction\x18\t \x01(\x01\x12\x13\n\x0bgpu_indices\x18\n \x03(\r\x12\x1a\n\x12shutdown_timeout_s\x18\x0b \x01(\x01\x12\x12\n\nextra_args\x18\x0c \x03(\t\"=\n\x0fStartDeployment\x12*\n\x04spec\x18\x01 \x01(\x0b\x32\x1c.gearshift.v1.DeploymentSpec\"9\n\x0f\x44rainDeployment\x12\x15\n\rdeployment_id\x18\x01 \x01(\t\x12\x0f\n\x07grace_s\x18\x02 \x01(\x01\"8\n\x0eStopDeployment\x12\x15\n\rdeployment_id\x18\x01 \x01(\t\x12\x0f\n\x07grace_s\x18\x02 \x01(\x01\"9\n\x0b\x42uildEngine\x12*\n\x04spec\x18\x01 \x01(\x0b\x32\x1c.gearshift.v1.DeploymentSpec\"\xf0\x01\n\x07\x43ommand\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12.\n\x05start\x18\x03 \x01(\x0b\x32\x1d.gearshift.v1.StartDeploymentH\x00\x12.\n\x05\x64rain\x18\x04 \x01(\x0b\x32\x1d.gearshift.v1.DrainDeploymentH\x00\x12,\n\x04stop\x18\x05 \x01(\x0b\x32\x1c.gearshift.v1.StopDeploymentH\x00\x12*\n\x05\x62uild\x18\x06 \x01(\x0b\x32\x19.gearshift.v1.BuildEngineH\x00\x42\x08\n\x06\x61\x63tion\"\x12\n\x03\x41\x63k\x12\x0b\n\x03seq\x18\x01 \x01(\x04\"\x91\x01\n\x11\x43ontrollerMessage\x12(\n\x07welcome\x18\x01 \x01(\x0b\x32\x15.gearshift.v1.WelcomeH\x00\x12(\n\x07\x63ommand\x18\x02 \x01(\x0b\x32\x15.gearshift.v1.CommandH\x00\x12 \n\x03\x61\x63k\x18\x03 \x01(\x0b\x32\x11.gearshift.v1.AckH\x00\x42\x06\n\x04\x62ody*K\n\x0fProtocolVersion\x12 \n\x1cPROTOCOL_VERSION_UNSPECIFIED\x10\x00\x12\x16\n\x12PROTOCOL_VERSION_1\x10\x01*j\n\tGpuHealth\x12\x1a\n\x16GPU_HEALTH_UNSPECIFIED\x10\x00\x12\x11\n\rGPU_HEALTH_OK\x10\x01\x12\x17\n\x13GPU_HEALTH_DEGRADED\x10\x02\x12\x15\n\x11GPU_HEALTH_FAILED\x10\x03*\xa8\x02\n\x0f\x44\x65ploymentPhase\x12 \n\x1c\x44\x45PLOYMENT_PHASE_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x44\x45PLOYMENT_PHASE_STARTING\x10\x01\x12\x1a\n\x16\x44\x45PLOYMENT_PHASE_READY\x10\x02\x12\x1e\n\x1a\x44\x45PLOYMENT_PHASE_UNHEALTHY\x10\x03\x12\x1f\n\x1b\x44\x45PLOYMENT_PHASE_RESTARTING\x10\x04\x12\x1d\n\x19\x44\x45PLOYMENT_PHASE_DRAINING\x10\x05\x12\x1c\n\x18\x44\x45PLOYMENT_PHASE_STOPPED\x10\x06\x12\x1b\n\x17\x44\x45PLOYMENT_PHASE_FAILED\x10\x07\x12\x1d\n\x19\x44\x45PLOYMENT_PHASE_BUILDING\x10\x08*\xb7\x01\n\x0c\x43ommandPhase\x12\x1d\n\x19\x43OMMAND_PHASE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x43OMMAND_PHASE_ACCEPTED\x10\x01\x12\x19\n\x15\x43OMMAND_PHASE_RUNNING\x10\x02\x12\x1b\n\x17\x43OMMAND_PHASE_SUCCEEDED\x10\x03\x12\x18\n\x14\x43OMMAND_PHASE_FAILED\x10\x04\x12\x1a\n\x16\x43OMMAND_PHASE_REJECTED\x10\x05\x32Z\n\x0c\x41gentService\x12J\n\x07\x43onnect\x12\x1a.gearshift.v1.AgentMessage\x1a\x1f.gearshift.v1.ControllerMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,14 +34,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_HELLO_LABELSENTRY']._loaded_options = None
   _globals['_HELLO_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_PROTOCOLVERSION']._serialized_start=2836
-  _globals['_PROTOCOLVERSION']._serialized_end=2911
-  _globals['_GPUHEALTH']._serialized_start=2913
-  _globals['_GPUHEALTH']._serialized_end=3019
-  _globals['_DEPLOYMENTPHASE']._serialized_start=3022
-  _globals['_DEPLOYMENTPHASE']._serialized_end=3318
-  _globals['_COMMANDPHASE']._serialized_start=3321
-  _globals['_COMMANDPHASE']._serialized_end=3504
+  _globals['_PROTOCOLVERSION']._serialized_start=2882
+  _globals['_PROTOCOLVERSION']._serialized_end=2957
+  _globals['_GPUHEALTH']._serialized_start=2959
+  _globals['_GPUHEALTH']._serialized_end=3065
+  _globals['_DEPLOYMENTPHASE']._serialized_start=3068
+  _globals['_DEPLOYMENTPHASE']._serialized_end=3364
+  _globals['_COMMANDPHASE']._serialized_start=3367
+  _globals['_COMMANDPHASE']._serialized_end=3550
   _globals['_GPUINFO']._serialized_start=76
   _globals['_GPUINFO']._serialized_end=309
   _globals['_ENGINEINSTALL']._serialized_start=311
@@ -53,31 +53,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_QUANTILES']._serialized_start=690
   _globals['_QUANTILES']._serialized_end=779
   _globals['_DEPLOYMENTREPORT']._serialized_start=782
-  _globals['_DEPLOYMENTREPORT']._serialized_end=1382
-  _globals['_REPORT']._serialized_start=1385
-  _globals['_REPORT']._serialized_end=1558
-  _globals['_COMMANDRESULT']._serialized_start=1560
-  _globals['_COMMANDRESULT']._serialized_end=1673
-  _globals['_AGENTMESSAGE']._serialized_start=1676
-  _globals['_AGENTMESSAGE']._serialized_end=1831
-  _globals['_WELCOME']._serialized_start=1833
-  _globals['_WELCOME']._serialized_end=1918
-  _globals['_DEPLOYMENTSPEC']._serialized_start=1921
-  _globals['_DEPLOYMENTSPEC']._serialized_end=2184
-  _globals['_STARTDEPLOYMENT']._serialized_start=2186
-  _globals['_STARTDEPLOYMENT']._serialized_end=2247
-  _globals['_DRAINDEPLOYMENT']._serialized_start=2249
-  _globals['_DRAINDEPLOYMENT']._serialized_end=2306
-  _globals['_STOPDEPLOYMENT']._serialized_start=2308
-  _globals['_STOPDEPLOYMENT']._serialized_end=2364
-  _globals['_BUILDENGINE']._serialized_start=2366
-  _globals['_BUILDENGINE']._serialized_end=2423
-  _globals['_COMMAND']._serialized_start=2426
-  _globals['_COMMAND']._serialized_end=2666
-  _globals['_ACK']._serialized_start=2668
-  _globals['_ACK']._serialized_end=2686
-  _globals['_CONTROLLERMESSAGE']._serialized_start=2689
-  _globals['_CONTROLLERMESSAGE']._serialized_end=2834
-  _globals['_AGENTSERVICE']._serialized_start=3506
-  _globals['_AGENTSERVICE']._serialized_end=3596
+  _globals['_DEPLOYMENTREPORT']._serialized_end=1428
+  _globals['_REPORT']._serialized_start=1431
+  _globals['_REPORT']._serialized_end=1604
+  _globals['_COMMANDRESULT']._serialized_start=1606
+  _globals['_COMMANDRESULT']._serialized_end=1719
+  _globals['_AGENTMESSAGE']._serialized_start=1722
+  _globals['_AGENTMESSAGE']._serialized_end=1877
+  _globals['_WELCOME']._serialized_start=1879
+  _globals['_WELCOME']._serialized_end=1964
+  _globals['_DEPLOYMENTSPEC']._serialized_start=1967
+  _globals['_DEPLOYMENTSPEC']._serialized_end=2230
+  _globals['_STARTDEPLOYMENT']._serialized_start=2232
+  _globals['_STARTDEPLOYMENT']._serialized_end=2293
+  _globals['_DRAINDEPLOYMENT']._serialized_start=2295
+  _globals['_DRAINDEPLOYMENT']._serialized_end=2352
+  _globals['_STOPDEPLOYMENT']._serialized_start=2354
+  _globals['_STOPDEPLOYMENT']._serialized_end=2410
+  _globals['_BUILDENGINE']._serialized_start=2412
+  _globals['_BUILDENGINE']._serialized_end=2469
+  _globals['_COMMAND']._serialized_start=2472
+  _globals['_COMMAND']._serialized_end=2712
+  _globals['_ACK']._serialized_start=2714
+  _globals['_ACK']._serialized_end=2732
+  _globals['_CONTROLLERMESSAGE']._serialized_start=2735
+  _globals['_CONTROLLERMESSAGE']._serialized_end=2880
+  _globals['_AGENTSERVICE']._serialized_start=3552
+  _globals['_AGENTSERVICE']._serialized_end=3642
 # @@protoc_insertion_point(module_scope)
