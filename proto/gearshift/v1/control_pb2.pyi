@@ -380,6 +380,106 @@ class SetPausedResponse(_message.Message):
     paused: bool
     def __init__(self, paused: _Optional[bool] = ...) -> None: ...
 
+class MigrationStep(_message.Message):
+    __slots__ = ("at", "from_phase", "to_phase", "message", "figures")
+    AT_FIELD_NUMBER: _ClassVar[int]
+    FROM_PHASE_FIELD_NUMBER: _ClassVar[int]
+    TO_PHASE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    FIGURES_FIELD_NUMBER: _ClassVar[int]
+    at: _timestamp_pb2.Timestamp
+    from_phase: str
+    to_phase: str
+    message: str
+    figures: _struct_pb2.Struct
+    def __init__(self, at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., from_phase: _Optional[str] = ..., to_phase: _Optional[str] = ..., message: _Optional[str] = ..., figures: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class Migration(_message.Message):
+    __slots__ = ("id", "decision_id", "model", "from_engine", "to_engine", "kind", "phase", "canary_step", "canary_steps", "reason", "status_message", "source_deployments", "target_deployments", "created_at", "updated_at", "finished_at", "steps", "target_revision")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    DECISION_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    FROM_ENGINE_FIELD_NUMBER: _ClassVar[int]
+    TO_ENGINE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    CANARY_STEP_FIELD_NUMBER: _ClassVar[int]
+    CANARY_STEPS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    STATUS_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_DEPLOYMENTS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_DEPLOYMENTS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_REVISION_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    decision_id: str
+    model: str
+    from_engine: str
+    to_engine: str
+    kind: str
+    phase: str
+    canary_step: int
+    canary_steps: _containers.RepeatedScalarFieldContainer[float]
+    reason: str
+    status_message: str
+    source_deployments: _containers.RepeatedScalarFieldContainer[str]
+    target_deployments: _containers.RepeatedScalarFieldContainer[str]
+    created_at: _timestamp_pb2.Timestamp
+    updated_at: _timestamp_pb2.Timestamp
+    finished_at: _timestamp_pb2.Timestamp
+    steps: _containers.RepeatedCompositeFieldContainer[MigrationStep]
+    target_revision: str
+    def __init__(self, id: _Optional[str] = ..., decision_id: _Optional[str] = ..., model: _Optional[str] = ..., from_engine: _Optional[str] = ..., to_engine: _Optional[str] = ..., kind: _Optional[str] = ..., phase: _Optional[str] = ..., canary_step: _Optional[int] = ..., canary_steps: _Optional[_Iterable[float]] = ..., reason: _Optional[str] = ..., status_message: _Optional[str] = ..., source_deployments: _Optional[_Iterable[str]] = ..., target_deployments: _Optional[_Iterable[str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., steps: _Optional[_Iterable[_Union[MigrationStep, _Mapping]]] = ..., target_revision: _Optional[str] = ...) -> None: ...
+
+class ListMigrationsRequest(_message.Message):
+    __slots__ = ("active_only", "model")
+    ACTIVE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    active_only: bool
+    model: str
+    def __init__(self, active_only: _Optional[bool] = ..., model: _Optional[str] = ...) -> None: ...
+
+class ListMigrationsResponse(_message.Message):
+    __slots__ = ("migrations",)
+    MIGRATIONS_FIELD_NUMBER: _ClassVar[int]
+    migrations: _containers.RepeatedCompositeFieldContainer[Migration]
+    def __init__(self, migrations: _Optional[_Iterable[_Union[Migration, _Mapping]]] = ...) -> None: ...
+
+class GetMigrationRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class AbortMigrationRequest(_message.Message):
+    __slots__ = ("id", "reason")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    reason: str
+    def __init__(self, id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class PublishRevisionRequest(_message.Message):
+    __slots__ = ("model", "revision", "source")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    revision: str
+    source: str
+    def __init__(self, model: _Optional[str] = ..., revision: _Optional[str] = ..., source: _Optional[str] = ...) -> None: ...
+
+class PublishRevisionResponse(_message.Message):
+    __slots__ = ("migration", "message")
+    MIGRATION_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    migration: Migration
+    message: str
+    def __init__(self, migration: _Optional[_Union[Migration, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...
+
 class EvaluateNowRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -114,6 +114,26 @@ class ControlServiceStub:
                 request_serializer=gearshift_dot_v1_dot_control__pb2.SetPausedRequest.SerializeToString,
                 response_deserializer=gearshift_dot_v1_dot_control__pb2.SetPausedResponse.FromString,
                 _registered_method=True)
+        self.ListMigrations = channel.unary_unary(
+                '/gearshift.v1.ControlService/ListMigrations',
+                request_serializer=gearshift_dot_v1_dot_control__pb2.ListMigrationsRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_control__pb2.ListMigrationsResponse.FromString,
+                _registered_method=True)
+        self.GetMigration = channel.unary_unary(
+                '/gearshift.v1.ControlService/GetMigration',
+                request_serializer=gearshift_dot_v1_dot_control__pb2.GetMigrationRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_control__pb2.Migration.FromString,
+                _registered_method=True)
+        self.AbortMigration = channel.unary_unary(
+                '/gearshift.v1.ControlService/AbortMigration',
+                request_serializer=gearshift_dot_v1_dot_control__pb2.AbortMigrationRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_control__pb2.Migration.FromString,
+                _registered_method=True)
+        self.PublishRevision = channel.unary_unary(
+                '/gearshift.v1.ControlService/PublishRevision',
+                request_serializer=gearshift_dot_v1_dot_control__pb2.PublishRevisionRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_control__pb2.PublishRevisionResponse.FromString,
+                _registered_method=True)
 
 
 class ControlServiceServicer:
@@ -217,6 +237,31 @@ class ControlServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListMigrations(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetMigration(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AbortMigration(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PublishRevision(self, request, context):
+        """A new revision of a model's weights: roll it out through the migration machinery.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -299,6 +344,26 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.SetPaused,
                     request_deserializer=gearshift_dot_v1_dot_control__pb2.SetPausedRequest.FromString,
                     response_serializer=gearshift_dot_v1_dot_control__pb2.SetPausedResponse.SerializeToString,
+            ),
+            'ListMigrations': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListMigrations,
+                    request_deserializer=gearshift_dot_v1_dot_control__pb2.ListMigrationsRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_control__pb2.ListMigrationsResponse.SerializeToString,
+            ),
+            'GetMigration': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetMigration,
+                    request_deserializer=gearshift_dot_v1_dot_control__pb2.GetMigrationRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_control__pb2.Migration.SerializeToString,
+            ),
+            'AbortMigration': grpc.unary_unary_rpc_method_handler(
+                    servicer.AbortMigration,
+                    request_deserializer=gearshift_dot_v1_dot_control__pb2.AbortMigrationRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_control__pb2.Migration.SerializeToString,
+            ),
+            'PublishRevision': grpc.unary_unary_rpc_method_handler(
+                    servicer.PublishRevision,
+                    request_deserializer=gearshift_dot_v1_dot_control__pb2.PublishRevisionRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_control__pb2.PublishRevisionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -733,6 +798,114 @@ class ControlService:
             '/gearshift.v1.ControlService/SetPaused',
             gearshift_dot_v1_dot_control__pb2.SetPausedRequest.SerializeToString,
             gearshift_dot_v1_dot_control__pb2.SetPausedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListMigrations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.ControlService/ListMigrations',
+            gearshift_dot_v1_dot_control__pb2.ListMigrationsRequest.SerializeToString,
+            gearshift_dot_v1_dot_control__pb2.ListMigrationsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetMigration(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.ControlService/GetMigration',
+            gearshift_dot_v1_dot_control__pb2.GetMigrationRequest.SerializeToString,
+            gearshift_dot_v1_dot_control__pb2.Migration.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AbortMigration(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.ControlService/AbortMigration',
+            gearshift_dot_v1_dot_control__pb2.AbortMigrationRequest.SerializeToString,
+            gearshift_dot_v1_dot_control__pb2.Migration.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PublishRevision(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.ControlService/PublishRevision',
+            gearshift_dot_v1_dot_control__pb2.PublishRevisionRequest.SerializeToString,
+            gearshift_dot_v1_dot_control__pb2.PublishRevisionResponse.FromString,
             options,
             channel_credentials,
             insecure,
