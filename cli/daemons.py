@@ -25,18 +25,32 @@ def setup_logging(level: str) -> None:
 @click.option("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
 @click.option("--report-interval", "report_interval_s", type=float, default=10.0, show_default=True,
               help="seconds between agent reports")
+@click.option("--history-resolution", "history_resolution_s", type=float, default=60.0,
+              show_default=True, help="seconds between the request-rate samples the policy sees")
+@click.option("--canary-steps", default="0.1,0.25,0.5", show_default=True,
+              help="traffic shares of the canary steps of a migration")
+@click.option("--analysis-intervals", type=int, default=3, show_default=True,
+              help="good report intervals needed per canary step")
 @click.option("--ready-file", type=click.Path(path_type=Path), default=None,
               help="write 'GRPC_PORT METRICS_PORT' here once serving (for scripts)")
 @click.option("--log-level", default="info", show_default=True)
 def controller(listen: str, db_url: str, data_dir: Path, metrics_port: int | None,
-               report_interval_s: float, ready_file: Path | None, log_level: str) -> None:
+               report_interval_s: float, history_resolution_s: float, canary_steps: str,
+               analysis_intervals: int, ready_file: Path | None, log_level: str) -> None:
     """Run the controller: gRPC for agents, gateway and CLI; store; policy loop; /metrics."""
     from gearshift.controller.server import ControllerConfig, run_controller
 
     setup_logging(log_level)
-    cfg = ControllerConfig(listen=listen, db_url=db_url, data_dir=data_dir,
-                           metrics_port=metrics_port, report_interval_s=report_interval_s)
     try:
+        steps = tuple(float(x) for x in canary_steps.split(",") if x.strip())
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated numbers, found {canary_steps!r}",
+                                 param_hint="--canary-steps") from None
+    try:
+        cfg = ControllerConfig(listen=listen, db_url=db_url, data_dir=data_dir,
+                               metrics_port=metrics_port, report_interval_s=report_interval_s,
+                               history_resolution_s=history_resolution_s, canary_steps=steps,
+                               analysis_intervals=analysis_intervals)
         asyncio.run(run_controller(cfg, ready_file=ready_file))
     except GearshiftError as err:
         raise click.ClickException(err.message) from None

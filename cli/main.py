@@ -5,9 +5,12 @@ from __future__ import annotations
 import click
 
 from gearshift.agents.emulator.cli import emulate
+from gearshift.cli import policy_remote as _policy_remote  # noqa: F401  (adds apply/show/diff/history)
 from gearshift.cli.daemons import agent, controller
+from gearshift.cli.decisions import decisions, pause, resume
 from gearshift.cli.demo import demo
 from gearshift.cli.fleet import fleet
+from gearshift.cli.migrations import migrations, models
 from gearshift.cli.policy_cmds import policy
 from gearshift.gateway.cli import gateway
 
@@ -28,6 +31,8 @@ cli.add_command(gateway)
 cli.add_command(emulate)
 cli.add_command(demo)
 cli.add_command(policy)
+for _cmd in (decisions, pause, resume, migrations, models):
+    cli.add_command(_cmd)
 
 
 def main() -> None:

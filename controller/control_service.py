@@ -8,13 +8,14 @@ from collections.abc import AsyncIterator, Callable
 
 from grpc import aio
 
+from gearshift.controller.control_actions import ActionRpcs
 from gearshift.controller.fleet import FleetState
 from gearshift.v1 import agent_pb2, control_pb2, control_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 
-class ControlService(control_pb2_grpc.ControlServiceServicer):
+class ControlService(ActionRpcs, control_pb2_grpc.ControlServiceServicer):
     def __init__(self, fleet: FleetState, *, controller_id: str, epoch: int, store_kind: str,
                  paused: Callable[[], bool] = lambda: False) -> None:
         self.fleet = fleet

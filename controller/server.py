@@ -13,12 +13,12 @@ import os
 import signal
 import socket
 import time
-import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from apscheduler.triggers.interval import IntervalTrigger
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
@@ -27,11 +27,14 @@ from prometheus_client import start_http_server
 
 from gearshift.controller.agent_service import AgentService
 from gearshift.controller.control_service import ControlService
-from gearshift.controller.errors import ConfigError
+from gearshift.controller.errors import ConfigError, NotFound
 from gearshift.controller.fleet import FleetState, HostEntry
 from gearshift.controller.interceptors import ErrorInterceptor
 from gearshift.controller.metrics import ControllerMetrics
+from gearshift.controller.migration_store import MigrationPhase, MigrationRepository, MigrationRow
+from gearshift.controller.orchestrator import MigrationOrchestrator, OrchestratorSettings
 from gearshift.controller.persistence import Persistence
+from gearshift.controller.policy_loop import PolicyLoop, RateHistory
 from gearshift.v1 import agent_pb2, agent_pb2_grpc, control_pb2, control_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -48,6 +51,9 @@ class ControllerConfig:
     data_dir: Path = field(default_factory=lambda: Path("./data"))
     metrics_port: int | None = None        # None: no /metrics; 0: pick a free port
     report_interval_s: float = DEFAULT_REPORT_INTERVAL_S
+    history_resolution_s: float = 60.0     # request-rate samples kept for the policy
+    canary_steps: tuple[float, ...] = (0.1, 0.25, 0.5)
+    analysis_intervals: int = 3            # good report intervals per canary step
     controller_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
 
     def validate(self) -> None:
@@ -57,6 +63,14 @@ class ControllerConfig:
         if not (0.1 <= self.report_interval_s <= 3600):
             raise ConfigError(
                 f"--report-interval: expected 0.1..3600 seconds, found {self.report_interval_s}")
+        if not (0.1 <= self.history_resolution_s <= 3600):
+            raise ConfigError(
+                f"--history-resolution: expected 0.1..3600 seconds, found {self.history_resolution_s}")
+        if not self.canary_steps or any(not (0 < s < 1) for s in self.canary_steps) \
+                or list(self.canary_steps) != sorted(self.canary_steps):
+            raise ConfigError(
+                f"--canary-steps: expected increasing traffic shares between 0 and 1, "
+                f"found {','.join(str(s) for s in self.canary_steps)}")
         if self.metrics_port is not None and not (0 <= self.metrics_port <= 65535):
             raise ConfigError(f"--metrics-port: expected 0..65535, found {self.metrics_port}")
 
@@ -72,10 +86,31 @@ class Controller:
         self.agents = AgentService(
             self.fleet, self.metrics, report_interval_s=config.report_interval_s,
             epoch=self.epoch, controller_id=config.controller_id,
-            on_hello=self._on_hello, on_report=self._on_report)
+            on_hello=self._on_hello, on_report=self._on_report,
+            on_command_result=self._on_command_result)
+        store = self.persistence.store
+        self.history = RateHistory(config.history_resolution_s)
+        self.history.seed(store, time.time())
+        self.policy_loop = PolicyLoop(store, self.fleet, self.history,
+                                      paused=self.persistence.paused, clock=time.time)
+        self.orchestrator = MigrationOrchestrator(
+            MigrationRepository(store.engine), self.fleet, self.agents.send_command,
+            epoch=self.epoch, on_transition=self._on_transition,
+            settings=OrchestratorSettings(
+                canary_steps=config.canary_steps, analysis_intervals=config.analysis_intervals,
+                sla_for=self.policy_loop.sla_for))
+        self.orchestrator.install()
+        self.policy_loop.orchestrator = self.orchestrator
+        self.policy_loop.on_policy_change = lambda _p: self._schedule_policy()
         self.control = ControlService(
             self.fleet, controller_id=config.controller_id, epoch=self.epoch,
             store_kind=self.persistence.dialect, paused=self.persistence.paused)
+        self.control.policy_loop = self.policy_loop
+        self.control.orchestrator = self.orchestrator
+        self.control.set_paused = self.persistence.set_paused
+        self.control.publish_revision = self.publish_revision
+        self.scheduler: AsyncIOScheduler | None = None
+        self._known_revisions: set[tuple[str, str]] = set()
         self.server: aio.Server | None = None
         self.port = 0
         self.metrics_port: int | None = None
@@ -87,6 +122,60 @@ class Controller:
 
     def _on_report(self, host_id: str, entry: HostEntry, report: agent_pb2.Report, ts: float) -> None:
         self.persistence.report(host_id, entry, report, ts)
+        for dep in report.deployments:
+            key = (dep.model, dep.revision)
+            if dep.revision and key not in self._known_revisions:
+                # A revision an agent reports counts toward the model's churn.
+                self._known_revisions.add(key)
+                self.persistence.store.add_revision(dep.model, dep.revision, source="agent")
+
+    def _on_command_result(self, host_id: str, result: agent_pb2.CommandResult) -> None:
+        self.orchestrator.on_command_result(host_id, result)
+
+    def _on_transition(self, row: MigrationRow, before: MigrationPhase, after: MigrationPhase,
+                       message: str) -> None:
+        self.policy_loop.on_migration_transition(row, before, after, message)
+
+    def publish_revision(self, model: str, revision: str, source: str) -> tuple[MigrationRow | None, str]:
+        """Record a new revision and roll it out on the engine that serves the model."""
+        added = self.persistence.store.add_revision(model, revision, source=source or "cli")
+        self._known_revisions.add((model, revision))
+        ready = [d for _h, d, _ts in self.fleet.deployments()
+                 if d.model == model and d.phase == agent_pb2.DEPLOYMENT_PHASE_READY]
+        if not ready:
+            raise NotFound(f"model {model!r} has no ready deployment to roll revision {revision} onto")
+        if all(d.revision == revision for d in ready):
+            return None, f"{model} already serves revision {revision}"
+        engine = ready[0].engine
+        row = self.orchestrator.create(model, engine, engine, kind="revision_rollout",
+                                       target_revision=revision)
+        note = "" if added else " (revision was already known)"
+        return row, f"rolling out {model} revision {revision} on {engine}: migration {row.id}{note}"
+
+    def _schedule_policy(self) -> None:
+        if self.scheduler is None:
+            return
+        active = self.policy_loop.active()
+        interval_s = max(1.0, active[1].doc.spec.interval) if active else 60.0
+        self.scheduler.add_job(self._evaluate, IntervalTrigger(seconds=interval_s), id="policy",
+                               replace_existing=True, max_instances=1, coalesce=True)
+        log.info("policy evaluation every %.0fs", interval_s)
+
+    def _evaluate(self) -> None:
+        try:
+            self.policy_loop.evaluate()
+        except Exception:  # the next interval retries
+            log.exception("policy evaluation failed")
+
+    async def _orchestrate(self) -> None:
+        interval_s = min(1.0, self.config.report_interval_s)
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                self.policy_loop.sample_rates(time.time())
+                self.orchestrator.tick()
+            except Exception:  # level-triggered: the next tick retries
+                log.exception("orchestrator tick failed")
 
     async def start(self) -> None:
         server = aio.server(
@@ -121,6 +210,10 @@ class Controller:
             self._metrics_httpd = httpd
             self.metrics_port = httpd.server_address[1]
         self._tasks.append(asyncio.create_task(self._housekeeping()))
+        self._tasks.append(asyncio.create_task(self._orchestrate()))
+        self.scheduler = AsyncIOScheduler()
+        self.scheduler.start()
+        self._schedule_policy()
         host = self.config.listen.rpartition(":")[0]
         log.info("controller %s epoch %d listening on %s:%d (store: %s)",
                  self.config.controller_id, self.epoch, host, self.port, self.persistence.dialect)
@@ -153,6 +246,8 @@ class Controller:
         self.metrics.route_version.set(self.fleet.routing_table().version)
 
     async def stop(self, grace_s: float = 2.0) -> None:
+        if self.scheduler is not None:
+            self.scheduler.shutdown(wait=False)
         for t in self._tasks:
             t.cancel()
         for conn in list(self.agents.connections.values()):
@@ -180,9 +275,3 @@ async def run_controller(config: ControllerConfig, *, ready_file: Path | None = 
     log.info("shutting down")
     await controller.stop()
 
-
-def new_controller_id() -> str:
-    return f"ctl-{uuid.uuid4().hex[:8]}"
-
-
-__all__ = ["Controller", "ControllerConfig", "grpc", "run_controller"]

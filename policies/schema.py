@@ -134,6 +134,29 @@ class Cost(_Strict):
     horizon: Duration = 7 * 86400.0
 
 
+class EnginePriors(_Strict):
+    """What to assume for a model on one engine until the fleet has measured it."""
+
+    capacity_rps: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None  # per replica
+    ttft_p99_ms: NonNegative | None = None
+    itl_p99_ms: NonNegative | None = None
+    cold_start: Duration | None = None
+    build: Duration | None = None
+
+
+class ModelPriors(_Strict):
+    """Per-model facts for the live loop: sizing, SLA targets and engine priors.
+
+    Keys of `spec.models` are model names or globs; the first match wins."""
+
+    gpus_per_replica: Annotated[int, Field(ge=1, le=1024)] | None = None  # default: as deployed
+    min_replicas: Annotated[int, Field(ge=0, le=10_000)] = 1
+    headroom: Annotated[float, Field(ge=0, le=10)] = 0.2
+    sla_ttft_p99_ms: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    sla_itl_p99_ms: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    engines: dict[Engine, EnginePriors] = {}
+
+
 class Spec(_Strict):
     mode: Mode = "dry-run"
     interval: Duration = 300.0
@@ -143,6 +166,7 @@ class Spec(_Strict):
     preferences: Preferences = Preferences()
     guardrails: Guardrails = Guardrails()
     cost: Cost = Cost()
+    models: dict[str, ModelPriors] = {}
 
 
 class PolicyDoc(_Strict):

@@ -88,3 +88,64 @@ class SteadyLoad:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(15)
+
+
+class GatewayLoad:
+    """Clients of the gateway: streaming and non-streaming completions from threads.
+
+    A response counts as failed when its status is not 200, the connection
+    breaks, or a stream ends without its final `data: [DONE]`."""
+
+    def __init__(self, gateway_url: str, model: str, workers: int = 3, pause_s: float = 0.05) -> None:
+        import threading
+
+        self.url = gateway_url
+        self.model = model
+        self.pause_s = pause_s
+        self.sent = 0
+        self.failed = 0
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True)
+                         for i in range(workers)]
+
+    def _one(self, stream: bool) -> str | None:
+        import urllib.request
+
+        body = json.dumps({"model": self.model, "prompt": "hi", "max_tokens": 8,
+                           "stream": stream}).encode()
+        req = urllib.request.Request(f"{self.url}/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                data = resp.read().decode()
+                if resp.status != 200:
+                    return f"HTTP {resp.status}"
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        if stream:
+            return None if "data: [DONE]" in data else f"truncated stream: {data[-200:]!r}"
+        return None if json.loads(data).get("choices") else f"no choices: {data[:200]!r}"
+
+    def _run(self, i: int) -> None:
+        n = 0
+        while not self._stop.is_set():
+            n += 1
+            err = self._one(stream=(n + i) % 2 == 0)
+            with self._lock:
+                self.sent += 1
+                if err is not None:
+                    self.failed += 1
+                    self.errors.append(err)
+            self._stop.wait(self.pause_s)
+
+    def __enter__(self) -> GatewayLoad:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(40)

@@ -1,0 +1,335 @@
+"""Short reports a person can act on: `decisions explain ID` and `migrations show ID`.
+
+Pure rendering: protobuf message in, text out (no I/O), so the reports are tested
+without a controller. Values get units from their names (the policy signal
+registry first, then the naming conventions of the decision core and the canary
+analysis: `_rps`, `_ms`, `_s`, `_usd`, `_h`, shares and rates as %). The reversal
+line is derived only from what the stored inputs say; when they say nothing
+specific it prints an honest generic sentence instead of guessing.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message
+from google.protobuf.timestamp_pb2 import Timestamp
+from rich.console import Console
+from rich.table import Table
+
+from gearshift.policies.signals import SIGNALS
+from gearshift.v1 import control_pb2
+
+REPORT_WIDTH_CHARS = 160
+GENERIC_REVERSAL = ("a change in the inputs above that makes another engine cheaper or the "
+                    "current one break its SLA")
+# Inputs every decision carries; the rule's own inputs are shown before them.
+_TRAFFIC_KEYS = ("rps_current", "rps_sustained", "rps_mean", "rps_peak", "burstiness",
+                 "revisions_per_week", "history_h", "dwell_h")
+_FRACTION_WORDS = ("share", "error_rate", "tolerance", "fraction", "usage", "hysteresis",
+                   "capacity_gain")
+_LATENCY_WORDS = ("ttft", "itl", "latency", "e2e")
+_CONDITION = re.compile(r"^(?P<signal>[\w.]+)=(?P<value>.+?) (?P<op>>=|<=|==|!=|>|<|in) "
+                        r"(?P<operand>.+)$")
+_REVERSE = {">": "falling to {v} or below", ">=": "falling below {v}",
+            "<": "rising to {v} or above", "<=": "rising above {v}",
+            "==": "no longer being {v}", "!=": "becoming {v}", "in": "leaving {v}"}
+
+
+# -- values ---------------------------------------------------------------------------------
+
+
+def fmt_time(ts: Timestamp) -> str:
+    if ts.seconds == 0 and ts.nanos == 0:
+        return "-"
+    return datetime.fromtimestamp(ts.seconds, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _num(v: float) -> str:
+    if v == int(v) and abs(v) < 1e15:
+        return f"{int(v):,}"
+    return f"{v:,.{2 if abs(v) >= 1 else 3}f}".rstrip("0").rstrip(".")
+
+
+def usd(v: float, signed: bool = False) -> str:
+    sign = "-" if v < 0 else ("+" if signed and v > 0 else "")
+    return f"{sign}${abs(v):,.2f}"
+
+
+def _unit_of(key: str) -> str:
+    base = key.split(".", 1)[0]
+    spec = SIGNALS.get(base)
+    if spec is not None and spec.unit not in ("", "ratio"):
+        return {"USD": "usd", "1/week": "week"}.get(spec.unit, spec.unit)
+    if any(w in key for w in _FRACTION_WORDS):
+        return "%"
+    if key == "burstiness" or key.endswith("_ratio"):
+        return "x"
+    if base.endswith("_rps") or base.startswith("rps_") or "capacity_rps" in base:
+        return "req/s"
+    if base.endswith("usd_per_day"):
+        return "usd/day"
+    if base.endswith("usd_per_h"):
+        return "usd/h"
+    if base.endswith("_usd") or base.startswith("usd_"):
+        return "usd"
+    if base.endswith("_ms"):
+        return "ms"
+    if base.endswith("_s"):
+        return "ms" if any(w in base for w in _LATENCY_WORDS) else "s"
+    if base.endswith("_h"):
+        return "h"
+    if base.endswith("per_week"):
+        return "week"
+    return ""
+
+
+def fmt_value(key: str, value: Any) -> str:
+    """One input, figure or expected value with its unit, read from its name."""
+    if value is None:
+        return "unknown"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if not isinstance(value, int | float):
+        return str(value)
+    if not math.isfinite(value):
+        return str(value)
+    unit = _unit_of(key)
+    if unit == "%":
+        return f"{value * 100:.1f}%".replace(".0%", "%")
+    if unit == "usd":
+        return usd(value)
+    if unit in ("usd/day", "usd/h"):
+        return f"{usd(value)}/{unit[4:]}"
+    if unit == "ms" and key.split(".", 1)[0].endswith("_s"):
+        return f"{value * 1000:,.0f} ms"
+    if unit == "x":
+        return f"{value:.2f}x"
+    if unit == "week":
+        return f"{_num(value)}/week"
+    return f"{_num(value)} {unit}".rstrip()
+
+
+def struct_dict(msg: Message) -> dict[str, Any]:
+    """A google.protobuf.Struct as a plain dict."""
+    d = MessageToDict(msg, preserving_proto_field_name=True)
+    return d if isinstance(d, dict) else {}
+
+
+def _alternatives(d: control_pb2.Decision) -> list[tuple[str, str]]:
+    out = []
+    for item in MessageToDict(d.alternatives) or []:
+        if isinstance(item, Mapping):
+            option = str(item.get("option") or item.get("engine") or item.get("rule") or "?")
+            out.append((option, str(item.get("why") or item.get("reason") or "")))
+        else:
+            out.append((str(item), ""))
+    return out
+
+
+# -- decisions ------------------------------------------------------------------------------
+
+
+def decision_headline(d: control_pb2.Decision) -> str:
+    return (f"Move {d.model} from {d.from_engine or '?'} to {d.to_engine or '?'} "
+            f"(rule {d.rule or '?'}) — {d.status or 'unknown'}")
+
+
+def _rule_reason(d: control_pb2.Decision, alts: list[tuple[str, str]]) -> str | None:
+    """The chosen rule's own words: the core records them as why staying was rejected."""
+    prefix = f"stay: rule {d.rule}: "
+    for option, why in alts:
+        if option == d.from_engine and why.startswith(prefix):
+            return why[len(prefix):]
+    return None
+
+
+def _ordered_inputs(inputs: Mapping[str, Any]) -> list[str]:
+    def rank(key: str) -> tuple[int, int, str]:
+        if key in _TRAFFIC_KEYS:
+            return (1, _TRAFFIC_KEYS.index(key), key)
+        if "." in key or key in ("sla_ttft_p99_ms", "nvidia", "gpu_model"):
+            return (2, 0, key)
+        return (0, 0, key)  # the rule's own inputs first
+    return sorted(inputs, key=rank)
+
+
+def _reversals(d: control_pb2.Decision, inputs: Mapping[str, Any], reason: str | None) -> list[str]:
+    out: list[str] = []
+    if d.rule == "pin":
+        out.append(f"the pin to {d.to_engine} being removed or changed")
+    if reason and reason.startswith("met: "):
+        for part in reason[len("met: "):].split(", "):
+            m = _CONDITION.match(part.strip())
+            if m is None:
+                continue
+            sig = m["signal"]
+            try:
+                threshold = fmt_value(sig, float(m["operand"]))
+            except ValueError:
+                threshold = m["operand"]
+            now = fmt_value(sig, inputs.get(sig))
+            out.append(f"{sig} {_REVERSE[m['op']].format(v=threshold)} (now {now})")
+    net, margin = inputs.get("net_savings_usd"), inputs.get("margin_usd")
+    if isinstance(net, int | float) and isinstance(margin, int | float):
+        out.append(f"expected net savings (now {usd(net)} over the horizon) dropping to the "
+                   f"margin of {usd(margin)} or below, e.g. when traffic or measured capacity "
+                   "changes")
+    sla = inputs.get("sla_ttft_p99_ms")
+    target = inputs.get(f"ttft_p99_ms.{d.to_engine}")
+    if isinstance(sla, int | float) and isinstance(target, int | float):
+        out.append(f"{d.to_engine} breaking its SLA: TTFT p99 rising above {fmt_value('x_ms', sla)} "
+                   f"(measured {fmt_value('x_ms', target)})")
+    return out
+
+
+def decision_report(d: control_pb2.Decision) -> str:
+    """`gearshift decisions explain ID` as plain text."""
+    inputs, expected = struct_dict(d.inputs), struct_dict(d.expected)
+    alts = _alternatives(d)
+    reason = _rule_reason(d, alts)
+    lines = [decision_headline(d), f"  id {d.id}, decided {fmt_time(d.created_at)}", "", "Why"]
+    lines.append(f"  rule {d.rule}" + (f": {reason}" if reason else ""))
+    known = [k for k in _ordered_inputs(inputs) if inputs[k] is not None]
+    width = max((len(k) for k in known), default=0)
+    lines += [f"  {k:<{width}}  {fmt_value(k, inputs[k])}" for k in known]
+    missing = sorted(k for k, v in inputs.items() if v is None)
+    if missing:
+        lines.append(f"  not measured: {', '.join(missing)}")
+    lines += ["", "Expected effect", *_expected_lines(expected)]
+    lines += ["", "Alternatives rejected"]
+    lines += [_alternative_line(d, o, w) for o, w in alts] or ["  none recorded"]
+    reversals = _reversals(d, inputs, reason) or [GENERIC_REVERSAL]
+    lines += ["", "What would reverse it", *(f"  {r}" for r in reversals)]
+    lines += ["", "Policy", f"  version {d.policy_version or '?'}, mode {d.mode or '?'}"]
+    status = d.status or "unknown"
+    lines += ["", "Status", f"  {status}" + (f": {d.status_reason}" if d.status_reason else "")
+              + (f" (updated {fmt_time(d.updated_at)})" if d.updated_at.seconds else "")]
+    return "\n".join(lines)
+
+
+def _alternative_line(d: control_pb2.Decision, option: str, why: str) -> str:
+    if option == d.from_engine and why.startswith(f"stay: rule {d.rule}: "):
+        return f"  stay on {option}: rejected by rule {d.rule} (see Why)"
+    return f"  {option}: {why}" if why else f"  {option}"
+
+
+def _expected_lines(e: Mapping[str, Any]) -> list[str]:
+    out: list[str] = []
+    day = e.get("cost_usd_per_day")
+    if isinstance(day, int | float):
+        effect = "saves" if day < 0 else "costs"
+        out.append(f"  cost per day      {usd(day, signed=True)}/day ({effect} {usd(abs(day))} a day)")
+    horizon_h = e.get("horizon_h")
+    if horizon_h is None and isinstance(e.get("horizon_s"), int | float):
+        horizon_h = e["horizon_s"] / 3600.0
+    if isinstance(day, int | float) and isinstance(horizon_h, int | float):
+        out.append(f"  over the horizon  {usd(day * horizon_h / 24.0, signed=True)} serving cost "
+                   f"over {_num(horizon_h)} h")
+    net, switch = e.get("net_savings_usd"), e.get("switch_cost_usd")
+    if isinstance(net, int | float):
+        tail = f" after a switch cost of {usd(switch)}" if isinstance(switch, int | float) else ""
+        out.append(f"  net over horizon  saves {usd(net)}{tail}" if net >= 0
+                   else f"  net over horizon  loses {usd(-net)}{tail}")
+    elif isinstance(switch, int | float):
+        out.append(f"  switch cost       {usd(switch)}")
+    ttft = e.get("ttft_p99_ms")
+    if isinstance(ttft, int | float):
+        word = "slower" if ttft > 0 else "faster" if ttft < 0 else "unchanged"
+        out.append(f"  TTFT p99          {ttft:+,.0f} ms ({word})")
+    shown = {"cost_usd_per_day", "horizon_h", "horizon_s", "net_savings_usd", "switch_cost_usd",
+             "ttft_p99_ms"}
+    for k in sorted(set(e) - shown):
+        if e[k] is not None:
+            out.append(f"  {k:<16}  {fmt_value(k, e[k])}")
+    unknown = sorted(k for k in shown & set(e) if e[k] is None)
+    if unknown:
+        out.append(f"  unknown: {', '.join(unknown)} (facts not measured yet)")
+    return out or ["  not estimated (facts not measured yet)"]
+
+
+def expected_saving_per_day(d: control_pb2.Decision) -> str:
+    """The list column: what the move saves a day (negative cost), or '-'."""
+    day = struct_dict(d.expected).get("cost_usd_per_day")
+    if not isinstance(day, int | float):
+        return "-"
+    return usd(-day)
+
+
+# -- migrations -----------------------------------------------------------------------------
+
+
+def migration_phase(m: control_pb2.Migration) -> str:
+    if m.phase == "canary" and len(m.canary_steps) > 0:
+        step = min(m.canary_step, len(m.canary_steps) - 1)
+        return f"canary {step + 1}/{len(m.canary_steps)} ({m.canary_steps[step]:.0%})"
+    return m.phase or "?"
+
+
+def migration_move(m: control_pb2.Migration) -> str:
+    """What the migration changes: engines, or the revision a rollout brings."""
+    if m.kind == "revision_rollout":
+        return f"revision {m.target_revision or '?'} on {m.to_engine or m.from_engine or '?'}"
+    return f"{m.from_engine or '?'} → {m.to_engine or '?'}"
+
+
+_FIGURE_ORDER = ("step", "share", "candidate_ttft_p99_s", "baseline_ttft_p99_s", "sla_ttft_p99_s",
+                 "candidate_itl_p99_s", "baseline_itl_p99_s", "sla_itl_p99_s",
+                 "candidate_error_rate", "max_error_rate")
+
+
+def key_figures(figures: Mapping[str, Any]) -> str:
+    """Canary numbers for one table cell, one per line: the ones a person checks first."""
+    parts = []
+    for k in _FIGURE_ORDER:
+        if figures.get(k) is None:
+            continue
+        v = figures[k]
+        label = (k.replace("candidate_", "cand ").replace("baseline_", "base ")
+                 .replace("_p99_s", " p99").replace("error_rate", "errors").replace("_", " "))
+        parts.append(f"{label} {int(v)}" if k == "step" and isinstance(v, int | float)
+                     else f"{label} {fmt_value(k, v)}")
+    return "\n".join(parts)
+
+
+def _render(items: Iterable[Any]) -> str:
+    buf = io.StringIO()
+    console = Console(file=buf, width=REPORT_WIDTH_CHARS, color_system=None, highlight=False,
+                      emoji=False)
+    for item in items:
+        console.print(item)
+    return "\n".join(line.rstrip() for line in buf.getvalue().splitlines())
+
+
+def migration_report(m: control_pb2.Migration) -> str:
+    """`gearshift migrations show ID`: header, then the step log as a table."""
+    header = [f"Migration {m.id}: {m.model} {migration_move(m)} ({m.kind or '?'})",
+              f"  phase     {migration_phase(m)}"]
+    if m.status_message:
+        header.append(f"  waiting   {m.status_message}")
+    if m.reason:
+        header.append(f"  reason    {m.reason}")
+    if m.decision_id:
+        header.append(f"  decision  {m.decision_id}")
+    if m.target_revision and m.kind != "revision_rollout":
+        header.append(f"  revision  {m.target_revision}")
+    if len(m.canary_steps) > 0:
+        header.append("  canary    " + " → ".join(f"{s:.0%}" for s in m.canary_steps))
+    header.append(f"  source    {', '.join(m.source_deployments) or '-'}")
+    header.append(f"  target    {', '.join(m.target_deployments) or '-'}")
+    header.append(f"  created {fmt_time(m.created_at)}, updated {fmt_time(m.updated_at)}, "
+                  f"finished {fmt_time(m.finished_at)}")
+    table = Table(title="steps", title_justify="left", header_style="bold")
+    for c in ("time", "phase", "message", "figures"):
+        table.add_column(c, overflow="fold")
+    for s in m.steps:
+        move = f"{s.from_phase} → {s.to_phase}" if s.from_phase != s.to_phase else s.to_phase
+        table.add_row(fmt_time(s.at), move, s.message, key_figures(struct_dict(s.figures)))
+    body: list[Any] = ["\n".join(header), table if len(m.steps) else "no steps recorded"]
+    return _render(body)

@@ -1,0 +1,233 @@
+"""ControlService RPCs that act: policies, decisions, pause/resume, migrations, revisions.
+
+The fleet-reading RPCs live in `control_service`; `ControlService` there
+inherits these. Errors are raised as `GearshiftError`s and mapped to statuses
+by the interceptor.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from google.protobuf import json_format
+from grpc import aio
+
+from gearshift.controller.errors import FailedPrecondition, InvalidArgument, NotFound
+from gearshift.controller.tables import DecisionRow, DecisionStatus, PolicyVersionRow
+from gearshift.policies.loader import PolicyError
+from gearshift.v1 import control_pb2
+
+if TYPE_CHECKING:
+    from gearshift.controller.migration_store import MigrationRow, MigrationStepRow
+    from gearshift.controller.orchestrator import MigrationOrchestrator
+    from gearshift.controller.policy_loop import PolicyLoop
+
+log = logging.getLogger(__name__)
+
+MAX_POLICY_BYTES = 256 * 1024
+MAX_LIST = 1000
+
+
+def _ts(target: Any, value: datetime | None) -> None:
+    if value is not None:
+        target.FromDatetime(value)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def policy_msg(row: PolicyVersionRow, active_version: int | None, mode: str = "") -> control_pb2.PolicyVersion:
+    msg = control_pb2.PolicyVersion(
+        version=row.version or 0, name=row.name, digest=row.digest, yaml_text=row.yaml_text,
+        applied_by=row.applied_by, comment=row.comment, active=row.version == active_version,
+        mode=mode)
+    _ts(msg.applied_at, row.applied_at)
+    return msg
+
+
+def decision_msg(row: DecisionRow) -> control_pb2.Decision:
+    msg = control_pb2.Decision(
+        id=row.id, model=row.model, from_engine=row.from_engine, to_engine=row.to_engine,
+        rule=row.rule, policy_version=row.policy_version or 0, mode=row.mode,
+        status=DecisionStatus(row.status).value, status_reason=row.status_reason or "")
+    json_format.ParseDict(_jsonable(row.inputs), msg.inputs)
+    json_format.ParseDict(_jsonable(row.expected), msg.expected)
+    json_format.ParseDict(_jsonable(row.alternatives), msg.alternatives)
+    _ts(msg.created_at, row.created_at)
+    _ts(msg.updated_at, row.updated_at)
+    return msg
+
+
+def migration_msg(row: MigrationRow, steps: list[MigrationStepRow] | None = None) -> control_pb2.Migration:
+    msg = control_pb2.Migration(
+        id=row.id, decision_id=row.decision_id or "", model=row.model,
+        from_engine=row.from_engine, to_engine=row.to_engine, kind=row.kind,
+        phase=str(row.phase.value), canary_step=row.canary_step, canary_steps=row.canary_steps,
+        reason=row.reason, status_message=row.status_message,
+        source_deployments=row.source_deployment_ids, target_deployments=row.target_deployment_ids,
+        target_revision=row.target_revision or "")
+    _ts(msg.created_at, row.created_at)
+    _ts(msg.updated_at, row.updated_at)
+    _ts(msg.finished_at, row.finished_at)
+    for s in steps or []:
+        step = msg.steps.add(from_phase=s.from_phase, to_phase=s.to_phase, message=s.message)
+        _ts(step.at, s.at)
+        json_format.ParseDict(_jsonable(s.figures), step.figures)
+    return msg
+
+
+class ActionRpcs:
+    """Mixed into `ControlService`; needs `policy_loop`, `orchestrator`, `set_paused`."""
+
+    policy_loop: PolicyLoop
+    orchestrator: MigrationOrchestrator | None
+    set_paused: Callable[[bool], None]
+    publish_revision: Callable[[str, str, str], tuple[MigrationRow | None, str]]
+
+    # -- policies ---------------------------------------------------------------------
+
+    def _policy_text(self, text: str) -> str:
+        if len(text.encode()) > MAX_POLICY_BYTES:
+            raise InvalidArgument(f"policy text is {len(text.encode())} bytes; at most "
+                                  f"{MAX_POLICY_BYTES} are accepted")
+        return text
+
+    async def ValidatePolicy(self, request: control_pb2.ValidatePolicyRequest,
+                             context: aio.ServicerContext) -> control_pb2.ValidatePolicyResponse:
+        try:
+            policy = self.policy_loop.validate(self._policy_text(request.yaml_text), request.source)
+        except PolicyError as err:
+            return control_pb2.ValidatePolicyResponse(valid=False, errors=list(err.problems))
+        return control_pb2.ValidatePolicyResponse(valid=True, name=policy.name, digest=policy.digest)
+
+    def _active_version(self) -> int | None:
+        active = self.policy_loop.active()
+        return active[0] if active else None
+
+    async def ApplyPolicy(self, request: control_pb2.ApplyPolicyRequest,
+                          context: aio.ServicerContext) -> control_pb2.ApplyPolicyResponse:
+        if request.restore_version and request.yaml_text:
+            raise InvalidArgument("give either a policy text or restore_version, not both")
+        if request.restore_version:
+            row, changed = self.policy_loop.restore(request.restore_version)
+        elif request.yaml_text:
+            row, changed = self.policy_loop.apply(self._policy_text(request.yaml_text),
+                                                  request.source, request.applied_by, request.comment)
+        else:
+            raise InvalidArgument("nothing to apply: the policy text is empty")
+        active = self.policy_loop.active()
+        return control_pb2.ApplyPolicyResponse(
+            policy=policy_msg(row, self._active_version(), active[1].mode if active else ""),
+            changed=changed)
+
+    async def GetPolicy(self, request: control_pb2.GetPolicyRequest,
+                        context: aio.ServicerContext) -> control_pb2.PolicyVersion:
+        version = request.version or self._active_version()
+        if version is None:
+            raise NotFound("no policy has been applied yet (gearshift policy apply FILE)")
+        row = self.policy_loop.store.get_policy_version(version)
+        if row is None:
+            raise NotFound(f"policy version {version} does not exist")
+        return policy_msg(row, self._active_version())
+
+    async def PolicyHistory(self, request: control_pb2.PolicyHistoryRequest,
+                            context: aio.ServicerContext) -> control_pb2.PolicyHistoryResponse:
+        active = self._active_version()
+        return control_pb2.PolicyHistoryResponse(versions=[
+            policy_msg(r, active) for r in self.policy_loop.store.list_policy_versions()])
+
+    # -- decisions --------------------------------------------------------------------
+
+    async def ListDecisions(self, request: control_pb2.ListDecisionsRequest,
+                            context: aio.ServicerContext) -> control_pb2.ListDecisionsResponse:
+        status = None
+        if request.status:
+            try:
+                status = DecisionStatus(request.status)
+            except ValueError:
+                raise InvalidArgument(
+                    f"status: expected one of {', '.join(s.value for s in DecisionStatus)}, "
+                    f"found {request.status!r}") from None
+        rows = self.policy_loop.store.list_decisions(
+            model=request.model or None, status=status, limit=min(request.limit or 100, MAX_LIST))
+        return control_pb2.ListDecisionsResponse(decisions=[decision_msg(r) for r in rows])
+
+    async def GetDecision(self, request: control_pb2.GetDecisionRequest,
+                          context: aio.ServicerContext) -> control_pb2.Decision:
+        row = self.policy_loop.store.get_decision(request.id)
+        if row is None:
+            raise NotFound(f"no decision {request.id!r}")
+        return decision_msg(row)
+
+    async def ApproveDecision(self, request: control_pb2.ReviewDecisionRequest,
+                              context: aio.ServicerContext) -> control_pb2.Decision:
+        return decision_msg(self.policy_loop.approve(request.id, request.reason, request.by))
+
+    async def RejectDecision(self, request: control_pb2.ReviewDecisionRequest,
+                             context: aio.ServicerContext) -> control_pb2.Decision:
+        if not request.reason.strip():
+            raise InvalidArgument("reason: a rejection needs a reason")
+        return decision_msg(self.policy_loop.reject(request.id, request.reason, request.by))
+
+    async def EvaluateNow(self, request: control_pb2.EvaluateNowRequest,
+                          context: aio.ServicerContext) -> control_pb2.EvaluateNowResponse:
+        if self.policy_loop.active() is None:
+            return control_pb2.EvaluateNowResponse(message="no active policy")
+        rows = self.policy_loop.evaluate()
+        msg = "paused: nothing evaluated" if self.policy_loop._paused() else f"{len(rows)} new decision(s)"
+        return control_pb2.EvaluateNowResponse(decisions=[decision_msg(r) for r in rows], message=msg)
+
+    async def SetPaused(self, request: control_pb2.SetPausedRequest,
+                        context: aio.ServicerContext) -> control_pb2.SetPausedResponse:
+        self.set_paused(request.paused)
+        log.info("automation %s%s", "paused" if request.paused else "resumed",
+                 f": {request.reason}" if request.reason else "")
+        return control_pb2.SetPausedResponse(paused=request.paused)
+
+    # -- migrations -------------------------------------------------------------------
+
+    def _orch(self) -> MigrationOrchestrator:
+        if self.orchestrator is None:
+            raise FailedPrecondition("this controller runs no migration orchestrator")
+        return self.orchestrator
+
+    async def ListMigrations(self, request: control_pb2.ListMigrationsRequest,
+                             context: aio.ServicerContext) -> control_pb2.ListMigrationsResponse:
+        rows = self._orch().list(active_only=request.active_only)
+        if request.model:
+            rows = [r for r in rows if r.model == request.model]
+        return control_pb2.ListMigrationsResponse(migrations=[migration_msg(r) for r in rows])
+
+    async def GetMigration(self, request: control_pb2.GetMigrationRequest,
+                           context: aio.ServicerContext) -> control_pb2.Migration:
+        orch = self._orch()
+        return migration_msg(orch.get(request.id), orch.steps(request.id))
+
+    async def AbortMigration(self, request: control_pb2.AbortMigrationRequest,
+                             context: aio.ServicerContext) -> control_pb2.Migration:
+        if not request.reason.strip():
+            raise InvalidArgument("reason: aborting a migration needs a reason")
+        orch = self._orch()
+        row = orch.abort(request.id, request.reason)
+        return migration_msg(row, orch.steps(row.id))
+
+    async def PublishRevision(self, request: control_pb2.PublishRevisionRequest,
+                              context: aio.ServicerContext) -> control_pb2.PublishRevisionResponse:
+        if not request.model or not request.revision:
+            raise InvalidArgument("model and revision are both required")
+        row, message = self.publish_revision(request.model, request.revision, request.source)
+        resp = control_pb2.PublishRevisionResponse(message=message)
+        if row is not None:
+            resp.migration.CopyFrom(migration_msg(row))
+        return resp

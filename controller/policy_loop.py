@@ -1,0 +1,376 @@
+"""The live adapter around the pure decision core (DESIGN §5).
+
+On every policy interval (an APScheduler job) it reads the active policy, builds
+each model's signals from what the fleet observed before `now` (the in-memory
+rate history, revisions, the engines' latency, the policy's priors), calls
+`decide`, stores the decisions with their reasons, and applies the policy's
+mode: `dry-run` records, `approve` waits for a person, `auto` hands the
+decision to the migration orchestrator. Policy versions are applied here,
+atomically: an invalid policy never replaces the active one.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from gearshift.controller.canary import Sla
+from gearshift.controller.errors import (
+    FailedPrecondition,
+    GearshiftError,
+    InvalidArgument,
+    NotFound,
+)
+from gearshift.controller.fleet import FleetState
+from gearshift.controller.store import Store
+from gearshift.controller.tables import (
+    SETTING_ACTIVE_POLICY_VERSION,
+    DecisionRow,
+    DecisionStatus,
+    PolicyVersionRow,
+)
+from gearshift.policies.core import ModelState, decide
+from gearshift.policies.loader import Policy, load_policy
+from gearshift.policies.schema import ModelPriors
+from gearshift.policies.signals import EngineFacts, ModelFacts, ModelHistory, compute_signals
+from gearshift.v1 import agent_pb2
+
+if TYPE_CHECKING:
+    from gearshift.controller.migration_store import MigrationPhase, MigrationRow
+    from gearshift.controller.orchestrator import MigrationOrchestrator
+
+log = logging.getLogger(__name__)
+
+ENGINES = ("vllm", "tensorrt-llm")
+OPEN_STATUSES = (DecisionStatus.PROPOSED, DecisionStatus.APPROVED, DecisionStatus.EXECUTING)
+HISTORY_RETENTION_S = 8 * 24 * 3600.0
+
+
+def _utc(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, UTC)
+
+
+class RateHistory:
+    """Per-model request-rate samples at a fixed resolution, in memory and bounded."""
+
+    def __init__(self, resolution_s: float, retention_s: float = HISTORY_RETENTION_S) -> None:
+        self.resolution_s = resolution_s
+        self._max = max(10, int(retention_s / resolution_s))
+        self._samples: dict[str, deque[tuple[float, float]]] = {}
+
+    def sample(self, now: float, rates: dict[str, float]) -> None:
+        for model, rps in rates.items():
+            q = self._samples.setdefault(model, deque(maxlen=self._max))
+            if q and now - q[-1][0] < self.resolution_s * 0.5:
+                continue
+            q.append((now, rps))
+
+    def seed(self, store: Store, now: float) -> None:
+        """Start from the stored per-minute rollups (a restarted controller keeps its memory)."""
+        since = _utc(now - self._max * self.resolution_s)
+        per_minute: dict[str, dict[float, float]] = {}
+        for r in store.rollups(since=since):
+            ts = r.minute.timestamp() + 60.0
+            bucket = per_minute.setdefault(r.model, {})
+            bucket[ts] = bucket.get(ts, 0.0) + r.request_rate_mean
+        for model, points in per_minute.items():
+            q = self._samples.setdefault(model, deque(maxlen=self._max))
+            for ts in sorted(points):
+                q.append((ts, points[ts]))
+
+    def models(self) -> list[str]:
+        return sorted(self._samples)
+
+    def arrays(self, model: str) -> tuple[list[float], list[float]]:
+        q = self._samples.get(model, deque())
+        return [t for t, _ in q], [r for _, r in q]
+
+
+@dataclass
+class _Seen:
+    engine: str
+    since: float
+
+
+class PolicyLoop:
+    def __init__(self, store: Store, fleet: FleetState, history: RateHistory, *,
+                 paused: Callable[[], bool], clock: Callable[[], float]) -> None:
+        self.store = store
+        self.fleet = fleet
+        self.history = history
+        self._paused = paused
+        self._clock = clock
+        self.orchestrator: MigrationOrchestrator | None = None
+        self._policy: tuple[int, Policy] | None = None
+        self._seen: dict[str, _Seen] = {}
+        self.on_policy_change: Callable[[Policy], None] | None = None
+
+    # -- policy versions ------------------------------------------------------------
+
+    def active(self) -> tuple[int, Policy] | None:
+        version = self.store.get_setting(SETTING_ACTIVE_POLICY_VERSION, None)
+        if version is None:
+            return None
+        if self._policy is not None and self._policy[0] == version:
+            return self._policy
+        row = self.store.get_policy_version(version)
+        if row is None:
+            log.error("active policy version %s is missing from the store", version)
+            return None
+        self._policy = (version, load_policy(row.yaml_text, f"policy version {version}"))
+        return self._policy
+
+    def validate(self, yaml_text: str, source: str) -> Policy:
+        return load_policy(yaml_text, source or "<policy>")
+
+    def apply(self, yaml_text: str, source: str, applied_by: str, comment: str) -> tuple[PolicyVersionRow, bool]:
+        policy = load_policy(yaml_text, source or "<policy>")  # raises: nothing changes
+        current = self.active()
+        if current is not None:
+            row = self.store.get_policy_version(current[0])
+            if row is not None and row.yaml_text == yaml_text:
+                return row, False
+        version = self.store.add_policy_version(policy.name, yaml_text, applied_by, comment)
+        self.store.set_setting(SETTING_ACTIVE_POLICY_VERSION, version)
+        self._policy = (version, policy)
+        log.info("policy %s applied as version %d (mode %s) by %s", policy.name, version,
+                 policy.mode, applied_by or "?")
+        if self.on_policy_change is not None:
+            self.on_policy_change(policy)
+        row = self.store.get_policy_version(version)
+        assert row is not None
+        return row, True
+
+    def restore(self, version: int) -> tuple[PolicyVersionRow, bool]:
+        row = self.store.get_policy_version(version)
+        if row is None:
+            raise NotFound(f"policy version {version} does not exist")
+        policy = load_policy(row.yaml_text, f"policy version {version}")
+        current = self.active()
+        if current is not None and current[0] == version:
+            return row, False
+        self.store.set_setting(SETTING_ACTIVE_POLICY_VERSION, version)
+        self._policy = (version, policy)
+        if self.on_policy_change is not None:
+            self.on_policy_change(policy)
+        return row, True
+
+    # -- facts ------------------------------------------------------------------------
+
+    def priors(self, model: str) -> ModelPriors:
+        current = self.active()
+        if current is not None:
+            for pattern, priors in current[1].doc.spec.models.items():
+                if pattern == model or fnmatch.fnmatchcase(model, pattern):
+                    return priors
+        return ModelPriors()
+
+    def sla_for(self, model: str) -> Sla:
+        p = self.priors(model)
+        return Sla(ttft_p99_s=p.sla_ttft_p99_ms / 1000 if p.sla_ttft_p99_ms else None,
+                   itl_p99_s=p.sla_itl_p99_ms / 1000 if p.sla_itl_p99_ms else None)
+
+    def _ready(self, model: str) -> list[tuple[str, agent_pb2.DeploymentReport]]:
+        return [(h, d) for h, d, _ in self.fleet.deployments()
+                if d.model == model and d.phase == agent_pb2.DEPLOYMENT_PHASE_READY]
+
+    def model_facts(self, model: str, policy: Policy) -> ModelFacts | None:
+        ready = self._ready(model)
+        if not ready:
+            return None
+        p = self.priors(model)
+        gpus_per_replica = p.gpus_per_replica or max(
+            (d.tensor_parallel_size or len(d.gpu_indices) or 1) for _, d in ready)
+        gpu_models = sorted({g.model for h, _ in ready for g in self.fleet.hosts[h].gpus})
+        measured_ttft: dict[str, float] = {}
+        measured_itl: dict[str, float] = {}
+        for _, d in ready:
+            if d.ttft.present:
+                measured_ttft[d.engine] = max(measured_ttft.get(d.engine, 0.0), d.ttft.p99_s * 1000)
+            if d.itl.present:
+                measured_itl[d.engine] = max(measured_itl.get(d.engine, 0.0), d.itl.p99_s * 1000)
+        engines = {}
+        for e in ENGINES:
+            prior = p.engines.get(e)  # type: ignore[call-overload]
+            engines[e] = EngineFacts(
+                capacity_rps=prior.capacity_rps if prior else None,
+                ttft_p99_ms=measured_ttft.get(e, prior.ttft_p99_ms if prior else None),
+                itl_p99_ms=measured_itl.get(e, prior.itl_p99_ms if prior else None),
+                cold_start_s=prior.cold_start if prior else None,
+                build_s=prior.build if prior else None,
+                build_overhead_usd=policy.doc.spec.cost.build_overhead_usd.get(e))  # type: ignore[call-overload]
+        labels: dict[str, str] = {}
+        for h, _ in ready:
+            labels.update(self.fleet.hosts[h].hello.labels)
+        return ModelFacts(
+            gpus_per_replica=gpus_per_replica, min_replicas=p.min_replicas, headroom=p.headroom,
+            sla_ttft_p99_ms=p.sla_ttft_p99_ms, sla_itl_p99_ms=p.sla_itl_p99_ms, engines=engines,
+            nvidia=any(m.upper().startswith("NVIDIA") for m in gpu_models) if gpu_models else None,
+            gpu_model=gpu_models[0] if gpu_models else None, labels=labels)
+
+    def model_state(self, model: str, now: float) -> ModelState | None:
+        ready = self._ready(model)
+        if not ready:
+            return None
+        active = self._active_migration(model)
+        engines = sorted({d.engine for _, d in ready})
+        engine = active.from_engine if active is not None else engines[0]
+        if active is None and len(engines) > 1:
+            engine = max(engines, key=lambda e: sum(1 for _, d in ready if d.engine == e))
+        seen = self._seen.get(model)
+        if seen is None or seen.engine != engine:
+            seen = self._seen[model] = _Seen(engine, now if seen else self.fleet.started)
+        last = [d for d in self.store.list_decisions(model=model, status=DecisionStatus.DONE, limit=1)]
+        return ModelState(
+            engine=engine, since=seen.since,
+            last_switch=last[0].created_at.timestamp() if last else None,
+            migrating_to=active.to_engine if active is not None else None)
+
+    def _active_migration(self, model: str) -> MigrationRow | None:
+        if self.orchestrator is None:
+            return None
+        for row in self.orchestrator.list(active_only=True):
+            if row.model == model:
+                return row
+        return None
+
+    def sample_rates(self, now: float) -> None:
+        rates: dict[str, float] = {}
+        for _h, d, _ts in self.fleet.deployments():
+            if d.phase == agent_pb2.DEPLOYMENT_PHASE_READY and d.metrics_present:
+                rates[d.model] = rates.get(d.model, 0.0) + d.request_rate
+        self.history.sample(now, rates)
+
+    # -- evaluation -------------------------------------------------------------------
+
+    def evaluate(self, now: float | None = None) -> list[DecisionRow]:
+        """One pass of the policy over the fleet; returns the decisions it stored."""
+        now = self._clock() if now is None else now
+        if self._paused():
+            return []
+        current = self.active()
+        if current is None:
+            return []
+        version, policy = current
+        self._retry_approved()
+        signals, states = {}, {}
+        for model in sorted(set(self.history.models()) | {m.model for m in self.fleet.models()}):
+            facts, state = self.model_facts(model, policy), self.model_state(model, now)
+            if facts is None or state is None:
+                continue
+            ts, rps = self.history.arrays(model)
+            revs = [r.published_at.timestamp() for r in self.store.list_revisions(model)]
+            hist = ModelHistory.of(ts, rps, sorted(revs), self.history.resolution_s)
+            signals[model] = compute_signals(model, hist, facts, now, policy.signal_settings)
+            states[model] = state
+        stored = []
+        for d in decide(policy, signals, states, now):
+            row = self._store_decision(d.to_dict(), version, policy.mode, now)
+            if row is not None:
+                stored.append(row)
+        return stored
+
+    def _store_decision(self, d: dict[str, Any], version: int, mode: str, now: float) -> DecisionRow | None:
+        for open_row in self.store.list_decisions(model=d["model"], limit=20):
+            if open_row.status not in OPEN_STATUSES:
+                continue
+            if open_row.to_engine == d["to_engine"]:
+                return None  # the same move is already on its way
+            if open_row.status == DecisionStatus.PROPOSED:
+                self.store.update_decision_status(
+                    open_row.id, DecisionStatus.SUPERSEDED, "a newer decision replaced it",
+                    expected_from=DecisionStatus.PROPOSED)
+        inputs = {k: v for k, v in d["inputs"].items()}
+        row = DecisionRow(
+            created_at=_utc(now), model=d["model"], from_engine=d["from_engine"],
+            to_engine=d["to_engine"], rule=d["rule"], inputs=inputs, expected=d["expected"],
+            alternatives=d["alternatives"], policy_version=version, mode=mode,
+            status=DecisionStatus.PROPOSED,
+            status_reason={"dry-run": "dry-run: recorded, not executed",
+                           "approve": "waiting for approval (gearshift decisions approve ID)"}
+            .get(mode, ""))
+        self.store.add_decision(row)
+        log.info("decision %s: move %s from %s to %s (rule %s, mode %s)", row.id, row.model,
+                 row.from_engine, row.to_engine, row.rule, mode)
+        if mode == "auto":
+            self.store.update_decision_status(row.id, DecisionStatus.APPROVED, "auto mode",
+                                              expected_from=DecisionStatus.PROPOSED)
+            self._execute(row.id)
+        return self.store.get_decision(row.id)
+
+    def _execute(self, decision_id: str) -> None:
+        row = self.store.get_decision(decision_id)
+        if row is None or row.status != DecisionStatus.APPROVED:
+            return
+        if self.orchestrator is None:
+            self.store.update_decision_status(row.id, DecisionStatus.APPROVED,
+                                              "approved; no migration executor is running")
+            return
+        try:
+            mig = self.orchestrator.create(row.model, row.from_engine, row.to_engine,
+                                           decision_id=row.id)
+        except (FailedPrecondition, InvalidArgument) as exc:
+            self.store.update_decision_status(row.id, DecisionStatus.APPROVED,
+                                              f"approved; not started yet: {exc.message}")
+            return
+        self.store.update_decision_status(row.id, DecisionStatus.EXECUTING, f"migration {mig.id}",
+                                          expected_from=DecisionStatus.APPROVED)
+
+    def _retry_approved(self) -> None:
+        for row in self.store.list_decisions(status=DecisionStatus.APPROVED, limit=50):
+            if row.mode != "dry-run":
+                self._execute(row.id)
+
+    # -- people -----------------------------------------------------------------------
+
+    def approve(self, decision_id: str, reason: str, by: str) -> DecisionRow:
+        row = self._get(decision_id)
+        if row.mode == "dry-run":
+            raise FailedPrecondition(
+                f"decision {decision_id} was made in dry-run mode; apply a policy in approve or "
+                "auto mode to act on decisions")
+        if not self.store.update_decision_status(
+                decision_id, DecisionStatus.APPROVED, f"approved by {by or '?'}: {reason}".rstrip(": "),
+                expected_from=DecisionStatus.PROPOSED):
+            raise FailedPrecondition(
+                f"decision {decision_id} is {self._get(decision_id).status.value}; only a proposed "
+                "decision can be approved")
+        self._execute(decision_id)
+        return self._get(decision_id)
+
+    def reject(self, decision_id: str, reason: str, by: str) -> DecisionRow:
+        self._get(decision_id)
+        if not self.store.update_decision_status(
+                decision_id, DecisionStatus.REJECTED, f"rejected by {by or '?'}: {reason}",
+                expected_from=DecisionStatus.PROPOSED):
+            raise FailedPrecondition(
+                f"decision {decision_id} is {self._get(decision_id).status.value}; only a proposed "
+                "decision can be rejected")
+        return self._get(decision_id)
+
+    def _get(self, decision_id: str) -> DecisionRow:
+        row = self.store.get_decision(decision_id)
+        if row is None:
+            raise NotFound(f"no decision {decision_id!r}")
+        return row
+
+    def on_migration_transition(self, row: MigrationRow, before: MigrationPhase,
+                                after: MigrationPhase, message: str) -> None:
+        if not row.decision_id:
+            return
+        final = {"done": (DecisionStatus.DONE, f"migration {row.id} done"),
+                 "rolled_back": (DecisionStatus.ROLLED_BACK, f"migration {row.id} rolled back: {row.reason}"),
+                 "aborted": (DecisionStatus.ROLLED_BACK, f"migration {row.id} aborted: {row.reason}")}
+        status = final.get(str(after.value))
+        if status is None:
+            return
+        try:
+            self.store.update_decision_status(row.decision_id, status[0], status[1],
+                                              expected_from=DecisionStatus.EXECUTING)
+        except GearshiftError as exc:
+            log.warning("decision %s: %s", row.decision_id, exc.message)

@@ -1,0 +1,97 @@
+"""A model moves between vLLM and TensorRT-LLM under continuous client load through
+the gateway: a policy proposes it, a person approves it, the orchestrator carries
+it out through a canary, and no client request fails."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gearshift.cli.local_fleet import LocalFleet
+from integration.helpers import FAST_ENGINE_ENV, GatewayLoad, gearshift, gearshift_json, wait_for
+
+POLICY = """\
+apiVersion: gearshift.dev/v1
+kind: EnginePolicy
+metadata: {{name: {name}}}
+spec:
+  mode: {mode}
+  interval: 1s
+  signals: {{window: 4s, longWindow: 8s, minHistory: 2s}}
+  rules:
+    - name: {rule}
+      kind: threshold
+      prefer: {prefer}
+      when: [{{signal: rps_sustained, gt: 0.5}}]
+  guardrails: {{minDwell: 0s, cooldown: 0s}}
+  models:
+    m: {{slaTtftP99Ms: 3000, slaItlP99Ms: 500, gpusPerReplica: 1}}
+"""
+
+CONTROLLER_ARGS = ("--history-resolution", "0.5", "--canary-steps", "0.5",
+                   "--analysis-intervals", "2")
+
+
+@pytest.fixture
+def moving_fleet(fleet: LocalFleet) -> LocalFleet:
+    fleet.start_controller(CONTROLLER_ARGS)
+    fleet.start_agent("host-a", [{"deployment_id": "m-vllm-0", "model": "m", "engine": "vllm",
+                                  "source": "org/m", "revision": "r1", "gpu_indices": [0]}],
+                      FAST_ENGINE_ENV)
+    fleet.start_agent("host-b", [], FAST_ENGINE_ENV)
+    wait_for(lambda: any(d["report"]["phase"] == "DEPLOYMENT_PHASE_READY"
+                         for d in gearshift_json(fleet, "fleet", "deployments")), 60, "m ready")
+    fleet.start_gateway()
+    return fleet
+
+
+def _apply(fleet: LocalFleet, tmp_path: Path, name: str, mode: str, prefer: str) -> None:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(POLICY.format(name=name, mode=mode, prefer=prefer, rule=f"prefer-{prefer}"))
+    gearshift(fleet, "policy", "apply", str(path))
+
+
+def _engines(fleet: LocalFleet) -> set[str]:
+    return {d["report"]["engine"] for d in gearshift_json(fleet, "fleet", "deployments")
+            if d["report"]["model"] == "m"}
+
+
+def _migration_done(fleet: LocalFleet, to_engine: str) -> dict | None:
+    for m in gearshift_json(fleet, "migrations", "list"):
+        if m["to_engine"] == to_engine and m["phase"] in ("done", "rolled_back", "aborted"):
+            return m
+    return None
+
+
+def test_move_to_tensorrt_llm_and_back_with_zero_failed_requests(moving_fleet: LocalFleet,
+                                                                  tmp_path: Path) -> None:
+    fleet = moving_fleet
+    with GatewayLoad(fleet.gateway_url, "m") as load:
+        _apply(fleet, tmp_path, "to-trt", "approve", "tensorrt-llm")
+        decision = wait_for(lambda: next(
+            (d for d in gearshift_json(fleet, "decisions", "list")
+             if d["status"] == "proposed" and d["to_engine"] == "tensorrt-llm"), None),
+            40, "a proposed decision to move m to tensorrt-llm")
+        explained = gearshift(fleet, "decisions", "explain", decision["id"]).stdout
+        assert "prefer-tensorrt-llm" in explained and "m" in explained
+        assert _engines(fleet) == {"vllm"}  # approve mode: nothing moved yet
+
+        gearshift(fleet, "decisions", "approve", decision["id"])
+        done = wait_for(lambda: _migration_done(fleet, "tensorrt-llm"), 120, "the move to finish")
+        assert done["phase"] == "done", done
+        wait_for(lambda: _engines(fleet) == {"tensorrt-llm"}, 30, "only tensorrt-llm serving m")
+        shown = gearshift_json(fleet, "migrations", "show", done["id"])
+        phases = [s["to_phase"] for s in shown["steps"]]
+        for phase in ("starting", "warming", "canary", "promoting", "draining", "done"):
+            assert phase in phases, phases
+        d = gearshift_json(fleet, "decisions", "list")
+        assert next(x for x in d if x["id"] == decision["id"])["status"] == "done"
+
+        # And back, in auto mode: no approval needed.
+        _apply(fleet, tmp_path, "to-vllm", "auto", "vllm")
+        back = wait_for(lambda: _migration_done(fleet, "vllm"), 120, "the move back to finish")
+        assert back["phase"] == "done", back
+        wait_for(lambda: _engines(fleet) == {"vllm"}, 30, "only vllm serving m")
+    assert load.sent > 50
+    assert load.failed == 0, load.errors[:5]
