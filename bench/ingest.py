@@ -144,7 +144,8 @@ def main() -> int:
         try:
             ctl_ps = psutil.Process(ctl.popen.pid) if ctl else None
             t0 = time.time()
-            t_measure = t0 + WARMUP_S + args.interval_s  # every agent connected and reporting
+            # every agent connected and past its first report (which also writes its deployments)
+            t_measure = t0 + WARMUP_S + 2 * args.interval_s
             t_end = t_measure + args.duration_s
             q: mp.Queue = mp.Queue()
             ids = list(range(args.agents))

@@ -24,7 +24,8 @@ from gearshift.v1 import agent_pb2
 
 log = logging.getLogger(__name__)
 
-HOST_SAVE_INTERVAL_S = 10.0
+# last_seen is for people and restarts; liveness itself lives in memory.
+HOST_SAVE_INTERVAL_S = 60.0
 
 
 def _dt(ts: float) -> datetime:

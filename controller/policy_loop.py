@@ -62,8 +62,13 @@ class RateHistory:
         self.resolution_s = resolution_s
         self._max = max(10, int(retention_s / resolution_s))
         self._samples: dict[str, deque[tuple[float, float]]] = {}
+        self._last_sample = 0.0
+
+    def due(self, now: float) -> bool:
+        return now - self._last_sample >= self.resolution_s * 0.999
 
     def sample(self, now: float, rates: dict[str, float]) -> None:
+        self._last_sample = now
         for model, rps in rates.items():
             q = self._samples.setdefault(model, deque(maxlen=self._max))
             if q and now - q[-1][0] < self.resolution_s * 0.5:
@@ -240,6 +245,8 @@ class PolicyLoop:
         return None
 
     def sample_rates(self, now: float) -> None:
+        if not self.history.due(now):
+            return
         rates: dict[str, float] = {}
         for _h, d, _ts in self.fleet.deployments():
             if d.phase == agent_pb2.DEPLOYMENT_PHASE_READY and d.metrics_present:

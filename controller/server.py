@@ -40,7 +40,7 @@ from gearshift.v1 import agent_pb2, agent_pb2_grpc, control_pb2, control_pb2_grp
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
-HOUSEKEEPING_INTERVAL_S = 2.0
+HOUSEKEEPING_INTERVAL_S = 5.0
 DEFAULT_REPORT_INTERVAL_S = 10.0
 
 

@@ -39,6 +39,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 from sklearn.ensemble import HistGradientBoostingRegressor
+from threadpoolctl import threadpool_limits
 
 from gearshift.controller.errors import InvalidArgument
 
@@ -56,6 +57,7 @@ MIN_STALE_S = SECONDS_PER_HOUR             # no sample for max(this, 6 steps): n
 LAG_SMOOTH_S = 1800.0                      # half-width of the lag smoothing window
 OUTLIER_MADS = 25.0                        # robust z above which a rate is an outlier
 DEFAULT_PEAK_QUANTILE = 0.9
+FIT_ITERATIONS = 60                        # boosting rounds per quantile model
 
 Status = Literal["ok", "insufficient_data"]
 Method = Literal["seasonal-gbm", "recent-quantile", "none"]
@@ -212,12 +214,15 @@ def _features(grid: FloatArray, bin_ts: FloatArray, bin_s: float, day_lag: int,
 
 def _fit_predict(x_train: FloatArray, y_train: FloatArray, x_pred: FloatArray,
                  q: float) -> FloatArray:
-    model = HistGradientBoostingRegressor(loss="quantile", quantile=q, max_iter=80,
+    model = HistGradientBoostingRegressor(loss="quantile", quantile=q, max_iter=FIT_ITERATIONS,
                                           learning_rate=0.1, max_leaf_nodes=15,
                                           min_samples_leaf=40, early_stopping=False,
                                           random_state=0)
-    model.fit(x_train, y_train)
-    return np.asarray(model.predict(x_pred), dtype=np.float64)
+    # One thread: the fits are small, and OpenMP threads contending on a busy host
+    # (the controller, a backtest) make them several times slower.
+    with threadpool_limits(limits=1, user_api="openmp"):
+        model.fit(x_train, y_train)
+        return np.asarray(model.predict(x_pred), dtype=np.float64)
 
 
 def _seasonal(times: FloatArray, rates: FloatArray, now: float, horizon_s: float, bin_s: float,
@@ -247,9 +252,12 @@ def _seasonal(times: FloatArray, rates: FloatArray, now: float, horizon_s: float
         known = level[:past_bins][np.isfinite(level[:past_bins])]
         future_level = np.where(np.isfinite(future_level), future_level,
                                 known[-1] if known.size else float(np.log1p(np.mean(rates))))
+    x_train = x[:past_bins][train]
+    # A lag that reaches before the history (e.g. a week lag with 6 days) is all NaN.
+    usable = np.isfinite(x_train).any(axis=0)
     paths = []
     for q in (quantile, peak_quantile):
-        z = _fit_predict(x[:past_bins][train], target[:past_bins][train], x_future, q)
+        z = _fit_predict(x_train[:, usable], target[:past_bins][train], x_future[:, usable], q)
         paths.append(np.maximum(0.0, np.expm1(z + future_level)))
     low_path, high_path = paths
     high_path = np.maximum(high_path, low_path)
