@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import signal
 import time
@@ -123,7 +124,29 @@ class Agent:
         return f"{dep_id} stopped"
 
     async def _cmd_build(self, cmd: agent_pb2.Command, progress) -> str:  # type: ignore[no-untyped-def]
-        raise FailedPrecondition("engine builds are not supported by this agent version")
+        """Compile a TensorRT engine (`trtllm-build`) for the `tensorrt` backend."""
+        spec = DeploymentSpec.from_proto(cmd.build.spec)
+        if spec.engine != "tensorrt-llm":
+            raise InvalidArgument(f"build: only tensorrt-llm engines are built, not {spec.engine}")
+        eng = self._engine("tensorrt-llm")
+        out_dir = Path(self.config.workdir) / "engines" / spec.deployment_id
+        out_dir.mkdir(parents=True, exist_ok=True)
+        argv = [*(eng.build_executable or ["trtllm-build"]), "--checkpoint_dir", spec.source,
+                "--output_dir", str(out_dir), "--tp_size", str(spec.tensor_parallel_size)]
+        log_path = out_dir / "build.log"
+        progress(0.05, f"building a TensorRT engine for {spec.model} into {out_dir}")
+        with log_path.open("ab") as log_file:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdout=log_file, stderr=asyncio.subprocess.STDOUT, cwd=str(out_dir),
+                env={**os.environ, **eng.env}, start_new_session=True)
+            try:
+                code = await proc.wait()
+            except asyncio.CancelledError:
+                proc.kill()
+                raise
+        if code != 0:
+            raise RuntimeError(f"trtllm-build exited with {code}; see {log_path}")
+        return f"engine for {spec.deployment_id} built in {out_dir}"
 
     # -- reports ----------------------------------------------------------------
 

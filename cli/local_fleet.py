@@ -135,6 +135,9 @@ class LocalFleet:
         for flavor, version in (("vllm", "0.11.0-emulated"), ("tensorrt-llm", "1.2.0-emulated")):
             engines[flavor] = {"executable": emulator_executable(flavor), "version": version,
                                "env": (emulator_env or {}).get(flavor, {})}
+        engines["tensorrt-llm"]["build_executable"] = [
+            sys.executable, "-m", "gearshift.agents.emulator", "--flavor", "tensorrt-llm",
+            "--build-s", "1", "--", "build"]
         cfg = {
             "host_id": host_id,
             "labels": {"zone": "local"},

@@ -230,10 +230,13 @@ class PolicyLoop:
         seen = self._seen.get(model)
         if seen is None or seen.engine != engine:
             seen = self._seen[model] = _Seen(engine, now if seen else self.fleet.started)
-        last = [d for d in self.store.list_decisions(model=model, status=DecisionStatus.DONE, limit=1)]
+        # A move that was rolled back counts as a switch for the cooldown: it cost a
+        # build and a canary, and trying again at once would repeat it.
+        last = [d.created_at.timestamp() for status in (DecisionStatus.DONE, DecisionStatus.ROLLED_BACK)
+                for d in self.store.list_decisions(model=model, status=status, limit=1)]
         return ModelState(
             engine=engine, since=seen.since,
-            last_switch=last[0].created_at.timestamp() if last else None,
+            last_switch=max(last) if last else None,
             migrating_to=active.to_engine if active is not None else None)
 
     def _active_migration(self, model: str) -> MigrationRow | None:
