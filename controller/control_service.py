@@ -17,8 +17,10 @@ log = logging.getLogger(__name__)
 
 class ControlService(ActionRpcs, control_pb2_grpc.ControlServiceServicer):
     def __init__(self, fleet: FleetState, *, controller_id: str, epoch: int, store_kind: str,
-                 paused: Callable[[], bool] = lambda: False) -> None:
+                 paused: Callable[[], bool] = lambda: False, routes_warmup_s: float = 0.0) -> None:
         self.fleet = fleet
+        self.routes_warmup_s = routes_warmup_s
+        self.expected_hosts: set[str] = set()  # hosts seen recently before this start
         self.controller_id = controller_id
         self.epoch = epoch
         self.store_kind = store_kind
@@ -84,6 +86,13 @@ class ControlService(ActionRpcs, control_pb2_grpc.ControlServiceServicer):
 
     async def WatchRoutes(self, request: control_pb2.WatchRoutesRequest,
                           context: aio.ServicerContext) -> AsyncIterator[control_pb2.RoutingTable]:
+        # A controller that has just started knows no deployment yet: sending its empty
+        # table would make gateways forget routes that still work. Wait until the hosts
+        # it knew before have reported again, or the warm-up ends (fail static).
+        while self.fleet.now() < self.fleet.started + self.routes_warmup_s and not all(
+                h in self.fleet.hosts and self.fleet.hosts[h].reports > 0
+                for h in self.expected_hosts):
+            await asyncio.sleep(0.2)
         q = self.fleet.watch_routes()
         log.info("gateway %s watches routes", request.gateway_id or "(anonymous)")
         try:

@@ -42,6 +42,11 @@ log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 HOUSEKEEPING_INTERVAL_S = 5.0
 DEFAULT_REPORT_INTERVAL_S = 10.0
+# How long a new controller waits, at most, for the hosts it knew to report again
+# before it serves routing tables to gateways; hosts seen within RECENT_HOST_S count.
+ROUTES_WARMUP_INTERVALS = 3
+ROUTES_WARMUP_MIN_S = 30.0
+RECENT_HOST_S = 600.0
 
 
 @dataclass
@@ -104,7 +109,12 @@ class Controller:
         self.policy_loop.on_policy_change = lambda _p: self._schedule_policy()
         self.control = ControlService(
             self.fleet, controller_id=config.controller_id, epoch=self.epoch,
-            store_kind=self.persistence.dialect, paused=self.persistence.paused)
+            store_kind=self.persistence.dialect, paused=self.persistence.paused,
+            routes_warmup_s=max(ROUTES_WARMUP_MIN_S,
+                                ROUTES_WARMUP_INTERVALS * config.report_interval_s))
+        recent = time.time() - RECENT_HOST_S
+        self.control.expected_hosts = {h.host_id for h in store.list_hosts()
+                                       if h.last_seen.timestamp() >= recent}
         self.control.policy_loop = self.policy_loop
         self.control.orchestrator = self.orchestrator
         self.control.set_paused = self.persistence.set_paused

@@ -88,6 +88,12 @@ class RoutingTable:
         endpoints = self.models[model]
         excluded = set(map(id, exclude))
         candidates = [e for e in endpoints if e.eligible and id(e) not in excluded]
+        if not candidates and excluded:
+            # Every weighted endpoint failed before its first byte: a standby that takes
+            # no new share (weight 0) but is not leaving is better than failing the request.
+            standby = [e for e in endpoints if not e.leaving and e.weight == 0.0
+                       and id(e) not in excluded]
+            return standby[0] if standby else None
         if not candidates:
             return None
         t = time.monotonic() if now is None else now

@@ -9,25 +9,8 @@ from pathlib import Path
 import pytest
 
 from gearshift.cli.local_fleet import LocalFleet
-from integration.helpers import FAST_ENGINE_ENV, GatewayLoad, gearshift, gearshift_json, wait_for
-
-POLICY = """\
-apiVersion: gearshift.dev/v1
-kind: EnginePolicy
-metadata: {{name: {name}}}
-spec:
-  mode: {mode}
-  interval: 1s
-  signals: {{window: 4s, longWindow: 8s, minHistory: 2s}}
-  rules:
-    - name: {rule}
-      kind: threshold
-      prefer: {prefer}
-      when: [{{signal: rps_sustained, gt: 0.5}}]
-  guardrails: {{minDwell: 0s, cooldown: 0s}}
-  models:
-    m: {{slaTtftP99Ms: 3000, slaItlP99Ms: 500, gpusPerReplica: 1}}
-"""
+from integration.helpers import GatewayLoad, gearshift, gearshift_json, wait_for
+from integration.moves import _apply, _engines, _migration_done, start_moving_fleet
 
 CONTROLLER_ARGS = ("--history-resolution", "0.5", "--canary-steps", "0.5",
                    "--analysis-intervals", "2")
@@ -35,33 +18,7 @@ CONTROLLER_ARGS = ("--history-resolution", "0.5", "--canary-steps", "0.5",
 
 @pytest.fixture
 def moving_fleet(fleet: LocalFleet) -> LocalFleet:
-    fleet.start_controller(CONTROLLER_ARGS)
-    fleet.start_agent("host-a", [{"deployment_id": "m-vllm-0", "model": "m", "engine": "vllm",
-                                  "source": "org/m", "revision": "r1", "gpu_indices": [0]}],
-                      FAST_ENGINE_ENV)
-    fleet.start_agent("host-b", [], FAST_ENGINE_ENV)
-    wait_for(lambda: any(d["report"]["phase"] == "DEPLOYMENT_PHASE_READY"
-                         for d in gearshift_json(fleet, "fleet", "deployments")), 60, "m ready")
-    fleet.start_gateway()
-    return fleet
-
-
-def _apply(fleet: LocalFleet, tmp_path: Path, name: str, mode: str, prefer: str) -> None:
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(POLICY.format(name=name, mode=mode, prefer=prefer, rule=f"prefer-{prefer}"))
-    gearshift(fleet, "policy", "apply", str(path))
-
-
-def _engines(fleet: LocalFleet) -> set[str]:
-    return {d["report"]["engine"] for d in gearshift_json(fleet, "fleet", "deployments")
-            if d["report"]["model"] == "m"}
-
-
-def _migration_done(fleet: LocalFleet, to_engine: str) -> dict | None:
-    for m in gearshift_json(fleet, "migrations", "list"):
-        if m["to_engine"] == to_engine and m["phase"] in ("done", "rolled_back", "aborted"):
-            return m
-    return None
+    return start_moving_fleet(fleet, CONTROLLER_ARGS)
 
 
 def test_move_to_tensorrt_llm_and_back_with_zero_failed_requests(moving_fleet: LocalFleet,

@@ -132,3 +132,15 @@ def test_proto_endpoints_are_normalised() -> None:
     eps = table_from_proto(msg).models["m"]
     assert [(e.deployment_id, e.endpoint, e.weight) for e in eps] == [
         ("d1", "http://10.0.0.1:8000", 0.0), ("d2", "http://h:2", 0.0)]
+
+
+def test_a_standby_takes_the_retry_when_every_weighted_endpoint_failed() -> None:
+    from gearshift.gateway.routes import Endpoint, RoutingTable
+
+    active = Endpoint(deployment_id="new", endpoint="http://127.0.0.1:1", weight=1.0)
+    standby = Endpoint(deployment_id="old", endpoint="http://127.0.0.1:2", weight=0.0)
+    leaving = Endpoint(deployment_id="gone", endpoint="http://127.0.0.1:3", weight=0.0, leaving=True)
+    table = RoutingTable(models={"m": (active, leaving, standby)}, version=1, source="test")
+    assert table.pick("m") is active  # a standby gets no new share
+    assert table.pick("m", exclude=[active]) is standby
+    assert table.pick("m", exclude=[active, standby]) is None  # never a leaving one

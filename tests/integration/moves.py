@@ -1,0 +1,67 @@
+"""Shared set-up for tests that move model `m` between engines under load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gearshift.cli.local_fleet import LocalFleet
+from integration.helpers import FAST_ENGINE_ENV, gearshift, gearshift_json, wait_for
+
+POLICY = """\
+apiVersion: gearshift.dev/v1
+kind: EnginePolicy
+metadata: {{name: {name}}}
+spec:
+  mode: {mode}
+  interval: 1s
+  signals: {{window: 4s, longWindow: 8s, minHistory: 2s}}
+  rules:
+    - name: {rule}
+      kind: threshold
+      prefer: {prefer}
+      when: [{{signal: rps_sustained, gt: 0.5}}]
+  guardrails: {{minDwell: 0s, cooldown: {cooldown}}}
+  models:
+    m: {{slaTtftP99Ms: 3000, slaItlP99Ms: 500, gpusPerReplica: 1}}
+"""
+END_PHASES = ("done", "rolled_back", "aborted")
+
+
+def start_moving_fleet(fleet: LocalFleet, controller_args: tuple[str, ...]) -> LocalFleet:
+    """m on vLLM on host-a; host-b empty with free GPUs (the surge target); a gateway."""
+    fleet.start_controller(controller_args)
+    fleet.start_agent("host-a", [{"deployment_id": "m-vllm-0", "model": "m", "engine": "vllm",
+                                  "source": "org/m", "revision": "r1", "gpu_indices": [0]}],
+                      FAST_ENGINE_ENV)
+    fleet.start_agent("host-b", [], FAST_ENGINE_ENV)
+    wait_for(lambda: any(d["report"]["phase"] == "DEPLOYMENT_PHASE_READY"
+                         for d in gearshift_json(fleet, "fleet", "deployments")), 60, "m ready")
+    fleet.start_gateway()
+    return fleet
+
+
+def _apply(fleet: LocalFleet, tmp_path: Path, name: str, mode: str, prefer: str,
+           cooldown: str = "0s") -> None:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(POLICY.format(name=name, mode=mode, prefer=prefer, rule=f"prefer-{prefer}",
+                                  cooldown=cooldown))
+    gearshift(fleet, "policy", "apply", str(path))
+
+
+def _engines(fleet: LocalFleet) -> set[str]:
+    return {d["report"]["engine"] for d in gearshift_json(fleet, "fleet", "deployments")
+            if d["report"]["model"] == "m"}
+
+
+def _migration_done(fleet: LocalFleet, to_engine: str) -> dict | None:
+    for m in gearshift_json(fleet, "migrations", "list"):
+        if m["to_engine"] == to_engine and m["phase"] in END_PHASES:
+            return m
+    return None
+
+
+def _migration_in(fleet: LocalFleet, phase: str) -> dict | None:
+    for m in gearshift_json(fleet, "migrations", "list"):
+        if m["phase"] == phase:
+            return m
+    return None

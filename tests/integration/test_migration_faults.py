@@ -1,0 +1,89 @@
+"""Moves under faults, with clients on the gateway throughout: an engine crash during
+the canary, the controller killed mid-move, the target's agent killed mid-move."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from gearshift.cli.local_fleet import LocalFleet
+from integration.helpers import FAST_ENGINE_ENV, GatewayLoad, gearshift_json, wait_for
+from integration.moves import _apply, _engines, _migration_in, start_moving_fleet
+
+# A longer canary leaves time to inject the fault while it runs.
+ARGS = ("--history-resolution", "0.5", "--canary-steps", "0.5", "--analysis-intervals", "12")
+
+
+@pytest.fixture
+def moving_fleet(fleet: LocalFleet) -> LocalFleet:
+    return start_moving_fleet(fleet, ARGS)
+
+
+def _target(fleet: LocalFleet) -> dict:
+    return next(d["report"] for d in gearshift_json(fleet, "fleet", "deployments")
+                if d["report"]["model"] == "m" and d["report"]["engine"] == "tensorrt-llm")
+
+
+def _ended(fleet: LocalFleet, mid: str) -> dict | None:
+    m = gearshift_json(fleet, "migrations", "show", mid)
+    return m if m["phase"] in ("done", "rolled_back", "aborted") else None
+
+
+def test_engine_crash_during_canary_rolls_back(moving_fleet: LocalFleet, tmp_path: Path) -> None:
+    fleet = moving_fleet
+    with GatewayLoad(fleet.gateway_url, "m") as load:
+        _apply(fleet, tmp_path, "to-trt", "auto", "tensorrt-llm", cooldown="1h")
+        mig = wait_for(lambda: _migration_in(fleet, "canary"), 60, "the canary")
+        endpoint = _target(fleet)["endpoint"]
+        req = urllib.request.Request(f"{endpoint}/emulator/faults", data=b'{"crash": true}',
+                                     headers={"Content-Type": "application/json"})
+        with contextlib.suppress(OSError):
+            urllib.request.urlopen(req, timeout=5)
+        end = wait_for(lambda: _ended(fleet, mig["id"]), 60, "the move to end")
+        assert end["phase"] == "rolled_back", end
+        assert "restart" in end["reason"] or "crash" in end["reason"], end["reason"]
+        wait_for(lambda: _engines(fleet) == {"vllm"}, 30, "m back on vllm only")
+    # Only requests already on the crashed engine may fail (streams cut mid-way).
+    assert load.failed <= 3, load.errors
+    assert load.sent > 30
+
+
+def test_controller_killed_mid_move_resumes_and_finishes(moving_fleet: LocalFleet,
+                                                         tmp_path: Path) -> None:
+    fleet = moving_fleet
+    with GatewayLoad(fleet.gateway_url, "m") as load:
+        _apply(fleet, tmp_path, "to-trt", "auto", "tensorrt-llm")
+        mig = wait_for(lambda: _migration_in(fleet, "canary"), 60, "the canary")
+        fleet.procs.pop("controller").kill()  # SIGKILL: no chance to clean up
+        fleet.start_controller(ARGS)           # same port, same SQLite file
+        end = wait_for(lambda: _ended(fleet, mig["id"]), 90, "the resumed move to end")
+        assert end["phase"] == "done", end
+        wait_for(lambda: _engines(fleet) == {"tensorrt-llm"}, 30, "m on tensorrt-llm only")
+    assert load.failed == 0, load.errors[:5]
+    # Exactly one target replica was started, however often its command was sent.
+    targets = [d for d in gearshift_json(fleet, "fleet", "deployments")
+               if d["report"]["model"] == "m"]
+    assert len(targets) == 1
+    log = (fleet.workdir / "host-b.log").read_text()
+    assert log.count("starting tensorrt-llm for m") <= 1 or "seen before" in log
+
+
+def test_target_agent_killed_mid_move_ends_safely(moving_fleet: LocalFleet, tmp_path: Path) -> None:
+    fleet = moving_fleet
+    with GatewayLoad(fleet.gateway_url, "m") as load:
+        _apply(fleet, tmp_path, "to-trt", "auto", "tensorrt-llm", cooldown="1h")
+        mig = wait_for(lambda: _migration_in(fleet, "canary"), 60, "the canary")
+        fleet.procs.pop("host-b").kill()  # its engine runs on, orphaned, as on a real host
+        fleet.start_agent("host-b", [], FAST_ENGINE_ENV)
+        end = wait_for(lambda: _ended(fleet, mig["id"]), 90, "the move to end")
+        assert end["phase"] in ("done", "rolled_back"), end
+        engines = wait_for(lambda: (e := _engines(fleet)) and len(e) == 1 and e, 30,
+                           "m served by one engine")
+        assert engines == ({"tensorrt-llm"} if end["phase"] == "done" else {"vllm"})
+    assert load.failed == 0, load.errors[:5]
+    status = gearshift_json(fleet, "fleet", "status")
+    assert status["hosts_connected"] == 2, json.dumps(status)
