@@ -253,7 +253,15 @@ class EngineScraper:
             async with self._session.get(url, timeout=self._timeout) as response:
                 if response.status != HTTP_OK:
                     return _Fetched(status=response.status)
-                raw = await response.content.read(MAX_BODY_BYTES + 1)
+                # StreamReader.read(n) returns what has arrived so far; read to the end.
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in response.content.iter_chunked(64 * 1024):
+                    chunks.append(chunk)
+                    size += len(chunk)
+                    if size > MAX_BODY_BYTES:
+                        break
+                raw = b"".join(chunks)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             kind = "timed out" if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__
             return _Fetched(failure=Skip(SkipReason.UNREACHABLE, f"GET {url}: {kind}"))

@@ -1,0 +1,209 @@
+"""Capacity model: monotone fit, SLA crossing, bounds, bad data, persistence, gain, plot."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gearshift.controller.errors import InvalidArgument
+from gearshift.policies.capacity import (
+    CapacityEstimate,
+    CapacityKey,
+    CapacityModel,
+    LoadObservation,
+    gain,
+    plot_capacity,
+)
+
+SLA_S = 0.45
+
+
+def p99_at(load: float, capacity: float) -> float:
+    """A queueing-like curve: 0.05 s idle, SLA_S reached at 95% of `capacity`."""
+    if load >= capacity:
+        return 5.0
+    return 0.05 + 0.02 / (1.0 - load / capacity)
+
+
+def crossing(capacity: float) -> float:
+    return capacity * (1.0 - 0.02 / (SLA_S - 0.05))
+
+
+def synthetic(n: int, capacity: float = 50.0, *, top: float = 60.0, seed: int = 0,
+              engine: str = "vllm", **overrides: Any) -> CapacityModel:
+    rng = np.random.default_rng(seed)
+    model = CapacityModel(CapacityKey("llama", engine, "1.0", "H100"), **overrides)
+    for i in range(n):
+        load = float(rng.uniform(2.0, top))
+        served = min(load, capacity)   # the finished-request rate saturates
+        model.add(LoadObservation(float(i), served, p99_at(load, capacity)
+                                  * float(rng.lognormal(0, 0.1)), 0.02))
+    return model
+
+
+def test_monotone_fit_recovers_the_sla_crossing() -> None:
+    est = synthetic(400).estimate(sla_ttft_p99_s=SLA_S)
+    assert est.status == "ok"
+    assert est.capacity_rps == pytest.approx(crossing(50.0), rel=0.04)
+    assert est.low is not None and est.high is not None
+    assert est.low <= est.capacity_rps <= est.high
+    assert est.limited_by == "ttft"
+    fitted = [p.fitted_p99_s for p in synthetic(400).curve("ttft")]
+    assert fitted == sorted(fitted)
+
+
+def test_band_narrows_with_more_data() -> None:
+    few = synthetic(40, seed=1).estimate(sla_ttft_p99_s=SLA_S)
+    many = synthetic(800, seed=1).estimate(sla_ttft_p99_s=SLA_S)
+    assert few.status == many.status == "ok"
+    assert few.low is not None and few.high is not None
+    assert many.low is not None and many.high is not None
+    assert (many.high - many.low) < (few.high - few.low)
+
+
+def test_never_reaching_the_sla_is_a_lower_bound() -> None:
+    est = synthetic(100, top=30.0).estimate(sla_ttft_p99_s=SLA_S)
+    assert est.status == "lower_bound"
+    assert est.capacity_rps == pytest.approx(est.max_observed_rps, rel=0.05)
+    assert "at least" in est.reason
+
+
+def test_above_the_sla_everywhere_is_an_upper_bound() -> None:
+    est = synthetic(100).estimate(sla_ttft_p99_s=0.01)
+    assert est.status == "upper_bound"
+    assert "at most" in est.reason
+
+
+def test_the_binding_metric_is_the_lower_capacity() -> None:
+    model = CapacityModel(CapacityKey("m", "vllm", "1", "H100"))
+    for i, load in enumerate(np.linspace(1, 40, 60)):
+        model.add(LoadObservation(float(i), float(load), 0.1, 0.01 + 0.001 * float(load)))
+    est = model.estimate(sla_ttft_p99_s=1.0, sla_itl_p99_s=0.03)
+    assert est.status == "ok" and est.limited_by == "itl"
+    assert est.capacity_rps == pytest.approx(20.0, rel=0.06)
+
+
+@pytest.mark.parametrize(("rows", "expected"), [
+    ([(float("nan"), 0.1)], "load NaN"),
+    ([(-1.0, 0.1)], "load NaN"),
+    ([(5.0, float("nan"))], "latency NaN"),
+    ([(5.0, -0.2)], "latency NaN"),
+    ([(0.0, 0.1)], "idle"),
+    ([(5.0, None)], "no latency"),
+])
+def test_bad_observations_are_refused_with_a_reason(rows: list[tuple[float, float | None]],
+                                                    expected: str) -> None:
+    model = CapacityModel(CapacityKey("m", "vllm", "1", "H100"))
+    for load, ttft in rows:
+        reason = model.add(LoadObservation(0.0, load, ttft, None))
+        assert reason is not None and expected in reason
+    assert len(model) == 0 and sum(model.rejected.values()) == len(rows)
+    est = model.estimate(sla_ttft_p99_s=SLA_S)
+    assert est.status == "insufficient_data" and "0 observation" in est.reason
+
+
+def test_too_few_points_and_a_constant_load_are_insufficient() -> None:
+    few = synthetic(5).estimate(sla_ttft_p99_s=SLA_S)
+    assert few.status == "insufficient_data" and "need" in few.reason
+    constant = CapacityModel(CapacityKey("m", "vllm", "1", "H100"))
+    for i in range(50):
+        constant.add(LoadObservation(float(i), 10.0, 0.2 + 0.01 * (i % 3), None))
+    est = constant.estimate(sla_ttft_p99_s=SLA_S)
+    assert est.status == "insufficient_data" and "too narrow" in est.reason
+    assert est.capacity_rps is None
+
+
+def test_outliers_are_ignored_and_mostly_outliers_is_insufficient() -> None:
+    model = synthetic(300)
+    for i in range(10):   # a few minutes with absurd p99 at low load (GC pause, restart)
+        model.add(LoadObservation(1000.0 + i, 5.0 + i, 60.0, None))
+    est = model.estimate(sla_ttft_p99_s=SLA_S)
+    assert est.status == "ok"
+    assert est.capacity_rps == pytest.approx(crossing(50.0), rel=0.05)
+    assert "outlier" in est.reason
+    garbage = CapacityModel(CapacityKey("m", "vllm", "1", "H100"))
+    rng = np.random.default_rng(3)
+    for i in range(60):
+        garbage.add(LoadObservation(float(i), float(rng.uniform(1, 50)),
+                                    float(rng.choice([0.05, 50.0])), None))
+    bad = garbage.estimate(sla_ttft_p99_s=SLA_S)
+    assert bad.status == "insufficient_data" and ("outlier" in bad.reason or "noisy" in bad.reason)
+
+
+def test_memory_is_bounded_per_load_bin() -> None:
+    model = CapacityModel(CapacityKey("m", "vllm", "1", "H100"), per_bin=8)
+    for i in range(5000):
+        model.add(LoadObservation(float(i), 10.0 + (i % 2) * 0.01, 0.1, None))
+    assert len(model) <= 16
+    assert model.accepted == 5000
+    assert max(o.ts for o in model.observations()) == 4999.0
+
+
+def test_persistence_round_trip_gives_the_same_estimate() -> None:
+    model = synthetic(200)
+    model.add(LoadObservation(0.0, float("nan"), 0.1, None))
+    text = json.dumps(model.to_dict())
+    restored = CapacityModel.from_dict(json.loads(text))
+    assert restored.key == model.key
+    assert restored.observations() == model.observations()
+    assert restored.rejected == model.rejected
+    assert restored.estimate(sla_ttft_p99_s=SLA_S) == model.estimate(sla_ttft_p99_s=SLA_S)
+
+
+@pytest.mark.parametrize(("data", "where"), [
+    ([], "expected an object"),
+    ({"version": 99}, "version"),
+    ({"version": 1, "key": {"model": "m"}}, "'key'"),
+    ({"version": 1, "key": {"model": "m", "engine": "e", "engine_version": "1",
+                            "gpu_model": "g"}, "observations": [[1, "x", 0.1, None]]},
+     "observations[0]"),
+])
+def test_from_dict_rejects_bad_input_naming_the_field(data: object, where: str) -> None:
+    with pytest.raises(InvalidArgument, match=f".*{where.replace('[', '.').replace(']', '.')}"):
+        CapacityModel.from_dict(data)
+
+
+def test_estimate_needs_a_valid_sla() -> None:
+    model = synthetic(50)
+    with pytest.raises(InvalidArgument, match="sla_ttft_p99_s or sla_itl_p99_s"):
+        model.estimate()
+    with pytest.raises(InvalidArgument, match="sla_ttft_p99_s must be > 0"):
+        model.estimate(sla_ttft_p99_s=-1.0)
+
+
+def test_gain_interval_contains_the_true_ratio() -> None:
+    vllm = synthetic(300, 50.0, top=62.0, seed=4).estimate(sla_ttft_p99_s=SLA_S)
+    trt = synthetic(300, 58.0, top=70.0, seed=5, engine="tensorrt-llm").estimate(
+        sla_ttft_p99_s=SLA_S)
+    g = gain(trt, vllm)
+    assert g.status == "ok"
+    assert g.low is not None and g.high is not None and g.ratio is not None
+    assert g.low <= 58.0 / 50.0 <= g.high
+    assert g.ratio == pytest.approx(1.16, rel=0.05)
+
+
+def test_gain_of_bounds_and_missing_estimates() -> None:
+    ok = synthetic(300).estimate(sla_ttft_p99_s=SLA_S)
+    lower = synthetic(100, top=30.0).estimate(sla_ttft_p99_s=SLA_S)
+    none = CapacityEstimate("insufficient_data", None, None, None, 0, 0.0, "no data")
+    assert gain(lower, ok).status == "lower_bound"
+    assert gain(ok, lower).status == "upper_bound"
+    missing = gain(ok, none)
+    assert missing.status == "insufficient_data" and missing.ratio is None
+    assert missing.reason == "no data"
+    assert gain(lower, lower).status == "insufficient_data"
+
+
+def test_plot_writes_a_png(tmp_path: Path) -> None:
+    model = synthetic(100)
+    est = model.estimate(sla_ttft_p99_s=SLA_S, sla_itl_p99_s=1.0)
+    out = plot_capacity(model, tmp_path / "cap.png", sla_ttft_p99_s=SLA_S, estimate=est)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    empty = CapacityModel(CapacityKey("m", "vllm", "1", "H100"))
+    assert plot_capacity(empty, tmp_path / "empty.png").stat().st_size > 0
+    assert not math.isnan(est.capacity_rps or math.nan)

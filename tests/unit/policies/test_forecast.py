@@ -1,0 +1,140 @@
+"""Traffic forecast: only the past, beats last week on a seasonal series, fallbacks, plot."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gearshift.controller.errors import InvalidArgument
+from gearshift.policies.forecast import (
+    SECONDS_PER_DAY,
+    SECONDS_PER_WEEK,
+    Forecast,
+    forecast_rate,
+    pinball_loss,
+    plot_forecast,
+)
+
+STEP_S = 300.0
+START = 1_772_409_600.0   # 2026-03-02T00:00:00Z, a Monday
+HORIZON_S = SECONDS_PER_DAY
+
+
+def seasonal(days: float, *, seed: int = 0, base: float = 100.0) -> tuple[np.ndarray, np.ndarray]:
+    """Daily cycle, quieter weekends, lognormal noise."""
+    rng = np.random.default_rng(seed)
+    ts = START + STEP_S * np.arange(int(days * SECONDS_PER_DAY / STEP_S))
+    hour = (ts % SECONDS_PER_DAY) / 3600
+    weekend = (((ts // SECONDS_PER_DAY) + 3) % 7) >= 5
+    level = base * (1 + 0.5 * np.sin(2 * np.pi * (hour - 8) / 24)) * np.where(weekend, 0.6, 1.0)
+    return ts, level * rng.lognormal(0, 0.15, ts.size)
+
+
+def test_only_the_past_is_used() -> None:
+    ts, rps = seasonal(10)
+    now = START + 8 * SECONDS_PER_DAY
+    first = forecast_rate(ts, rps, now, HORIZON_S, step_s=STEP_S)
+    changed = rps.copy()
+    changed[ts >= now] *= 50.0
+    second = forecast_rate(ts, changed, now, HORIZON_S, step_s=STEP_S)
+    assert first.status == "ok" and first.method == "seasonal-gbm"
+    assert first == second
+
+
+def test_beats_same_time_last_week_on_a_seasonal_series() -> None:
+    ts, rps = seasonal(16, seed=2)
+    steps = int(HORIZON_S / STEP_S)
+    week = int(SECONDS_PER_WEEK / STEP_S)
+    model, baseline = [], []
+    for day in (14, 15):
+        now = START + day * SECONDS_PER_DAY
+        fc = forecast_rate(ts, rps, now, HORIZON_S, step_s=STEP_S, quantile=0.1)
+        first = int(np.searchsorted(ts, now))
+        actual = rps[first:first + steps]
+        assert len(fc.path_low) == steps
+        model.append(pinball_loss(actual, fc.path_low, 0.1))
+        baseline.append(pinball_loss(actual, rps[first - week:first - week + steps], 0.1))
+        assert fc.sustained_rps is not None and fc.peak_rps is not None
+        assert 0 < fc.sustained_rps < float(np.median(actual)) < fc.peak_rps
+    assert np.mean(model) < 0.8 * np.mean(baseline)
+
+
+def test_short_history_falls_back_to_the_recent_quantile() -> None:
+    ts, rps = seasonal(1)
+    fc = forecast_rate(ts, rps, ts[-1] + STEP_S, HORIZON_S, step_s=STEP_S)
+    assert fc.status == "ok" and fc.method == "recent-quantile"
+    assert "h of history" in fc.reason
+    assert fc.sustained_rps == pytest.approx(float(np.quantile(rps, 0.1)))
+    assert fc.peak_rps == pytest.approx(float(np.quantile(rps, 0.9)))
+
+
+def test_constant_series_is_a_flat_fallback() -> None:
+    ts = START + STEP_S * np.arange(3000)
+    fc = forecast_rate(ts, np.full(ts.size, 7.0), ts[-1] + STEP_S, HORIZON_S, step_s=STEP_S)
+    assert fc.method == "recent-quantile" and "constant" in fc.reason
+    assert fc.sustained_rps == fc.peak_rps == 7.0
+
+
+@pytest.mark.parametrize(("ts", "rps", "expected"), [
+    ([START, START + STEP_S], [1.0, 2.0], "2 valid rate sample"),
+    (START + STEP_S * np.arange(50), np.full(50, np.nan), "0 valid"),
+    (START + STEP_S * np.arange(50), -np.ones(50), "negative"),
+    ([START, START + 1], [1.0], "2 timestamps but 1 rates"),
+])
+def test_too_little_data_is_insufficient(ts: object, rps: object, expected: str) -> None:
+    fc = forecast_rate(ts, rps, START + 60 * STEP_S, HORIZON_S, step_s=STEP_S)  # type: ignore[arg-type]
+    assert fc.status == "insufficient_data" and fc.method == "none"
+    assert fc.sustained_rps is None and fc.peak_rps is None
+    assert expected in fc.reason
+
+
+def test_a_recent_gap_is_insufficient() -> None:
+    ts, rps = seasonal(5)
+    fc = forecast_rate(ts, rps, ts[-1] + 2 * SECONDS_PER_DAY, HORIZON_S, step_s=STEP_S)
+    assert fc.status == "insufficient_data" and "no rate sample in the last" in fc.reason
+
+
+def test_counter_resets_and_outliers_are_dropped_and_reported() -> None:
+    ts, rps = seasonal(4)
+    dirty = rps.copy()
+    dirty[100] = -250.0          # a counter reset turned into a negative rate
+    dirty[200] = np.inf
+    dirty[300] = 1e7             # a spike no engine served
+    fc = forecast_rate(ts, dirty, ts[-1] + STEP_S, HORIZON_S, step_s=STEP_S)
+    clean = forecast_rate(np.delete(ts, [100, 200, 300]), np.delete(rps, [100, 200, 300]),
+                          ts[-1] + STEP_S, HORIZON_S, step_s=STEP_S)
+    assert fc.status == "ok" and fc.method == "seasonal-gbm"
+    assert "dropped 2 NaN/infinite/negative" in fc.reason and "1 outlier" in fc.reason
+    assert replace(fc, reason="", points=0) == replace(clean, reason="", points=0)
+
+
+def test_gaps_inside_the_history_still_forecast() -> None:
+    ts, rps = seasonal(9)
+    keep = ~((ts > START + 3 * SECONDS_PER_DAY) & (ts < START + 5 * SECONDS_PER_DAY))
+    fc = forecast_rate(ts[keep], rps[keep], ts[-1] + STEP_S, HORIZON_S, step_s=STEP_S)
+    assert fc.status == "ok" and fc.method == "seasonal-gbm"
+    assert all(np.isfinite(fc.path_low)) and min(fc.path_low) >= 0
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"horizon_s": 0.0}, "horizon_s and step_s must be > 0"),
+    ({"step_s": float("nan")}, "step_s must be finite"),
+    ({"quantile": 1.5}, "quantile must be in"),
+])
+def test_bad_arguments_raise_a_clear_error(kwargs: dict[str, float], message: str) -> None:
+    args = {"horizon_s": HORIZON_S, "step_s": STEP_S, "quantile": 0.1} | kwargs
+    with pytest.raises(InvalidArgument, match=message):
+        forecast_rate([START], [1.0], START + 1, args["horizon_s"], step_s=args["step_s"],
+                      quantile=args["quantile"])
+
+
+def test_plot_writes_a_png(tmp_path: Path) -> None:
+    ts, rps = seasonal(1)
+    fc = forecast_rate(ts, rps, ts[-1] + STEP_S, HORIZON_S, step_s=STEP_S)
+    out = plot_forecast(ts, rps, fc, tmp_path / "fc.png", title="llama")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    empty = Forecast("insufficient_data", "none", None, None, HORIZON_S, 0.1, "no data", 0)
+    assert plot_forecast([], [], empty, tmp_path / "none.png").stat().st_size > 0
