@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from gearshift.agents.emulator.cli import emulate
+from gearshift.cli import learning as _learning  # noqa: F401  (adds models capacity/forecast)
 from gearshift.cli import policy_remote as _policy_remote  # noqa: F401  (adds apply/show/diff/history)
 from gearshift.cli.daemons import agent, controller
 from gearshift.cli.decisions import decisions, pause, resume

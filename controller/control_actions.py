@@ -7,6 +7,7 @@ by the interceptor.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Callable
@@ -221,6 +222,27 @@ class ActionRpcs:
         orch = self._orch()
         row = orch.abort(request.id, request.reason)
         return migration_msg(row, orch.steps(row.id))
+
+    async def GetCapacity(self, request: control_pb2.GetCapacityRequest,
+                          context: aio.ServicerContext) -> control_pb2.GetCapacityResponse:
+        learner = self.policy_loop.learner
+        models = learner.for_model(request.model) if learner is not None else []
+        priors = self.policy_loop.priors(request.model)
+        if not models and request.model not in {m.model for m in self.policy_loop.fleet.models()}:
+            raise NotFound(f"no model {request.model!r} in the fleet or in what was learned")
+        return control_pb2.GetCapacityResponse(
+            models_json=[json.dumps(m.to_dict()) for m in models],
+            sla_ttft_p99_s=(priors.sla_ttft_p99_ms or 0.0) / 1000,
+            sla_itl_p99_s=(priors.sla_itl_p99_ms or 0.0) / 1000,
+            priors_json=priors.model_dump_json(by_alias=True, exclude_defaults=True))
+
+    async def GetRateHistory(self, request: control_pb2.GetRateHistoryRequest,
+                             context: aio.ServicerContext) -> control_pb2.GetRateHistoryResponse:
+        history = self.policy_loop.history
+        if request.model not in history.models():
+            raise NotFound(f"no request-rate history for model {request.model!r}")
+        ts, rps = history.arrays(request.model)
+        return control_pb2.GetRateHistoryResponse(ts=ts, rps=rps, resolution_s=history.resolution_s)
 
     async def PublishRevision(self, request: control_pb2.PublishRevisionRequest,
                               context: aio.ServicerContext) -> control_pb2.PublishRevisionResponse:

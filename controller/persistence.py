@@ -10,6 +10,7 @@ aggregator and compares a few fields.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from gearshift.controller.fleet import FleetState, HostEntry
 from gearshift.controller.rollup import RollupAggregator
 from gearshift.controller.store import Store, default_sqlite_url
-from gearshift.controller.tables import SETTING_PAUSED, DeploymentRow, HostRow
+from gearshift.controller.tables import SETTING_PAUSED, DeploymentRow, HostRow, RollupRow
 from gearshift.controller.writer import BatchingWriter
 from gearshift.v1 import agent_pb2
 
@@ -44,6 +45,7 @@ class Persistence:
         self._deployment_keys: dict[str, tuple[str, str, str, str]] = {}
         self._hosts_saved_at: dict[str, float] = {}
         self._paused_cache: bool | None = None
+        self.on_rollups: Callable[[list[RollupRow]], None] | None = None
 
     @classmethod
     def open(cls, db_url: str, data_dir: Path, registry: CollectorRegistry) -> Persistence:
@@ -102,6 +104,8 @@ class Persistence:
         rows = self.rollups.flush_completed(now)
         if rows:
             self.writer.submit_rollups(rows)
+            if self.on_rollups is not None:
+                self.on_rollups(rows)
         due = [e for hid, e in fleet.hosts.items()
                if e.last_report_ts - self._hosts_saved_at.get(hid, 0.0) >= HOST_SAVE_INTERVAL_S]
         if due:

@@ -41,6 +41,7 @@ from gearshift.policies.signals import EngineFacts, ModelFacts, ModelHistory, co
 from gearshift.v1 import agent_pb2
 
 if TYPE_CHECKING:
+    from gearshift.controller.learning import CapacityLearner, Forecaster
     from gearshift.controller.migration_store import MigrationPhase, MigrationRow
     from gearshift.controller.orchestrator import MigrationOrchestrator
 
@@ -114,6 +115,9 @@ class PolicyLoop:
         self._policy: tuple[int, Policy] | None = None
         self._seen: dict[str, _Seen] = {}
         self.on_policy_change: Callable[[Policy], None] | None = None
+        self.learner: CapacityLearner | None = None
+        self.forecaster: Forecaster | None = None
+        self._citations: dict[str, dict[str, Any]] = {}
 
     # -- policy versions ------------------------------------------------------------
 
@@ -200,15 +204,41 @@ class PolicyLoop:
             if d.itl.present:
                 measured_itl[d.engine] = max(measured_itl.get(d.engine, 0.0), d.itl.p99_s * 1000)
         engines = {}
+        cite: dict[str, Any] = {}
         for e in ENGINES:
             prior = p.engines.get(e)  # type: ignore[call-overload]
+            capacity = prior.capacity_rps if prior else None
+            cite[f"capacity_source.{e}"] = "prior" if capacity is not None else "unknown"
+            learned = None if self.learner is None else self.learner.best(
+                model, e, gpu_models[0] if gpu_models else None,
+                p.sla_ttft_p99_ms / 1000 if p.sla_ttft_p99_ms else None,
+                p.sla_itl_p99_ms / 1000 if p.sla_itl_p99_ms else None)
+            if learned is not None:
+                est = learned.estimate
+                cite[f"capacity_points.{e}"] = est.points
+                if est.status == "ok" and est.capacity_rps is not None:
+                    capacity = est.capacity_rps
+                    cite[f"capacity_source.{e}"] = "measured"
+                    cite[f"capacity_low.{e}"] = est.low
+                    cite[f"capacity_high.{e}"] = est.high
+                else:
+                    # Too little data (or the SLA never reached): the prior stands; say why.
+                    cite[f"capacity_note.{e}"] = f"{est.status}: {est.reason}"
             engines[e] = EngineFacts(
-                capacity_rps=prior.capacity_rps if prior else None,
+                capacity_rps=capacity,
                 ttft_p99_ms=measured_ttft.get(e, prior.ttft_p99_ms if prior else None),
                 itl_p99_ms=measured_itl.get(e, prior.itl_p99_ms if prior else None),
                 cold_start_s=prior.cold_start if prior else None,
                 build_s=prior.build if prior else None,
                 build_overhead_usd=policy.doc.spec.cost.build_overhead_usd.get(e))  # type: ignore[call-overload]
+        if self.forecaster is not None:
+            fc = self.forecaster.forecast(model)
+            cite.update({"forecast_sustained_rps": fc.sustained_rps, "forecast_peak_rps": fc.peak_rps,
+                         "forecast_horizon_h": fc.horizon_s / 3600, "forecast_method": fc.method,
+                         "forecast_status": fc.status})
+            if fc.reason:
+                cite["forecast_note"] = fc.reason
+        self._citations[model] = cite
         labels: dict[str, str] = {}
         for h, _ in ready:
             labels.update(self.fleet.hosts[h].hello.labels)
@@ -295,7 +325,8 @@ class PolicyLoop:
                 self.store.update_decision_status(
                     open_row.id, DecisionStatus.SUPERSEDED, "a newer decision replaced it",
                     expected_from=DecisionStatus.PROPOSED)
-        inputs = {k: v for k, v in d["inputs"].items()}
+        inputs = {**d["inputs"], **self._citations.get(d["model"], {}),
+                  "policy": d["policy_version"]}
         row = DecisionRow(
             created_at=_utc(now), model=d["model"], from_engine=d["from_engine"],
             to_engine=d["to_engine"], rule=d["rule"], inputs=inputs, expected=d["expected"],

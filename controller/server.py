@@ -30,11 +30,13 @@ from gearshift.controller.control_service import ControlService
 from gearshift.controller.errors import ConfigError, NotFound
 from gearshift.controller.fleet import FleetState, HostEntry
 from gearshift.controller.interceptors import ErrorInterceptor
+from gearshift.controller.learning import CapacityLearner, Forecaster
 from gearshift.controller.metrics import ControllerMetrics
 from gearshift.controller.migration_store import MigrationPhase, MigrationRepository, MigrationRow
 from gearshift.controller.orchestrator import MigrationOrchestrator, OrchestratorSettings
 from gearshift.controller.persistence import Persistence
 from gearshift.controller.policy_loop import PolicyLoop, RateHistory
+from gearshift.controller.tables import RollupRow
 from gearshift.v1 import agent_pb2, agent_pb2_grpc, control_pb2, control_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -106,6 +108,11 @@ class Controller:
                 sla_for=self.policy_loop.sla_for))
         self.orchestrator.install()
         self.policy_loop.orchestrator = self.orchestrator
+        self.learner = CapacityLearner(store)
+        self.learner.load()
+        self.persistence.on_rollups = self._on_rollups
+        self.policy_loop.learner = self.learner
+        self.policy_loop.forecaster = Forecaster(self.history.arrays, config.history_resolution_s)
         self.policy_loop.on_policy_change = lambda _p: self._schedule_policy()
         self.control = ControlService(
             self.fleet, controller_id=config.controller_id, epoch=self.epoch,
@@ -138,6 +145,10 @@ class Controller:
                 # A revision an agent reports counts toward the model's churn.
                 self._known_revisions.add(key)
                 self.persistence.store.add_revision(dep.model, dep.revision, source="agent")
+
+    def _on_rollups(self, rows: list[RollupRow]) -> None:
+        if self.learner.observe(rows):
+            self.learner.save()
 
     def _on_command_result(self, host_id: str, result: agent_pb2.CommandResult) -> None:
         self.orchestrator.on_command_result(host_id, result)

@@ -316,6 +316,12 @@ class Store:
             row = s.get(SettingRow, key)
             return default if row is None else row.value
 
+    def settings_with_prefix(self, prefix: str) -> dict[str, Any]:
+        """Every setting whose key starts with `prefix` (for per-key state such as learned models)."""
+        with self._session() as s:
+            rows = s.exec(select(SettingRow).where(SettingRow.key.startswith(prefix)))  # type: ignore[attr-defined]
+            return {r.key: r.value for r in rows}
+
     def set_setting(self, key: str, value: Any) -> None:
         """Store a JSON value under `key` (known keys must have their documented type)."""
         want = SETTING_TYPES.get(key)

@@ -480,6 +480,40 @@ class PublishRevisionResponse(_message.Message):
     message: str
     def __init__(self, migration: _Optional[_Union[Migration, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...
 
+class GetCapacityRequest(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
+
+class GetCapacityResponse(_message.Message):
+    __slots__ = ("models_json", "sla_ttft_p99_s", "sla_itl_p99_s", "priors_json")
+    MODELS_JSON_FIELD_NUMBER: _ClassVar[int]
+    SLA_TTFT_P99_S_FIELD_NUMBER: _ClassVar[int]
+    SLA_ITL_P99_S_FIELD_NUMBER: _ClassVar[int]
+    PRIORS_JSON_FIELD_NUMBER: _ClassVar[int]
+    models_json: _containers.RepeatedScalarFieldContainer[str]
+    sla_ttft_p99_s: float
+    sla_itl_p99_s: float
+    priors_json: str
+    def __init__(self, models_json: _Optional[_Iterable[str]] = ..., sla_ttft_p99_s: _Optional[float] = ..., sla_itl_p99_s: _Optional[float] = ..., priors_json: _Optional[str] = ...) -> None: ...
+
+class GetRateHistoryRequest(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
+
+class GetRateHistoryResponse(_message.Message):
+    __slots__ = ("ts", "rps", "resolution_s")
+    TS_FIELD_NUMBER: _ClassVar[int]
+    RPS_FIELD_NUMBER: _ClassVar[int]
+    RESOLUTION_S_FIELD_NUMBER: _ClassVar[int]
+    ts: _containers.RepeatedScalarFieldContainer[float]
+    rps: _containers.RepeatedScalarFieldContainer[float]
+    resolution_s: float
+    def __init__(self, ts: _Optional[_Iterable[float]] = ..., rps: _Optional[_Iterable[float]] = ..., resolution_s: _Optional[float] = ...) -> None: ...
+
 class EvaluateNowRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

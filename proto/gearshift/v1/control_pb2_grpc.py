@@ -134,6 +134,16 @@ class ControlServiceStub:
                 request_serializer=gearshift_dot_v1_dot_control__pb2.PublishRevisionRequest.SerializeToString,
                 response_deserializer=gearshift_dot_v1_dot_control__pb2.PublishRevisionResponse.FromString,
                 _registered_method=True)
+        self.GetCapacity = channel.unary_unary(
+                '/gearshift.v1.ControlService/GetCapacity',
+                request_serializer=gearshift_dot_v1_dot_control__pb2.GetCapacityRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_control__pb2.GetCapacityResponse.FromString,
+                _registered_method=True)
+        self.GetRateHistory = channel.unary_unary(
+                '/gearshift.v1.ControlService/GetRateHistory',
+                request_serializer=gearshift_dot_v1_dot_control__pb2.GetRateHistoryRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_control__pb2.GetRateHistoryResponse.FromString,
+                _registered_method=True)
 
 
 class ControlServiceServicer:
@@ -262,6 +272,18 @@ class ControlServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetCapacity(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRateHistory(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -364,6 +386,16 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.PublishRevision,
                     request_deserializer=gearshift_dot_v1_dot_control__pb2.PublishRevisionRequest.FromString,
                     response_serializer=gearshift_dot_v1_dot_control__pb2.PublishRevisionResponse.SerializeToString,
+            ),
+            'GetCapacity': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCapacity,
+                    request_deserializer=gearshift_dot_v1_dot_control__pb2.GetCapacityRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_control__pb2.GetCapacityResponse.SerializeToString,
+            ),
+            'GetRateHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRateHistory,
+                    request_deserializer=gearshift_dot_v1_dot_control__pb2.GetRateHistoryRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_control__pb2.GetRateHistoryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -906,6 +938,60 @@ class ControlService:
             '/gearshift.v1.ControlService/PublishRevision',
             gearshift_dot_v1_dot_control__pb2.PublishRevisionRequest.SerializeToString,
             gearshift_dot_v1_dot_control__pb2.PublishRevisionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCapacity(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.ControlService/GetCapacity',
+            gearshift_dot_v1_dot_control__pb2.GetCapacityRequest.SerializeToString,
+            gearshift_dot_v1_dot_control__pb2.GetCapacityResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRateHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.ControlService/GetRateHistory',
+            gearshift_dot_v1_dot_control__pb2.GetRateHistoryRequest.SerializeToString,
+            gearshift_dot_v1_dot_control__pb2.GetRateHistoryResponse.FromString,
             options,
             channel_credentials,
             insecure,
