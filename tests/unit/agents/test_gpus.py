@@ -35,5 +35,5 @@ def test_emulated_inventory_for_development() -> None:
     gpus = src.read()
     assert src.emulated and [g.index for g in gpus] == [0, 1]
     assert gpus[0].memory_total_bytes == 80 * 1024**3 and gpus[0].health == agent_pb2.GPU_HEALTH_OK
-    with pytest.raises(ValueError, match="gpus.emulated is not set"):
+    with pytest.raises(ValueError, match=r"gpus\.emulated is not set"):
         open_gpu_source("emulated", None)
