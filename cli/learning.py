@@ -16,6 +16,7 @@ import click
 from gearshift.cli.client import call, control_stub
 from gearshift.cli.migrations import models
 from gearshift.cli.output import output_option, print_json, print_table
+from gearshift.controller.learning import FORECAST_MIN_STEP_S
 from gearshift.policies.capacity import CapacityModel, plot_capacity
 from gearshift.policies.forecast import forecast_rate, plot_forecast
 from gearshift.v1 import control_pb2
@@ -82,7 +83,8 @@ def forecast(ctx: click.Context, name: str, horizon_h: float, plot_path: Path | 
         resp = call(stub.GetRateHistory, control_pb2.GetRateHistoryRequest(model=name))
     ts, rps = list(resp.ts), list(resp.rps)
     now = (ts[-1] + resp.resolution_s) if ts else 0.0
-    fc = forecast_rate(ts, rps, now, horizon_h * 3600, step_s=resp.resolution_s)
+    fc = forecast_rate(ts, rps, now, horizon_h * 3600,
+                       step_s=max(resp.resolution_s, FORECAST_MIN_STEP_S))
     if output == "json":
         data = asdict(fc)
         for k in ("path_ts", "path_low", "path_high"):

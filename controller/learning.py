@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from gearshift.controller.errors import GearshiftError
 from gearshift.controller.store import Store
 from gearshift.controller.tables import RollupRow
 from gearshift.policies.capacity import (
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 SETTING_PREFIX = "capacity/"
 FORECAST_REFIT_S = 900.0
 FORECAST_HORIZON_S = 24 * 3600.0
+FORECAST_MIN_STEP_S = 300.0  # the forecast works on 5-minute bins (or the history's, if coarser)
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,12 @@ class Forecaster:
         if cached is not None and now - cached[0] < FORECAST_REFIT_S:
             return cached[1]
         ts, rps = self._history(model)
-        fc = forecast_rate(ts, rps, now, FORECAST_HORIZON_S, step_s=self._step_s)
+        try:
+            fc = forecast_rate(ts, rps, now, FORECAST_HORIZON_S,
+                               step_s=max(self._step_s, FORECAST_MIN_STEP_S))
+        except GearshiftError as exc:  # a forecast problem must never stop the policy loop
+            fc = Forecast(status="insufficient_data", method="none", sustained_rps=None,
+                          peak_rps=None, horizon_s=FORECAST_HORIZON_S, quantile=0.1,
+                          reason=f"forecast failed: {exc.message}", points=len(ts))
         self._cache[model] = (now, fc)
         return fc

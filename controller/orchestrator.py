@@ -51,7 +51,11 @@ from gearshift.v1 import agent_pb2, control_pb2
 log = logging.getLogger(__name__)
 
 P = MigrationPhase
-KINDS = ("engine_switch", "revision_rollout")
+# engine_switch: move a model; revision_rollout: new weights on the same engine;
+# trial: run the other engine on a bounded share of traffic to measure it, then
+# restore the source whatever the result (the measurement is what it is for).
+KINDS = ("engine_switch", "revision_rollout", "trial")
+TRIAL_COMPLETE = "trial complete"
 FAILED_COMMAND_PHASES = frozenset({"failed", "rejected"})
 READY = agent_pb2.DEPLOYMENT_PHASE_READY
 BROKEN_PHASES = {agent_pb2.DEPLOYMENT_PHASE_UNHEALTHY: "unhealthy",
@@ -129,7 +133,7 @@ class MigrationOrchestrator:
 
     def create(self, model: str, from_engine: str, to_engine: str, *,
                decision_id: str | None = None, kind: str = "engine_switch",
-               target_revision: str | None = None) -> MigrationRow:
+               target_revision: str | None = None, trial_share: float | None = None) -> MigrationRow:
         """Start moving `model`; refuses a second active move of the same model."""
         if kind not in KINDS:
             raise InvalidArgument(f"migration kind {kind!r} is not one of {', '.join(KINDS)}")
@@ -137,7 +141,7 @@ class MigrationOrchestrator:
             if engine not in ENGINES:
                 raise InvalidArgument(f"migration {what} {engine!r} is not one of "
                                       f"{', '.join(ENGINES)}")
-        if kind == "engine_switch" and from_engine == to_engine:
+        if kind in ("engine_switch", "trial") and from_engine == to_engine:
             raise InvalidArgument(f"migration of {model!r}: from_engine and to_engine are both "
                                   f"{from_engine!r}; an engine switch needs two engines")
         if kind == "revision_rollout" and not target_revision:
@@ -159,7 +163,8 @@ class MigrationOrchestrator:
         row = MigrationRow(
             decision_id=decision_id, model=model, kind=kind, from_engine=from_engine,
             to_engine=to_engine, target_revision=target_revision,
-            canary_steps=list(self.settings.canary_steps),
+            canary_steps=[trial_share or self.settings.canary_steps[0]] if kind == "trial"
+            else list(self.settings.canary_steps),
             source_deployment_ids=[d.deployment_id for _h, d in sources],
             source_specs=[source_spec(h, d, self.settings.drain_grace_s) for h, d in sources],
             phase_entered_at=now, created_at=now, updated_at=now, finished_at=None)
@@ -537,6 +542,11 @@ class MigrationOrchestrator:
                 row.canary_step += 1
                 row.healthy_intervals = 0
                 self._save(row, self._step_note(row), figures)
+            elif row.kind == "trial":
+                row.reason = (f"{TRIAL_COMPLETE}: {row.to_engine} served "
+                              f"{row.canary_steps[-1]:.0%} of traffic within the SLA for "
+                              f"{s.analysis_intervals} interval(s)")
+                self._go(row, P.ROLLING_BACK, row.reason, figures)
             else:
                 self._go(row, P.PROMOTING, f"{where} passed; target takes all traffic", figures)
 
@@ -590,6 +600,9 @@ class MigrationOrchestrator:
                 notes.append(f"source {dep_id} not restored: {failed.message}")
         if done:
             final = P.ABORTED if row.abort_requested else P.ROLLED_BACK
+            if row.kind == "trial" and not row.abort_requested and row.reason.startswith(
+                    TRIAL_COMPLETE):
+                final = P.DONE  # a trial that measured what it came for is done
             if notes:
                 row.reason = f"{row.reason}; {'; '.join(notes)}"
             self._go(row, final, f"traffic back on {row.from_engine}: {row.reason}")

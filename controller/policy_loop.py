@@ -11,6 +11,7 @@ atomically: an invalid policy never replaces the active one.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import logging
 from collections import deque
@@ -50,6 +51,7 @@ log = logging.getLogger(__name__)
 ENGINES = ("vllm", "tensorrt-llm")
 OPEN_STATUSES = (DecisionStatus.PROPOSED, DecisionStatus.APPROVED, DecisionStatus.EXECUTING)
 HISTORY_RETENTION_S = 8 * 24 * 3600.0
+TRIAL_PREFIX = "trial/"
 
 
 def _utc(ts: float) -> datetime:
@@ -209,6 +211,12 @@ class PolicyLoop:
             prior = p.engines.get(e)  # type: ignore[call-overload]
             capacity = prior.capacity_rps if prior else None
             cite[f"capacity_source.{e}"] = "prior" if capacity is not None else "unknown"
+            trial = self.trial_result(model, e)
+            if trial is not None:
+                cite[f"trial.{e}"] = f"{trial['migration']} {trial['outcome']}: {trial['reason']}"
+                for k in ("candidate_ttft_p99_s", "candidate_itl_p99_s"):
+                    if isinstance(trial.get("figures"), dict) and k in trial["figures"]:
+                        cite[f"trial_{k}.{e}"] = trial["figures"][k]
             learned = None if self.learner is None else self.learner.best(
                 model, e, gpu_models[0] if gpu_models else None,
                 p.sla_ttft_p99_ms / 1000 if p.sla_ttft_p99_ms else None,
@@ -352,20 +360,58 @@ class PolicyLoop:
             self.store.update_decision_status(row.id, DecisionStatus.APPROVED,
                                               "approved; no migration executor is running")
             return
+        trial = self._trial_needed(row)
         try:
-            mig = self.orchestrator.create(row.model, row.from_engine, row.to_engine,
-                                           decision_id=row.id)
+            if trial is not None:
+                mig = self.orchestrator.create(row.model, row.from_engine, row.to_engine,
+                                               decision_id=row.id, kind="trial", trial_share=trial)
+            else:
+                mig = self.orchestrator.create(row.model, row.from_engine, row.to_engine,
+                                               decision_id=row.id)
         except (FailedPrecondition, InvalidArgument) as exc:
             self.store.update_decision_status(row.id, DecisionStatus.APPROVED,
                                               f"approved; not started yet: {exc.message}")
             return
-        self.store.update_decision_status(row.id, DecisionStatus.EXECUTING, f"migration {mig.id}",
+        what = (f"trial {mig.id}: measuring {row.to_engine} on {trial:.0%} of traffic before "
+                "the move" if trial is not None else f"migration {mig.id}")
+        self.store.update_decision_status(row.id, DecisionStatus.EXECUTING, what,
                                           expected_from=DecisionStatus.APPROVED)
+
+    def _trial_needed(self, row: DecisionRow) -> float | None:
+        """The trial share when the policy wants one: the target's capacity for this model
+        was never measured and no trial of it has run yet."""
+        current = self.active()
+        if current is None or not current[1].doc.spec.trials.enabled:
+            return None
+        if row.inputs.get(f"capacity_source.{row.to_engine}") == "measured":
+            return None
+        if self.store.get_setting(f"{TRIAL_PREFIX}{row.model}/{row.to_engine}") is not None:
+            return None
+        return current[1].doc.spec.trials.share
 
     def _retry_approved(self) -> None:
         for row in self.store.list_decisions(status=DecisionStatus.APPROVED, limit=50):
             if row.mode != "dry-run":
                 self._execute(row.id)
+
+    def _trial_finished(self, row: MigrationRow, after: MigrationPhase) -> None:
+        if str(after.value) not in ("done", "rolled_back", "aborted"):
+            return
+        result = {"migration": row.id, "outcome": str(after.value), "reason": row.reason,
+                  "share": row.canary_steps[-1] if row.canary_steps else None,
+                  "figures": row.last_figures,
+                  "at": row.finished_at.isoformat() if row.finished_at else None}
+        self.store.set_setting(f"{TRIAL_PREFIX}{row.model}/{row.to_engine}", result)
+        if row.decision_id:
+            with contextlib.suppress(GearshiftError):
+                self.store.update_decision_status(
+                    row.decision_id, DecisionStatus.SUPERSEDED,
+                    f"trial {row.id} {after.value}: {row.reason}; the next evaluation decides on "
+                    "what it measured", expected_from=DecisionStatus.EXECUTING)
+
+    def trial_result(self, model: str, engine: str) -> dict[str, Any] | None:
+        value = self.store.get_setting(f"{TRIAL_PREFIX}{model}/{engine}")
+        return value if isinstance(value, dict) else None
 
     # -- people -----------------------------------------------------------------------
 
@@ -403,6 +449,9 @@ class PolicyLoop:
     def on_migration_transition(self, row: MigrationRow, before: MigrationPhase,
                                 after: MigrationPhase, message: str) -> None:
         if not row.decision_id:
+            return
+        if row.kind == "trial":
+            self._trial_finished(row, after)
             return
         final = {"done": (DecisionStatus.DONE, f"migration {row.id} done"),
                  "rolled_back": (DecisionStatus.ROLLED_BACK, f"migration {row.id} rolled back: {row.reason}"),

@@ -157,6 +157,14 @@ class ModelPriors(_Strict):
     engines: dict[Engine, EnginePriors] = {}
 
 
+class Trials(_Strict):
+    """Measured engine trials: before moving to an engine whose capacity for the model
+    was never measured, run it on a bounded share of traffic and decide on what it showed."""
+
+    enabled: bool = False
+    share: Annotated[float, Field(gt=0, le=0.5)] = 0.1
+
+
 class Spec(_Strict):
     mode: Mode = "dry-run"
     interval: Duration = 300.0
@@ -167,6 +175,7 @@ class Spec(_Strict):
     guardrails: Guardrails = Guardrails()
     cost: Cost = Cost()
     models: dict[str, ModelPriors] = {}
+    trials: Trials = Trials()
 
 
 class PolicyDoc(_Strict):

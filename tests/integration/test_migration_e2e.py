@@ -10,7 +10,14 @@ import pytest
 
 from gearshift.cli.local_fleet import LocalFleet
 from integration.helpers import GatewayLoad, gearshift, gearshift_json, wait_for
-from integration.moves import _apply, _engines, _migration_done, start_moving_fleet
+from integration.moves import (
+    END_PHASES,
+    POLICY,
+    _apply,
+    _engines,
+    _migration_done,
+    start_moving_fleet,
+)
 
 CONTROLLER_ARGS = ("--history-resolution", "0.5", "--canary-steps", "0.5",
                    "--analysis-intervals", "2")
@@ -51,4 +58,30 @@ def test_move_to_tensorrt_llm_and_back_with_zero_failed_requests(moving_fleet: L
         assert back["phase"] == "done", back
         wait_for(lambda: _engines(fleet) == {"vllm"}, 30, "only vllm serving m")
     assert load.sent > 50
+    assert load.failed == 0, load.errors[:5]
+
+
+def test_trial_measures_the_target_before_the_move(moving_fleet: LocalFleet, tmp_path: Path) -> None:
+    fleet = moving_fleet
+    path = tmp_path / "trial.yaml"
+    text = POLICY.format(name="trial", mode="auto", prefer="tensorrt-llm",
+                         rule="prefer-tensorrt-llm", cooldown="0s")
+    path.write_text(text + "  trials: {enabled: true, share: 0.2}\n")
+    with GatewayLoad(fleet.gateway_url, "m") as load:
+        gearshift(fleet, "policy", "apply", str(path))
+        trial = wait_for(lambda: next((m for m in gearshift_json(fleet, "migrations", "list")
+                                       if m["kind"] == "trial" and m["phase"] in END_PHASES), None),
+                         90, "the trial to end")
+        assert trial["phase"] == "done", trial
+        assert trial["canary_steps"] == [0.2]
+        first = next(d for d in gearshift_json(fleet, "decisions", "list")
+                     if d["id"] == trial["decision_id"])
+        assert first["status"] == "superseded" and "trial" in first["status_reason"]
+        # The next decision cites the trial and the move follows.
+        move = wait_for(lambda: next((m for m in gearshift_json(fleet, "migrations", "list")
+                                      if m["kind"] == "engine_switch" and m["phase"] in END_PHASES),
+                                     None), 90, "the move after the trial")
+        assert move["phase"] == "done", move
+        decision = gearshift_json(fleet, "decisions", "explain", move["decision_id"])
+        assert trial["id"] in decision["inputs"]["trial.tensorrt-llm"]
     assert load.failed == 0, load.errors[:5]
