@@ -62,7 +62,11 @@ def schema() -> None:
               show_default=True)
 @click.option("--compare", "compare_file", type=click.Path(dir_okay=False), default=None,
               help="Another policy: show where it decides differently and what that costs.")
-def backtest(policy_file: str, trace_file: str, output: str, compare_file: str | None) -> None:
+@click.option("--blind", is_flag=True, default=False,
+              help="Hide the header's capacities and latencies from the policy: it learns "
+                   "capacity from simulated latency observations of the serving engine.")
+def backtest(policy_file: str, trace_file: str, output: str, compare_file: str | None,
+             blind: bool) -> None:
     """Replay a trace through POLICY and price the outcome."""
     pol = _load(policy_file)
     other = _load(compare_file) if compare_file else None
@@ -70,10 +74,12 @@ def backtest(policy_file: str, trace_file: str, output: str, compare_file: str |
         trace = read_trace(trace_file)
     except GearshiftError as exc:
         raise click.ClickException(exc.message) from None
-    result = run_backtest(pol, trace, compare=other)
+    result = run_backtest(pol, trace, compare=other, blind=blind)
     if output == "json":
         click.echo(json.dumps(result))
         return
+    if blind:
+        click.echo("blind run: capacities learned from simulated latency, not read from the trace")
     _print_text(result)
 
 

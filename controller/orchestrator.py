@@ -551,7 +551,24 @@ class MigrationOrchestrator:
                 self._go(row, P.PROMOTING, f"{where} passed; target takes all traffic", figures)
 
     def _draining(self, row: MigrationRow) -> None:
-        self._candidates(row)
+        # After promotion the target is what serves: a crash now is ridden out (its agent
+        # restarts it) rather than rolled back, since the source is already leaving.
+        for t in row.target_specs:
+            if t["late"]:
+                continue
+            dep = self._dep(t["host_id"], t["spec"]["deployment_id"])
+            if dep is None:
+                raise _Failed(f"target {t['spec']['deployment_id']} disappeared from host "
+                              f"{t['host_id']}")
+            if dep.phase != READY:
+                row.target_restarts[dep.deployment_id] = dep.restarts
+                note = (f"waiting: target {dep.deployment_id} is "
+                        f"{BROKEN_PHASES.get(dep.phase, _phase_name(dep.phase))}; its agent "
+                        "restarts it")
+                first = row.status_message != note
+                row.status_message = note
+                self._save(row, note if first else None)
+                return
         cmds = self._repo.commands(row.id)
         late = [t for t in row.target_specs if t["late"]]
         replaced_late = {t["replaces"] for t in late}

@@ -224,11 +224,18 @@ class PolicyLoop:
             if learned is not None:
                 est = learned.estimate
                 cite[f"capacity_points.{e}"] = est.points
+                if est.low is not None and est.high is not None:
+                    cite[f"capacity_low.{e}"] = est.low
+                    cite[f"capacity_high.{e}"] = est.high
                 if est.status == "ok" and est.capacity_rps is not None:
                     capacity = est.capacity_rps
                     cite[f"capacity_source.{e}"] = "measured"
-                    cite[f"capacity_low.{e}"] = est.low
-                    cite[f"capacity_high.{e}"] = est.high
+                elif est.status == "lower_bound" and est.capacity_rps is not None:
+                    # A fleet sized with headroom rarely runs at its SLA, so the usual
+                    # measurement is a lower bound: the most load served within the SLA.
+                    # It can raise a prior, never lower it.
+                    capacity = max(est.capacity_rps, capacity or 0.0)
+                    cite[f"capacity_source.{e}"] = "measured (lower bound)"
                 else:
                     # Too little data (or the SLA never reached): the prior stands; say why.
                     cite[f"capacity_note.{e}"] = f"{est.status}: {est.reason}"

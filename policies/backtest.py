@@ -5,8 +5,11 @@ At the start of every evaluation step the backtest computes each model's signals
 from the samples before that instant, calls `decide`, and feeds the decisions to
 `costmodel.ModelReplay`, which applies the delay, rebuilds, flaps and SLA minutes.
 Measured facts (capacity, latency, build and cold-start times) come from the trace
-header, as the live system would measure them. The backtest replays what the
-policy would do if executed, whatever its `mode`.
+header, as the live system would measure them. With ``blind=True`` the policy sees
+no header capacity or latency: the simulator answers each step with a latency
+observation of the serving engine and the policy learns capacity from them
+(`policies.blind`, which documents the latency model). The backtest replays what
+the policy would do if executed, whatever its `mode`.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from gearshift.policies.blind import BlindLearner, LatencyWorld, blind_view
 from gearshift.policies.core import Decision, ModelState, decide
 from gearshift.policies.costmodel import ModelOutcome, ModelReplay, replay_model
 from gearshift.policies.loader import Policy
@@ -55,12 +59,25 @@ def histories(trace: Trace) -> dict[str, ModelHistory]:
     return out
 
 
-def simulate(policy: Policy, trace: Trace) -> tuple[dict[str, ModelOutcome], dict[str, list[Decision]]]:
-    """Replay `trace` under `policy`; the outcome and the accepted decisions per model."""
+def simulate(policy: Policy, trace: Trace, *, blind: bool = False, seed: int = 0,
+             policy_view: Trace | None = None
+             ) -> tuple[dict[str, ModelOutcome], dict[str, list[Decision]]]:
+    """Replay `trace` under `policy`; the outcome and the accepted decisions per model.
+
+    Blind: the policy reads only `policy_view` (default: `blind_view(trace)`, the
+    header's capacities and latencies hidden) and the simulated observations
+    (noise from `seed`); the cost model and the simulator still use `trace`.
+    """
     start = trace.start.timestamp()
     models = sorted(trace.series)
-    facts = {m: facts_from_profile(trace, trace.profiles[m]) for m in models}
-    hist = histories(trace)
+    learner = world = None
+    if blind:
+        view = policy_view if policy_view is not None else blind_view(trace)
+        learner, world = BlindLearner(policy, view), LatencyWorld(trace, seed=seed)
+        hist = histories(view)
+    else:
+        facts = {m: facts_from_profile(trace, trace.profiles[m]) for m in models}
+        hist = histories(trace)
     replays = {m: ModelReplay(trace, m) for m in models}
     since = dict.fromkeys(models, start - LONG_AGO_S)
     engine_now = {m: replays[m].serving for m in models}
@@ -76,6 +93,8 @@ def simulate(policy: Policy, trace: Trace) -> tuple[dict[str, ModelOutcome], dic
             if serving != engine_now[m]:
                 engine_now[m], since[m] = serving, now
         if k % every == 0:
+            if learner is not None:
+                facts = {m: learner.facts(m) for m in models}
             signals: dict[str, Signals] = {
                 m: compute_signals(m, hist[m], facts[m], now, settings) for m in models}
             state = {m: ModelState(engine=engine_now[m], since=since[m], last_switch=last_switch[m],
@@ -84,8 +103,11 @@ def simulate(policy: Policy, trace: Trace) -> tuple[dict[str, ModelOutcome], dic
         for m in models:
             d = wanted.get(m)
             if replays[m].step(k, d.to_engine if d else None) and d is not None:
-                accepted[m].append(d)
+                accepted[m].append(d if learner is None else learner.annotate(d, hist[m]))
                 last_switch[m] = now
+            if learner is not None and world is not None:
+                serving = replays[m].serving  # the engine that served step k
+                learner.observe(m, serving, world.observe(m, serving, k))
     return {m: r.outcome() for m, r in replays.items()}, accepted
 
 
@@ -119,10 +141,12 @@ def baseline_costs(trace: Trace) -> dict[str, dict[str, float]]:
     return out
 
 
-def run_backtest(policy: Policy, trace: Trace, *, compare: Policy | None = None) -> dict[str, Any]:
+def run_backtest(policy: Policy, trace: Trace, *, compare: Policy | None = None,
+                 blind: bool = False, seed: int = 0) -> dict[str, Any]:
     """The DESIGN §7 JSON object; with `compare`, an extra ``compare`` key says where
-    and at what cost the other policy decides differently."""
-    outcomes, decisions = simulate(policy, trace)
+    and at what cost the other policy decides differently. `blind`: the policies
+    learn capacity from simulated latency instead of reading the header's."""
+    outcomes, decisions = simulate(policy, trace, blind=blind, seed=seed)
     result: dict[str, Any] = {
         "policy": policy.name,
         "trace": trace.name,
@@ -131,7 +155,7 @@ def run_backtest(policy: Policy, trace: Trace, *, compare: Policy | None = None)
         "baselines": baseline_costs(trace),
     }
     if compare is not None:
-        other_out, other_dec = simulate(compare, trace)
+        other_out, other_dec = simulate(compare, trace, blind=blind, seed=seed)
         result["compare"] = _comparison(compare, result, other_out, other_dec)
     return result
 

@@ -27,12 +27,17 @@ spec:
 END_PHASES = ("done", "rolled_back", "aborted")
 
 
-def start_moving_fleet(fleet: LocalFleet, controller_args: tuple[str, ...]) -> LocalFleet:
-    """m on vLLM on host-a; host-b empty with free GPUs (the surge target); a gateway."""
+def start_moving_fleet(fleet: LocalFleet, controller_args: tuple[str, ...],
+                       host_a_trt_env: dict[str, str] | None = None) -> LocalFleet:
+    """m on vLLM on host-a, which has free GPUs (targets surge there first); host-b
+    empty; a gateway. `host_a_trt_env` adds emulator settings (faults) to host-a's
+    TensorRT-LLM engines."""
     fleet.start_controller(controller_args)
+    env = {**FAST_ENGINE_ENV,
+           "tensorrt-llm": {**FAST_ENGINE_ENV["tensorrt-llm"], **(host_a_trt_env or {})}}
     fleet.start_agent("host-a", [{"deployment_id": "m-vllm-0", "model": "m", "engine": "vllm",
                                   "source": "org/m", "revision": "r1", "gpu_indices": [0]}],
-                      FAST_ENGINE_ENV)
+                      env)
     fleet.start_agent("host-b", [], FAST_ENGINE_ENV)
     wait_for(lambda: any(d["report"]["phase"] == "DEPLOYMENT_PHASE_READY"
                          for d in gearshift_json(fleet, "fleet", "deployments")), 60, "m ready")

@@ -1,0 +1,353 @@
+"""Blind backtest: the policy learns engine capacity from simulated latency, as it
+would live, instead of reading the trace header's hindsight capacities.
+
+Two halves, kept apart so that the policy path can never read the header's
+capacities:
+
+**The world (`LatencyWorld`)** knows the header. Each step it answers with one
+observation for the engine that actually serves the model (the other engine is
+not observed until it serves, exactly as live): the load per replica and a p99
+TTFT drawn from this latency model (per model and engine):
+
+    c      = capacity_rps[e]            (per replica, at the SLA; header)
+    n      = replicas(e, r)             (DESIGN §6: the fleet is sized on the true capacity)
+    rho    = r / (n * c)                (utilisation at the SLA capacity; <= 1/(1+headroom))
+    p99(rho) = base_ms * (1 - rho / RHO_SATURATION_RATIO) ** -shape          (M/M/1-like)
+    observed = p99(rho) * exp(NOISE_SIGMA * z),   z ~ N(0, 1) per (seed, model, engine, step)
+
+The engine saturates at RHO_SATURATION_RATIO times its SLA capacity; `base_ms`
+and `shape` are calibrated so that p99 equals the model's SLA at rho = 1 and the
+header's ``ttft_p99_ms[e]`` at the operating load rho_op = 1 / (1 + headroom)
+(where the replica formula puts a replica at full use). The curve is increasing
+and convex in load. When the header's p99 is not below the SLA (an engine that
+breaks it), the shape is SHAPE_MIN_EXPONENT and the curve goes through the
+header's p99 at rho_op, so it breaks the SLA at the operating load, as the
+header says. The shape is capped at SHAPE_MAX_EXPONENT, and rho_op at
+RHO_OPERATING_MAX for a trace without headroom. Idle steps (r = 0) give no
+observation. Noise is deterministic for a seed.
+
+**The learner (`BlindLearner`)** sees only what live would: the rates, the
+observations of the serving engine, the SLA, sizing, prices and build /
+cold-start times (not capacities), and the policy's priors. Per (model, engine)
+it feeds a `CapacityModel` and, at decision time, gives the decision core one
+capacity per engine with its source:
+
+- ``measured``: `estimate()` found the load where the monotone p99 fit crosses
+  the SLA (band = the bootstrap band);
+- ``lower_bound``: the SLA was never reached (the usual case: a fleet sized with
+  headroom never runs a replica at its SLA capacity), so the figure is the
+  highest load served within the SLA; when `estimate()` refuses (too narrow a
+  load range) the same figure is taken from the observations themselves;
+- ``prior``: under MIN_MEASURED_S of observations. The policy's
+  ``spec.models`` priors (``engines.<e>.capacityRps``) give the figure, or the
+  other engine's figure times the prior capacity ratio (the ratio of the two
+  priors when both are given, else DEFAULT_PRIOR_RATIO, in the middle of the
+  public range of DESIGN §4: vLLM a few % ahead on 8B models to TensorRT-LLM
+  +16% on 70B). With nothing measured and no prior, no capacity (no move).
+
+So the first move to an unmeasured engine is an engine trial: it happens only
+when the prior gain pays for the switch by the policy's margin; afterwards the
+measured figures decide (the minimum dwell gives the trial a full day of data).
+Lower bounds of both engines come from the same sizing rule, so their ratio is
+the engines' ratio.
+
+The rate forecast (`forecast_rate`, sustained q = sustainedQuantile over the
+policy horizon) is refitted at most once per FORECAST_REFIT_S, from the samples
+before the refit time only, and cited in every decision; the savings estimate
+keeps the recent windows (the forecast is reported, not acted on).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import zlib
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from gearshift.policies.capacity import (
+    CapacityEstimate,
+    CapacityKey,
+    CapacityModel,
+    LoadObservation,
+)
+from gearshift.policies.core import Decision
+from gearshift.policies.costmodel import replicas
+from gearshift.policies.forecast import Forecast, forecast_rate
+from gearshift.policies.loader import Policy
+from gearshift.policies.schema import ModelPriors
+from gearshift.policies.signals import EngineFacts, ModelFacts, ModelHistory, SignalValue
+from gearshift.policies.trace import ENGINES, Trace
+
+RHO_SATURATION_RATIO = 1.25   # the engine's saturation rate / its SLA capacity
+SHAPE_MIN_EXPONENT = 0.05     # the flattest curve (engines that break the SLA anyway)
+SHAPE_MAX_EXPONENT = 8.0      # the steepest (a header p99 far under the SLA near rho = 1)
+RHO_OPERATING_MAX = 0.95      # the operating load with (almost) no headroom
+NOISE_SIGMA = 0.05            # log-normal sigma of one step's p99
+MIN_MEASURED_S = 6 * 3600.0   # observations needed before a measurement replaces the prior
+RECENT_P99_S = 3600.0         # the p99 the SLA check sees: median of this much serving
+REFIT_GROWTH = 0.25           # re-estimate when observations grew by this share ...
+REFIT_EVERY_S = 24 * 3600.0   # ... or when this much new serving time was observed
+ESTIMATE_DRAWS = 50           # bootstrap draws per capacity estimate
+PER_BIN = 12                  # observations kept per load bin (CapacityModel)
+FORECAST_REFIT_S = 24 * 3600.0
+DEFAULT_PRIOR_RATIO = {"vllm": 1.0, "tensorrt-llm": 1.05}  # capacity relative to vLLM
+BLIND_ENGINE_VERSION = "blind-backtest"
+BLIND_GPU_MODEL = "simulated"
+
+
+# ---- the world ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LatencyCurve:
+    """p99 TTFT (ms) = base_ms * (1 - rho / RHO_SATURATION_RATIO) ** -shape."""
+
+    base_ms: float
+    shape: float
+
+    @staticmethod
+    def calibrate(sla_ms: float, operating_ms: float, rho_operating: float) -> LatencyCurve:
+        """The curve through (rho_operating, operating_ms) and (1, sla_ms)."""
+        if not (0 < rho_operating < 1):
+            raise ValueError(f"operating load must be in (0, 1), got {rho_operating}")
+        slack_op = 1 - rho_operating / RHO_SATURATION_RATIO
+        slack_sla = 1 - 1 / RHO_SATURATION_RATIO
+        shape = SHAPE_MIN_EXPONENT
+        if operating_ms < sla_ms:
+            shape = min(SHAPE_MAX_EXPONENT, max(
+                shape, math.log(sla_ms / operating_ms) / math.log(slack_op / slack_sla)))
+        return LatencyCurve(operating_ms * slack_op ** shape, shape)
+
+    def p99_ms(self, rho: float) -> float:
+        rho = min(max(rho, 0.0), 0.999 * RHO_SATURATION_RATIO)
+        return self.base_ms * (1 - rho / RHO_SATURATION_RATIO) ** -self.shape
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One step of one deployment, as the fleet reports it: load and p99, and how many
+    replicas were ready (the autoscaler's count, which live reports show too)."""
+
+    load: LoadObservation
+    replicas: int
+
+
+class LatencyWorld:
+    """What the simulated fleet would report, from the trace header (hindsight)."""
+
+    def __init__(self, trace: Trace, *, seed: int = 0) -> None:
+        self._trace = trace
+        rho_op = min(1 / (1 + trace.headroom), RHO_OPERATING_MAX)
+        self.curves = {(m, e): LatencyCurve.calibrate(p.sla_ttft_p99_ms, p.ttft_p99_ms[e], rho_op)
+                       for m, p in trace.profiles.items() for e in ENGINES}
+        self._noise = {}
+        for m, e in self.curves:
+            rng = np.random.default_rng([seed, zlib.crc32(f"{m}/{e}".encode())])
+            self._noise[m, e] = np.exp(NOISE_SIGMA * rng.standard_normal(trace.n_steps)).tolist()
+
+    def observe(self, model: str, engine: str, k: int) -> Observation | None:
+        """Step k's observation of `model` served by `engine`; None when idle."""
+        t, p = self._trace, self._trace.profiles[model]
+        r = t.series[model].rps[k]
+        if r <= 0:
+            return None
+        cap = p.capacity_rps[engine]
+        n = replicas(r, cap, t.headroom, p.min_replicas)
+        if n <= 0:
+            return None
+        p99 = self.curves[model, engine].p99_ms(r / (n * cap)) * self._noise[model, engine][k]
+        return Observation(LoadObservation(t.start.timestamp() + k * t.step_s, r / n, p99 / 1000.0,
+                                           None), n)
+
+
+def blind_view(trace: Trace) -> Trace:
+    """The trace as the policy may see it: capacities and latencies hidden (NaN)."""
+    nan = dict.fromkeys(ENGINES, math.nan)
+    profiles = {m: replace(p, capacity_rps=dict(nan), ttft_p99_ms=dict(nan))
+                for m, p in trace.profiles.items()}
+    return replace(trace, profiles=profiles)
+
+
+# ---- the learner ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EngineCapacity:
+    """The capacity the policy uses for one engine, and where it came from."""
+
+    capacity_rps: float | None
+    low: float | None
+    high: float | None
+    source: str  # measured | lower_bound | upper_bound | prior | unknown
+    note: str = ""
+
+
+class _Engine:
+    """Observations of one model on one engine, and a cached estimate."""
+
+    def __init__(self, model: str, engine: str) -> None:
+        self.model = CapacityModel(CapacityKey(model, engine, BLIND_ENGINE_VERSION, BLIND_GPU_MODEL),
+                                   per_bin=PER_BIN)
+        self.count = 0
+        self.recent: list[float] = []  # p99 (ms) of the last RECENT_P99_S of serving
+        self.scaled_out = False  # ever served by more than the minimum replicas
+        self._estimate: CapacityEstimate | None = None
+        self._estimated_at = 0
+        self.top_within_sla: float | None = None  # highest load served within the SLA
+
+    def add(self, obs: LoadObservation, replicas_n: int, min_replicas: int, recent_n: int) -> None:
+        if self.model.add(obs) is None:
+            self.count += 1
+            self.scaled_out = self.scaled_out or replicas_n > min_replicas
+            assert obs.ttft_p99_s is not None
+            self.recent = [*self.recent[-(recent_n - 1):], obs.ttft_p99_s * 1000.0]
+
+    def estimate(self, sla_s: float, refit_n: int) -> CapacityEstimate:
+        grown = self.count - self._estimated_at
+        if self._estimate is None or grown >= max(1, min(refit_n, REFIT_GROWTH * self._estimated_at)):
+            self._estimate = self.model.estimate(sla_s, draws=ESTIMATE_DRAWS)
+            self._estimated_at = self.count
+            loads = [o.rps_per_replica for o in self.model.observations()
+                     if o.ttft_p99_s is not None and o.ttft_p99_s <= sla_s]
+            self.top_within_sla = max(loads) if loads else None
+        return self._estimate
+
+
+def priors_for(policy: Policy, model: str) -> ModelPriors:
+    """The first `spec.models` entry whose name or glob matches `model`."""
+    for pattern, priors in policy.doc.spec.models.items():
+        if pattern == model or fnmatch.fnmatchcase(model, pattern):
+            return priors
+    return ModelPriors()
+
+
+class BlindLearner:
+    """Per-model facts for the decision core, learned from observations (no hindsight)."""
+
+    def __init__(self, policy: Policy, view: Trace) -> None:
+        self._policy, self._view = policy, view
+        self._engines = {(m, e): _Engine(m, e) for m in view.profiles for e in ENGINES}
+        self._min_n = max(1, math.ceil(MIN_MEASURED_S / view.step_s))
+        self._recent_n = max(1, math.ceil(RECENT_P99_S / view.step_s))
+        self._refit_n = max(1, math.ceil(REFIT_EVERY_S / view.step_s))
+        self._forecasts: dict[tuple[str, int], Forecast] = {}
+        self._citations: dict[str, dict[str, SignalValue]] = {}
+
+    def observe(self, model: str, engine: str, obs: Observation | None) -> None:
+        if obs is not None:
+            self._engines[model, engine].add(obs.load, obs.replicas,
+                                             self._view.profiles[model].min_replicas, self._recent_n)
+
+    def capacities(self, model: str) -> dict[str, EngineCapacity]:
+        p = self._view.profiles[model]
+        sla_s = p.sla_ttft_p99_ms / 1000.0
+        priors = priors_for(self._policy, model).engines
+        own: dict[str, EngineCapacity] = {}
+        floor: dict[str, EngineCapacity] = {}  # lower bounds that only show the traffic
+        for e in ENGINES:
+            state = self._engines[model, e]
+            if state.count < self._min_n:
+                continue
+            est = state.estimate(sla_s, self._refit_n)
+            if est.status in ("ok", "lower_bound", "upper_bound") and est.capacity_rps:
+                source = "measured" if est.status == "ok" else est.status
+                found = EngineCapacity(est.capacity_rps, est.low, est.high, source, est.reason)
+            elif (top := state.top_within_sla) is not None:
+                found = EngineCapacity(top, top, None, "lower_bound",
+                                       f"{est.reason}; highest load served within the SLA")
+            else:
+                continue
+            if found.source == "lower_bound" and not state.scaled_out:
+                # Never scaled out: the load per replica only shows the traffic, not
+                # where the fleet had to add replicas; it bounds the capacity, no more.
+                floor[e] = replace(found, note=f"{found.note}; never above "
+                                               f"{self._view.profiles[model].min_replicas} "
+                                               f"replica(s), so it only bounds the capacity")
+            else:
+                own[e] = found
+        out: dict[str, EngineCapacity] = {}
+        for e in ENGINES:
+            if e in own:
+                out[e] = own[e]
+                continue
+            base = next((o for o in ENGINES if o in own), None)
+            ratio = self._prior_ratio(priors, e, base) if base is not None else None
+            prior = priors.get(e)  # type: ignore[call-overload]
+            if ratio is None and prior is not None and prior.capacity_rps is not None:
+                out[e] = EngineCapacity(prior.capacity_rps, None, None, "prior",
+                                        "policy prior (spec.models)")
+                continue
+            if base is None:
+                out[e] = floor.get(e, EngineCapacity(None, None, None, "unknown",
+                                                     "nothing measured, no prior"))
+                continue
+            why = "ratio of the policy priors"
+            if ratio is None:
+                ratio = DEFAULT_PRIOR_RATIO[e] / DEFAULT_PRIOR_RATIO[base]
+                why = "default prior ratio, DESIGN §4 public range"
+            value = (own[base].capacity_rps or 0.0) * ratio
+            bound = floor.get(e)
+            out[e] = (bound if bound is not None and (bound.capacity_rps or 0.0) > value else
+                      EngineCapacity(value, None, None, "prior",
+                                     f"{base} {own[base].source} x {ratio:.3g} ({why})"))
+        return out
+
+    @staticmethod
+    def _prior_ratio(priors: Any, engine: str, base: str) -> float | None:
+        """capacity(engine) / capacity(base) from the policy's priors, when both are given."""
+        a, b = priors.get(engine), priors.get(base)
+        if a is not None and b is not None and a.capacity_rps and b.capacity_rps:
+            return float(a.capacity_rps / b.capacity_rps)
+        return None
+
+    def facts(self, model: str) -> ModelFacts:
+        """Facts for the decision core; the cited figures are kept for `annotate`."""
+        v, p = self._view, self._view.profiles[model]
+        priors = priors_for(self._policy, model).engines
+        caps = self.capacities(model)
+        cite: dict[str, SignalValue] = {}
+        engines = {}
+        for e in ENGINES:
+            c = caps[e]
+            recent = self._engines[model, e].recent
+            prior = priors.get(e)  # type: ignore[call-overload]
+            ttft = (float(np.median(recent)) if recent
+                    else prior.ttft_p99_ms if prior is not None else None)
+            engines[e] = EngineFacts(capacity_rps=c.capacity_rps, ttft_p99_ms=ttft,
+                                     cold_start_s=p.cold_start_s[e], build_s=p.build_s[e],
+                                     build_overhead_usd=p.build_overhead_usd[e])
+            cite.update({f"capacity_low.{e}": c.low, f"capacity_high.{e}": c.high,
+                         f"capacity_source.{e}": c.source, f"capacity_note.{e}": c.note,
+                         f"capacity_points.{e}": self._engines[model, e].count})
+        self._citations[model] = cite
+        return ModelFacts(gpus_per_replica=p.gpus_per_replica, min_replicas=p.min_replicas,
+                          headroom=v.headroom, overlap_s=v.overlap_s,
+                          sla_ttft_p99_ms=p.sla_ttft_p99_ms, engines=engines, nvidia=True,
+                          price_per_gpu_hour=v.price_per_gpu_hour)
+
+    def forecast(self, model: str, history: ModelHistory, now: float) -> Forecast:
+        """The rate forecast, refitted at most once per FORECAST_REFIT_S (at the first
+        request in each period, from the samples before that instant)."""
+        key = (model, math.floor(now / FORECAST_REFIT_S))
+        if key not in self._forecasts:
+            origin = now
+            end = history.index_before(origin)
+            spec = self._policy.doc.spec
+            self._forecasts[key] = forecast_rate(
+                history.sample_ts[:end], history.rps[:end], origin, spec.cost.horizon,
+                step_s=history.sample_period_s,
+                quantile=min(max(spec.signals.sustained_quantile, 0.01), 0.99))
+        return self._forecasts[key]
+
+    def annotate(self, decision: Decision, history: ModelHistory) -> Decision:
+        """The decision with the learned capacities and the forecast cited in its inputs."""
+        fc = self.forecast(decision.model, history, decision.created_at)
+        inputs = dict(decision.inputs)
+        inputs.update(self._citations.get(decision.model, {}))
+        inputs.update({"forecast_sustained_rps": fc.sustained_rps,
+                       "forecast_peak_rps": fc.peak_rps, "forecast_horizon_h": fc.horizon_s / 3600,
+                       "forecast_method": fc.method, "forecast_status": fc.status,
+                       "forecast_note": fc.reason})
+        return replace(decision, inputs=inputs)
+
