@@ -7,6 +7,7 @@ import click
 from gearshift.agents.emulator.cli import emulate
 from gearshift.cli import learning as _learning  # noqa: F401  (adds models capacity/forecast)
 from gearshift.cli import policy_remote as _policy_remote  # noqa: F401  (adds apply/show/diff/history)
+from gearshift.cli.certs import certs
 from gearshift.cli.daemons import agent, controller
 from gearshift.cli.decisions import decisions, pause, resume
 from gearshift.cli.demo import demo
@@ -32,7 +33,7 @@ cli.add_command(gateway)
 cli.add_command(emulate)
 cli.add_command(demo)
 cli.add_command(policy)
-for _cmd in (decisions, pause, resume, migrations, models):
+for _cmd in (decisions, pause, resume, migrations, models, certs):
     cli.add_command(_cmd)
 
 
