@@ -25,8 +25,11 @@ from gearshift.v1 import agent_pb2
 
 log = logging.getLogger(__name__)
 
-# last_seen is for people and restarts; liveness itself lives in memory.
-HOST_SAVE_INTERVAL_S = 60.0
+# last_seen is for people and restarts; liveness itself lives in memory. Saves are
+# spread over ticks (at most HOSTS_SAVED_PER_TICK rows) so a large fleet never
+# stalls the event loop building thousands of rows at once.
+HOST_SAVE_INTERVAL_S = 300.0
+HOSTS_SAVED_PER_TICK = 100
 
 
 def _dt(ts: float) -> datetime:
@@ -108,6 +111,8 @@ class Persistence:
                 self.on_rollups(rows)
         due = [e for hid, e in fleet.hosts.items()
                if e.last_report_ts - self._hosts_saved_at.get(hid, 0.0) >= HOST_SAVE_INTERVAL_S]
+        due.sort(key=lambda e: self._hosts_saved_at.get(e.hello.host_id, 0.0))
+        due = due[:HOSTS_SAVED_PER_TICK]
         if due:
             for e in due:
                 self.writer.submit_host(self._host_row(e))
