@@ -35,6 +35,7 @@ class HostEntry:
     last_report_ts: float = 0.0
     last_seq: int = 0
     reports: int = 0
+    reported: bool = False  # a report arrived on the current stream
     gpus: list[agent_pb2.GpuInfo] = field(default_factory=list)
     deployments: dict[str, agent_pb2.DeploymentReport] = field(default_factory=dict)
     deployment_ts: dict[str, float] = field(default_factory=dict)
@@ -48,6 +49,12 @@ class HostEntry:
                      for d in self.deployments.values())
 
     def state(self, now: float) -> int:
+        if self.connected and not self.reported:
+            # Between hello and the first report nothing is known of its deployments:
+            # "unknown" must not read as "gone" (a migration would roll back for nothing).
+            if now - self.last_report_ts > UNREACHABLE_AFTER_INTERVALS * self.interval_s:
+                return control_pb2.HOST_STATE_UNREACHABLE
+            return control_pb2.HOST_STATE_JOINING
         if self.connected and now - self.last_report_ts <= UNREACHABLE_AFTER_INTERVALS * self.interval_s:
             return control_pb2.HOST_STATE_CONNECTED
         if self.connected:
@@ -104,6 +111,7 @@ class FleetState:
         now = self._clock()
         entry.last_seq = report.seq
         entry.last_report_ts = now
+        entry.reported = True
         entry.reports += 1
         self.reports_total += 1
         if report.gpus:

@@ -250,8 +250,9 @@ class Controller:
 
     def _update_gauges(self) -> None:
         now = self.fleet.now()
-        counts = {s: 0 for s in ("connected", "unreachable", "disconnected")}
+        counts = {s: 0 for s in ("connected", "joining", "unreachable", "disconnected")}
         names = {control_pb2.HOST_STATE_CONNECTED: "connected",
+                 control_pb2.HOST_STATE_JOINING: "joining",
                  control_pb2.HOST_STATE_UNREACHABLE: "unreachable",
                  control_pb2.HOST_STATE_DISCONNECTED: "disconnected"}
         for entry in self.fleet.hosts.values():

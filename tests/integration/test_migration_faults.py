@@ -51,7 +51,7 @@ def test_controller_killed_mid_move_resumes_and_finishes(moving_fleet: LocalFlee
         fleet.procs.pop("controller").kill()  # SIGKILL: no chance to clean up
         fleet.start_controller(ARGS)           # same port, same SQLite file
         end = wait_for(lambda: _ended(fleet, mig["id"]), 90, "the resumed move to end")
-        assert end["phase"] == "done", end
+        assert end["phase"] == "done", [(s["to_phase"], s["message"]) for s in end["steps"]]
         wait_for(lambda: _engines(fleet) == {"tensorrt-llm"}, 30, "m on tensorrt-llm only")
     assert load.failed == 0, load.errors[:5]
     # Exactly one target replica was started, however often its command was sent.

@@ -18,10 +18,12 @@ class HostState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     HOST_STATE_CONNECTED: _ClassVar[HostState]
     HOST_STATE_UNREACHABLE: _ClassVar[HostState]
     HOST_STATE_DISCONNECTED: _ClassVar[HostState]
+    HOST_STATE_JOINING: _ClassVar[HostState]
 HOST_STATE_UNSPECIFIED: HostState
 HOST_STATE_CONNECTED: HostState
 HOST_STATE_UNREACHABLE: HostState
 HOST_STATE_DISCONNECTED: HostState
+HOST_STATE_JOINING: HostState
 
 class Host(_message.Message):
     __slots__ = ("host_id", "labels", "agent_version", "state", "last_report", "gpus", "engines", "deployments", "emulated_gpus", "reports")

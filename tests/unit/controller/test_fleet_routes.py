@@ -86,3 +86,15 @@ async def test_watchers_get_the_current_table_then_changes() -> None:
     second = await q.get()
     assert second.version > first.version and _routes(second) == {"m": {"a1": (1.0, False)}}
     fleet.unwatch_routes(q)
+
+
+def test_a_host_is_joining_until_its_first_report() -> None:
+    now = [1000.0]
+    fleet = FleetState(clock=lambda: now[0])
+    _hello(fleet, "a")
+    assert fleet.host_state("a") == control_pb2.HOST_STATE_JOINING  # deployments not known yet
+    _report(fleet, "a", 1, ("a1", "m", READY))
+    assert fleet.host_state("a") == control_pb2.HOST_STATE_CONNECTED
+    _hello(fleet, "b")
+    now[0] += 3.5  # three 1 s intervals without the first report
+    assert fleet.host_state("b") == control_pb2.HOST_STATE_UNREACHABLE
