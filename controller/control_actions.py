@@ -186,7 +186,7 @@ class ActionRpcs:
         if self.policy_loop.active() is None:
             return control_pb2.EvaluateNowResponse(message="no active policy")
         rows = self.policy_loop.evaluate()
-        msg = "paused: nothing evaluated" if self.policy_loop._paused() else f"{len(rows)} new decision(s)"
+        msg = "paused: nothing evaluated" if self.policy_loop.paused() else f"{len(rows)} new decision(s)"
         return control_pb2.EvaluateNowResponse(decisions=[decision_msg(r) for r in rows], message=msg)
 
     async def SetPaused(self, request: control_pb2.SetPausedRequest,

@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from gearshift.controller.errors import GearshiftError
 from gearshift.controller.store import Store
@@ -71,10 +72,15 @@ class CapacityLearner:
                 self._dirty.add(key)
         return kept
 
-    def save(self) -> None:
-        for key in list(self._dirty):
-            self.store.set_setting(f"{SETTING_PREFIX}{key.label()}", self.models[key].to_dict())
+    def snapshot(self) -> dict[str, Any]:
+        """What changed since the last snapshot, ready to store (cheap; on the caller's thread)."""
+        out = {f"{SETTING_PREFIX}{key.label()}": self.models[key].to_dict() for key in self._dirty}
         self._dirty.clear()
+        return out
+
+    def save(self) -> None:
+        """Store what changed, in one transaction (blocking: run it off the event loop)."""
+        self.store.set_settings(self.snapshot())
 
     def for_model(self, model: str) -> list[CapacityModel]:
         return [m for k, m in sorted(self.models.items(), key=lambda kv: kv[0].label())

@@ -111,7 +111,7 @@ class PolicyLoop:
         self.store = store
         self.fleet = fleet
         self.history = history
-        self._paused = paused
+        self.paused = paused
         self._clock = clock
         self.orchestrator: MigrationOrchestrator | None = None
         self._policy: tuple[int, Policy] | None = None
@@ -306,7 +306,7 @@ class PolicyLoop:
     def evaluate(self, now: float | None = None) -> list[DecisionRow]:
         """One pass of the policy over the fleet; returns the decisions it stored."""
         now = self._clock() if now is None else now
-        if self._paused():
+        if self.paused():
             return []
         current = self.active()
         if current is None:

@@ -147,8 +147,7 @@ class Controller:
                 self.persistence.store.add_revision(dep.model, dep.revision, source="agent")
 
     def _on_rollups(self, rows: list[RollupRow]) -> None:
-        if self.learner.observe(rows):
-            self.learner.save()
+        self.learner.observe(rows)  # stored by housekeeping, off the event loop
 
     def _on_command_result(self, host_id: str, result: agent_pb2.CommandResult) -> None:
         self.orchestrator.on_command_result(host_id, result)
@@ -245,6 +244,9 @@ class Controller:
             try:
                 self.persistence.tick(self.fleet, time.time())
                 self._update_gauges()
+                learned = self.learner.snapshot()
+                if learned:
+                    await asyncio.to_thread(self.persistence.store.set_settings, learned)
             except Exception:  # keep the loop alive; the next tick retries
                 log.exception("housekeeping failed")
 
@@ -278,6 +280,11 @@ class Controller:
             await self.server.stop(grace_s)
         if self._metrics_httpd is not None:
             self._metrics_httpd.shutdown()  # type: ignore[attr-defined]
+        rows = self.persistence.rollups.flush_all()
+        if rows:
+            self.persistence.writer.submit_rollups(rows)
+            self.learner.observe(rows)
+        self.persistence.store.set_settings(self.learner.snapshot())
         self.persistence.close(self.fleet)
 
 

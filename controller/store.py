@@ -337,6 +337,18 @@ class Store:
             self._upsert(conn, SettingRow, [{"key": key, "value": value, "updated": utcnow()}],
                          ["key"])
 
+    def set_settings(self, values: dict[str, Any]) -> None:
+        """Store several free-form JSON settings in one transaction (learned state)."""
+        for key in values:
+            if key in SETTING_TYPES:
+                raise InvalidArgument(f"setting {key!r} is a known key; use set_setting")
+        if not values:
+            return
+        now = utcnow()
+        with self._engine.begin() as conn:
+            self._upsert(conn, SettingRow, [{"key": k, "value": v, "updated": now}
+                                            for k, v in values.items()], ["key"])
+
     def bump_epoch(self) -> int:
         """Atomically increment the fencing epoch and return the new value (1 at first)."""
         with self._session() as s:
