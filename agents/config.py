@@ -62,6 +62,15 @@ class DeploymentConfig(_Strict):
     extra_args: list[str] = Field(default_factory=list)
 
 
+class TlsConfig(_Strict):
+    """Mutual TLS to the controller: its CA, and this host's certificate and key."""
+
+    ca: Path
+    cert: Path
+    key: Path
+    server_name: str | None = None  # the controller's name in its certificate, if not the address
+
+
 class AgentConfig(_Strict):
     host_id: str = Field(default_factory=socket.gethostname, min_length=1, max_length=253)
     labels: dict[str, str] = Field(default_factory=dict)
@@ -70,6 +79,7 @@ class AgentConfig(_Strict):
     scrape_timeout_s: float = Field(2.0, gt=0, le=60)
     workdir: Path = Path("./agent-data")
     bind_host: str = "127.0.0.1"
+    tls: TlsConfig | None = None  # None: plaintext, for a controller on loopback only
     gpus: GpuConfig = GpuConfig()
     engines: dict[str, EngineConfig] = Field(default_factory=dict)
     deployments: list[DeploymentConfig] = Field(default_factory=list)

@@ -32,6 +32,7 @@ from gearshift.agents.runtimes import vllm as _vllm  # noqa: F401  (registers th
 from gearshift.agents.runtimes.base import get_runtime
 from gearshift.agents.runtimes.spec import DeploymentSpec, Phase
 from gearshift.agents.runtimes.supervisor import EngineSupervisor
+from gearshift.controller.credentials import TlsFiles, secure_channel
 from gearshift.controller.errors import FailedPrecondition, InvalidArgument
 from gearshift.v1 import agent_pb2, agent_pb2_grpc
 
@@ -261,7 +262,7 @@ class Agent:
     async def _connect_forever(self) -> None:
         backoff = BACKOFF_INITIAL_S
         while not self._stopping.is_set():
-            async with aio.insecure_channel(self.config.controller) as channel:
+            async with self._channel() as channel:
                 started = time.monotonic()
                 try:
                     await self._session_once(channel)
@@ -278,6 +279,12 @@ class Agent:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), delay)
             backoff = min(self.backoff_max_s, backoff * 2)
+
+    def _channel(self) -> aio.Channel:
+        tls = self.config.tls
+        files = None if tls is None else TlsFiles(tls.ca, tls.cert, tls.key, tls.server_name)
+        channel: aio.Channel = secure_channel(self.config.controller, files, None, aio=True)
+        return channel
 
     def stop(self) -> None:
         self._stopping.set()

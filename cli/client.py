@@ -10,6 +10,7 @@ from typing import ClassVar, TypeVar
 import click
 import grpc
 
+from gearshift.controller.credentials import TlsFiles, load_token, secure_channel
 from gearshift.controller.errors import GearshiftError, from_rpc_error
 from gearshift.v1 import control_pb2_grpc
 
@@ -45,7 +46,15 @@ def controller_address(ctx: click.Context) -> str:
 @contextmanager
 def control_stub(ctx: click.Context) -> Iterator[control_pb2_grpc.ControlServiceStub]:
     addr = controller_address(ctx)
-    with grpc.insecure_channel(addr) as channel:
+    # TLS files from $GEARSHIFT_TLS_CA/_CERT/_KEY and the token from $GEARSHIFT_TOKEN_FILE
+    # or $GEARSHIFT_TOKEN: secrets never on the command line.
+    try:
+        tls, token = TlsFiles.from_env(), load_token()
+    except GearshiftError as err:
+        raise CliError(err) from None
+    opened = (secure_channel(addr, tls, token, aio=False) if tls is not None or token
+              else grpc.insecure_channel(addr))
+    with opened as channel:
         try:
             yield control_pb2_grpc.ControlServiceStub(channel)
         except grpc.RpcError as err:

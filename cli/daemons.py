@@ -31,12 +31,23 @@ def setup_logging(level: str) -> None:
               help="traffic shares of the canary steps of a migration")
 @click.option("--analysis-intervals", type=int, default=3, show_default=True,
               help="good report intervals needed per canary step")
+@click.option("--tls-cert", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              envvar="GEARSHIFT_TLS_SERVER_CERT", help="server certificate (PEM); without it: "
+              "plaintext, loopback only")
+@click.option("--tls-key", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              envvar="GEARSHIFT_TLS_SERVER_KEY", help="server private key (PEM file)")
+@click.option("--tls-ca", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              envvar="GEARSHIFT_TLS_CLIENT_CA", help="CA of client certificates: mutual TLS")
+@click.option("--tokens-file", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="bearer tokens with roles read/admin (else $GEARSHIFT_TOKENS)")
 @click.option("--ready-file", type=click.Path(path_type=Path), default=None,
               help="write 'GRPC_PORT METRICS_PORT' here once serving (for scripts)")
 @click.option("--log-level", default="info", show_default=True)
 def controller(listen: str, db_url: str, data_dir: Path, metrics_port: int | None,
                report_interval_s: float, history_resolution_s: float, canary_steps: str,
-               analysis_intervals: int, ready_file: Path | None, log_level: str) -> None:
+               analysis_intervals: int, tls_cert: Path | None, tls_key: Path | None,
+               tls_ca: Path | None, tokens_file: Path | None, ready_file: Path | None,
+               log_level: str) -> None:
     """Run the controller: gRPC for agents, gateway and CLI; store; policy loop; /metrics."""
     from gearshift.controller.server import ControllerConfig, run_controller
 
@@ -50,7 +61,8 @@ def controller(listen: str, db_url: str, data_dir: Path, metrics_port: int | Non
         cfg = ControllerConfig(listen=listen, db_url=db_url, data_dir=data_dir,
                                metrics_port=metrics_port, report_interval_s=report_interval_s,
                                history_resolution_s=history_resolution_s, canary_steps=steps,
-                               analysis_intervals=analysis_intervals)
+                               analysis_intervals=analysis_intervals, tls_cert=tls_cert,
+                               tls_key=tls_key, tls_ca=tls_ca, tokens_file=tokens_file)
         asyncio.run(run_controller(cfg, ready_file=ready_file))
     except GearshiftError as err:
         raise click.ClickException(err.message) from None

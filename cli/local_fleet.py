@@ -130,7 +130,7 @@ class LocalFleet:
 
     def agent_config(self, host_id: str, deployments: list[dict[str, Any]],
                      emulator_env: dict[str, dict[str, str]] | None = None,
-                     gpus: int = 4) -> Path:
+                     gpus: int = 4, tls: dict[str, str] | None = None) -> Path:
         engines = {}
         for flavor, version in (("vllm", "0.11.0-emulated"), ("tensorrt-llm", "1.2.0-emulated")):
             engines[flavor] = {"executable": emulator_executable(flavor), "version": version,
@@ -149,14 +149,17 @@ class LocalFleet:
             "engines": engines,
             "deployments": deployments,
         }
+        if tls is not None:
+            cfg["tls"] = tls
         path = self.workdir / f"{host_id}.yaml"
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))
         return path
 
     def start_agent(self, host_id: str, deployments: list[dict[str, Any]],
-                    emulator_env: dict[str, dict[str, str]] | None = None) -> Proc:
+                    emulator_env: dict[str, dict[str, str]] | None = None,
+                    tls: dict[str, str] | None = None) -> Proc:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        path = self.agent_config(host_id, deployments, emulator_env)
+        path = self.agent_config(host_id, deployments, emulator_env, tls=tls)
         proc = _spawn(host_id, gearshift_cmd("agent", "--config", str(path)), self.workdir)
         self.procs[host_id] = proc
         return proc

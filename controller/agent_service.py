@@ -22,6 +22,7 @@ from grpc import aio
 from gearshift.controller.errors import GearshiftError, InvalidArgument
 from gearshift.controller.fleet import FleetState, HostEntry
 from gearshift.controller.metrics import ControllerMetrics
+from gearshift.controller.security import check_peer_host
 from gearshift.controller.validation import check_hello, check_report
 from gearshift.v1 import agent_pb2, agent_pb2_grpc
 
@@ -73,6 +74,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         on_hello: HelloHook | None = None,
         on_report: ReportHook | None = None,
         on_command_result: ResultHook | None = None,
+        require_peer_host: bool = False,
     ) -> None:
         self.fleet = fleet
         self.metrics = metrics
@@ -83,6 +85,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         self._on_hello = on_hello
         self._on_report = on_report
         self._on_result = on_command_result
+        self.require_peer_host = require_peer_host  # mutual TLS: the certificate names the host
 
     async def Connect(
         self,
@@ -104,6 +107,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             return
         try:
             check_hello(first.hello)
+            check_peer_host(context, first.hello.host_id, require=self.require_peer_host)
         except GearshiftError as exc:
             self.metrics.rejected.labels("bad_hello").inc()
             await context.abort(exc.code, exc.message)

@@ -36,6 +36,12 @@ from gearshift.controller.migration_store import MigrationPhase, MigrationReposi
 from gearshift.controller.orchestrator import MigrationOrchestrator, OrchestratorSettings
 from gearshift.controller.persistence import Persistence
 from gearshift.controller.policy_loop import PolicyLoop, RateHistory
+from gearshift.controller.security import (
+    AuthInterceptor,
+    TokenStore,
+    check_plaintext_listen,
+    server_credentials,
+)
 from gearshift.controller.tables import RollupRow
 from gearshift.v1 import agent_pb2, agent_pb2_grpc, control_pb2, control_pb2_grpc
 
@@ -61,9 +67,22 @@ class ControllerConfig:
     history_resolution_s: float = 60.0     # request-rate samples kept for the policy
     canary_steps: tuple[float, ...] = (0.1, 0.25, 0.5)
     analysis_intervals: int = 3            # good report intervals per canary step
+    tls_cert: Path | None = None           # server certificate (PEM); None: plaintext, loopback only
+    tls_key: Path | None = None
+    tls_ca: Path | None = None             # with TLS: clients (agents, gateway, CLI) must present
+                                           # a certificate from this CA (mutual TLS)
+    tokens_file: Path | None = None        # bearer tokens (read/admin); else $GEARSHIFT_TOKENS
     controller_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
 
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
+
     def validate(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("--tls-cert and --tls-key: give both or neither")
+        if self.tls_ca is not None and self.tls_cert is None:
+            raise ConfigError("--tls-ca needs --tls-cert and --tls-key")
         host, sep, port = self.listen.rpartition(":")
         if not sep or not host or not port.isdigit() or int(port) > 65535:
             raise ConfigError(f"--listen: expected HOST:PORT, found {self.listen!r}")
@@ -93,6 +112,7 @@ class Controller:
         self.agents = AgentService(
             self.fleet, self.metrics, report_interval_s=config.report_interval_s,
             epoch=self.epoch, controller_id=config.controller_id,
+            require_peer_host=config.tls_ca is not None,
             on_hello=self._on_hello, on_report=self._on_report,
             on_command_result=self._on_command_result)
         store = self.persistence.store
@@ -197,9 +217,21 @@ class Controller:
             except Exception:  # level-triggered: the next tick retries
                 log.exception("orchestrator tick failed")
 
+    def _tokens(self) -> TokenStore | None:
+        if self.config.tokens_file is not None:
+            return TokenStore.from_file(self.config.tokens_file)
+        if os.environ.get("GEARSHIFT_TOKENS"):
+            return TokenStore.from_env("GEARSHIFT_TOKENS")
+        return None
+
     async def start(self) -> None:
+        tokens = self._tokens()
+        interceptors: list[aio.ServerInterceptor] = [ErrorInterceptor()]
+        if tokens is not None:
+            interceptors.insert(0, AuthInterceptor(tokens))  # refuse before any handler runs
+            log.info("bearer tokens required on the control API (%s)", tokens.describe())
         server = aio.server(
-            interceptors=[ErrorInterceptor()],
+            interceptors=interceptors,
             options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                      ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                      ("grpc.keepalive_time_ms", 20_000),
@@ -216,7 +248,14 @@ class Controller:
             reflection.SERVICE_NAME,
         )
         reflection.enable_server_reflection(names, server)
-        self.port = server.add_insecure_port(self.config.listen)
+        cfg = self.config
+        if cfg.tls_cert is not None and cfg.tls_key is not None:
+            creds = server_credentials(cfg.tls_cert, cfg.tls_key, cfg.tls_ca,
+                                       require_client_cert=cfg.tls_ca is not None)
+            self.port = server.add_secure_port(cfg.listen, creds)
+        else:
+            check_plaintext_listen(cfg.listen)
+            self.port = server.add_insecure_port(cfg.listen)
         if self.port == 0:
             raise ConfigError(f"--listen: cannot bind {self.config.listen}")
         await server.start()

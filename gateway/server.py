@@ -21,6 +21,7 @@ import grpc
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from gearshift.controller.credentials import TlsFiles, load_token, secure_channel
 from gearshift.controller.errors import ConfigError
 from gearshift.gateway.controller_link import (
     BACKOFF_INITIAL_S,
@@ -117,7 +118,9 @@ class Gateway:
             self.metrics_port = await self._listen(
                 mapp, self.config.metrics_host or self.config.listen_host, self.config.metrics_port)
         if self.config.controller:
-            self._channel = grpc.aio.insecure_channel(self.config.controller)
+            # TLS files from $GEARSHIFT_TLS_*, token from $GEARSHIFT_TOKEN(_FILE): never argv.
+            self._channel = secure_channel(self.config.controller, TlsFiles.from_env(),
+                                           load_token(), aio=True)
             self._tasks.append(asyncio.create_task(watch_routes(
                 self._channel, self.gateway_id, self.router.set_table,
                 backoff_initial_s=self.config.backoff_initial_s,
