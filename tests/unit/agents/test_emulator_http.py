@@ -14,12 +14,13 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
+from fixture_paths import ENGINE_METRICS
 from gearshift.agents.emulator.app import build_app
 from gearshift.agents.emulator.args import parse_engine_argv
 from gearshift.agents.emulator.config import EmulatorOptions
 from gearshift.agents.emulator.server import make_state
 
-FIXTURES = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "engine-metrics"
+FIXTURES = ENGINE_METRICS
 needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(),
                                     reason=f"engine metric fixtures not found at {FIXTURES}")
 FAST = EmulatorOptions(capacity_rps=40.0, load_s=0.0, ttft_base_s=0.002, itl_s=0.001,

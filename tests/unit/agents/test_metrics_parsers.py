@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from fixture_paths import ENGINE_METRICS
 from gearshift.agents.metrics import (
     EngineSnapshot,
     MetricsParseError,
@@ -27,7 +28,7 @@ def _repo_root() -> Path:
     raise AssertionError(f"no pyproject.toml above {here}")
 
 
-FIXTURES = _repo_root().parent / "shared" / "fixtures" / "engine-metrics"
+FIXTURES = ENGINE_METRICS
 needs_fixtures = pytest.mark.skipif(
     not FIXTURES.is_dir(), reason=f"engine metric fixtures not found at {FIXTURES}"
 )

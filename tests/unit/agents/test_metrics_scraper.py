@@ -14,6 +14,7 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from fixture_paths import ENGINE_METRICS
 from gearshift.agents.metrics import EngineScraper, SkipReason
 from gearshift.controller.errors import InvalidArgument
 
@@ -27,9 +28,7 @@ VLLM_AFTER = VLLM_BEFORE.replace("} 10\n", "} 30\n")
 
 
 def _fixtures() -> Path:
-    here = Path(__file__).resolve()
-    root = next(p for p in here.parents if (p / "pyproject.toml").is_file())
-    return root.parent / "shared" / "fixtures" / "engine-metrics"
+    return ENGINE_METRICS
 
 
 @dataclass
