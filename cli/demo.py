@@ -61,7 +61,7 @@ metadata:
 spec:
   mode: auto
   interval: 2s
-  signals: {{window: 12s, longWindow: 24s, sustainedQuantile: 0.1, revisionWindow: 90s, minHistory: 6s}}
+  signals: {{window: 12s, longWindow: 24s, sustainedQuantile: 0.1, revisionWindow: 120s, minHistory: 6s}}
   rules:
     - name: vllm-while-weights-churn
       kind: threshold
@@ -178,7 +178,9 @@ async def _scenario(fleet: LocalFleet, duration_s: float, console: Console) -> t
     load_task = asyncio.create_task(load.run(stop))
     started = time.monotonic()
     watcher = Watcher(console, started)
-    next_revision, revision_n, heavy = started + REVISION_EVERY_S, 2, False
+    # The first new revision right away: churn must be visible before the traffic rule
+    # could fire for qwen3-8b, however slowly the fleet started.
+    next_revision, revision_n, heavy = started, 2, False
     async with grpc.aio.insecure_channel(fleet.controller_addr) as channel:
         stub = control_pb2_grpc.ControlServiceStub(channel)
         while (now := time.monotonic()) - started < duration_s:

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 # spread over ticks (at most HOSTS_SAVED_PER_TICK rows) so a large fleet never
 # stalls the event loop building thousands of rows at once.
 HOST_SAVE_INTERVAL_S = 300.0
-HOSTS_SAVED_PER_TICK = 100
+HOSTS_SAVED_PER_TICK = 50
 
 
 def _dt(ts: float) -> datetime:
@@ -105,10 +105,16 @@ class Persistence:
 
     def tick(self, fleet: FleetState, now: float) -> None:
         rows = self.rollups.flush_completed(now)
+        self.rollups_done(rows)
+        self.save_hosts(fleet)
+
+    def rollups_done(self, rows: list[RollupRow]) -> None:
         if rows:
             self.writer.submit_rollups(rows)
             if self.on_rollups is not None:
                 self.on_rollups(rows)
+
+    def save_hosts(self, fleet: FleetState) -> None:
         due = [e for hid, e in fleet.hosts.items()
                if e.last_report_ts - self._hosts_saved_at.get(hid, 0.0) >= HOST_SAVE_INTERVAL_S]
         due.sort(key=lambda e: self._hosts_saved_at.get(e.hello.host_id, 0.0))

@@ -188,15 +188,21 @@ class RollupAggregator:
 
     def flush_completed(self, now: float) -> list[RollupRow]:
         """Rows of every minute complete at `now`; later reports for them are dropped."""
+        return to_rows(self.pop_completed(now))
+
+    def pop_completed(self, now: float) -> list[tuple[tuple[str, str, int], _Bucket]]:
+        """Detach the minutes complete at `now` (cheap); `to_rows` turns them into rows and
+        may run on another thread, since the detached buckets are no longer shared."""
         watermark = int((now - self._lateness_s) // MINUTE_S) * MINUTE_S
         self._watermark = max(self._watermark, watermark)
-        done = [k for k in self._buckets if k[2] + MINUTE_S <= watermark]
-        rows = [_row(k, self._buckets.pop(k)) for k in sorted(done, key=lambda k: k[2])]
+        done = sorted((k for k in self._buckets if k[2] + MINUTE_S <= watermark),
+                      key=lambda k: k[2])
+        popped = [(k, self._buckets.pop(k)) for k in done]
         stale = [d for d, (_, seen) in self._errors_baseline.items()
                  if seen < now - BASELINE_TTL_S]
         for dep_id in stale:
             del self._errors_baseline[dep_id]
-        return rows
+        return popped
 
     def flush_all(self) -> list[RollupRow]:
         """Rows of every minute, complete or not (shutdown); later reports for them are dropped."""
@@ -209,6 +215,10 @@ class RollupAggregator:
     def open_minutes(self) -> int:
         """How many (model, engine, minute) buckets are still open."""
         return len(self._buckets)
+
+
+def to_rows(popped: list[tuple[tuple[str, str, int], _Bucket]]) -> list[RollupRow]:
+    return [_row(k, b) for k, b in popped]
 
 
 def _row(key: tuple[str, str, int], b: _Bucket) -> RollupRow:

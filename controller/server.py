@@ -36,6 +36,7 @@ from gearshift.controller.migration_store import MigrationPhase, MigrationReposi
 from gearshift.controller.orchestrator import MigrationOrchestrator, OrchestratorSettings
 from gearshift.controller.persistence import Persistence
 from gearshift.controller.policy_loop import PolicyLoop, RateHistory
+from gearshift.controller.rollup import to_rows
 from gearshift.controller.security import (
     AuthInterceptor,
     TokenStore,
@@ -281,7 +282,11 @@ class Controller:
         while True:
             await asyncio.sleep(HOUSEKEEPING_INTERVAL_S)
             try:
-                self.persistence.tick(self.fleet, time.time())
+                # Building a minute's rollup rows is the heavy part: off the event loop.
+                popped = self.persistence.rollups.pop_completed(time.time())
+                if popped:
+                    self.persistence.rollups_done(await asyncio.to_thread(to_rows, popped))
+                self.persistence.save_hosts(self.fleet)
                 self._update_gauges()
                 learned = self.learner.snapshot()
                 if learned:
