@@ -2,15 +2,20 @@
 
 A command id that was seen before is a no-op that re-sends the last result
 (so a command re-sent after a reconnect runs once). A command whose fencing
-epoch is older than the newest epoch seen is rejected.
+epoch is older than the newest epoch seen (in a command or in a controller's
+welcome) is rejected. With a journal file, every command that runs is appended
+to it as one JSON line (id, epoch, action, time): an audit of what ran, once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from gearshift.v1 import agent_pb2
 
@@ -23,8 +28,10 @@ Handler = Callable[[agent_pb2.Command, Callable[[float, str], None]], Awaitable[
 
 
 class CommandExecutor:
-    def __init__(self, emit: Emit, handlers: dict[str, Handler]) -> None:
+    def __init__(self, emit: Emit, handlers: dict[str, Handler],
+                 journal: Path | None = None) -> None:
         self._emit = emit
+        self._journal = journal
         self._handlers = handlers
         self.max_epoch = 0
         self._results: OrderedDict[str, agent_pb2.CommandResult] = OrderedDict()
@@ -37,6 +44,21 @@ class CommandExecutor:
         while len(self._results) > REMEMBERED_COMMANDS:
             self._results.popitem(last=False)
         self._emit(result)
+
+    def observe_epoch(self, epoch: int) -> None:
+        """A controller leads with `epoch`: commands of older epochs are stale from now on."""
+        self.max_epoch = max(self.max_epoch, epoch)
+
+    def _log_run(self, cmd: agent_pb2.Command) -> None:
+        if self._journal is None:
+            return
+        line = json.dumps({"command_id": cmd.command_id, "epoch": cmd.epoch,
+                           "action": cmd.WhichOneof("action"), "ts": time.time()})
+        try:
+            with self._journal.open("a") as f:
+                f.write(line + "\n")
+        except OSError as exc:
+            log.warning("command journal %s: cannot write: %s", self._journal, exc)
 
     def submit(self, cmd: agent_pb2.Command) -> None:
         if not cmd.command_id:
@@ -73,6 +95,7 @@ class CommandExecutor:
                 progress=fraction, message=message))
 
         self.executed += 1
+        self._log_run(cmd)
         try:
             message = await handler(cmd, progress)
         except asyncio.CancelledError:

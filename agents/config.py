@@ -12,6 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from gearshift.controller.endpoints import parse_controllers
 from gearshift.controller.errors import ConfigError
 
 ENGINE_NAMES = ("vllm", "tensorrt-llm")
@@ -74,7 +75,8 @@ class TlsConfig(_Strict):
 class AgentConfig(_Strict):
     host_id: str = Field(default_factory=socket.gethostname, min_length=1, max_length=253)
     labels: dict[str, str] = Field(default_factory=dict)
-    controller: str = "127.0.0.1:50051"
+    controller: str = "127.0.0.1:50051"  # HOST:PORT, or several comma-separated (HA)
+    command_journal: Path | None = None  # append every command that runs (JSON lines)
     report_interval_s: float = Field(10.0, gt=0, le=3600)
     scrape_timeout_s: float = Field(2.0, gt=0, le=60)
     workdir: Path = Path("./agent-data")
@@ -92,13 +94,17 @@ class AgentConfig(_Strict):
                 raise ValueError(f"unknown engine {name!r}; known: {', '.join(ENGINE_NAMES)}")
         return v
 
-    @field_validator("controller")
+    @field_validator("controller", mode="before")
     @classmethod
-    def _host_port(cls, v: str) -> str:
-        host, sep, port = v.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ValueError("expected HOST:PORT")
-        return v
+    def _host_port(cls, v: Any) -> str:
+        if isinstance(v, list):
+            v = ",".join(str(x) for x in v)
+        if not isinstance(v, str):
+            raise ValueError("expected HOST:PORT or a list of them")
+        try:
+            return ",".join(parse_controllers(v, "controller"))
+        except ConfigError as err:
+            raise ValueError(err.message.removeprefix("controller: ")) from None
 
     def engine(self, name: str) -> EngineConfig:
         cfg = self.engines.get(name) or EngineConfig()

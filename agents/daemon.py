@@ -33,6 +33,7 @@ from gearshift.agents.runtimes.base import get_runtime
 from gearshift.agents.runtimes.spec import DeploymentSpec, Phase
 from gearshift.agents.runtimes.supervisor import EngineSupervisor
 from gearshift.controller.credentials import TlsFiles, secure_channel
+from gearshift.controller.endpoints import ControllerEndpoints, leader_hint
 from gearshift.controller.errors import FailedPrecondition, InvalidArgument
 from gearshift.v1 import agent_pb2, agent_pb2_grpc
 
@@ -41,6 +42,9 @@ log = logging.getLogger(__name__)
 AGENT_VERSION = "0.1.0"
 BACKOFF_INITIAL_S = 0.5
 BACKOFF_MAX_S = 15.0
+FOLLOWER_RETRY_S = 1.0  # a follower answered but named no leader: leadership is settling
+STALL_INTERVALS = 3  # no answer from the controller for this many intervals: reconnect
+STALL_MIN_S = 5.0
 PENDING_RESULTS_LIMIT = 1000
 DEFAULT_DRAIN_GRACE_S = 30.0
 
@@ -61,6 +65,9 @@ class Agent:
         self.scrapers: dict[str, EngineScraper] = {}
         self.seq = 0
         self.epoch_seen = 0
+        self.endpoints = ControllerEndpoints(config.controller, "controller")
+        self.controller_id = ""  # the controller of the current stream
+        self._last_heard = 0.0
         self.connected = asyncio.Event()
         self.connects = 0
         self._pending_results: deque[agent_pb2.CommandResult] = deque(maxlen=PENDING_RESULTS_LIMIT)
@@ -69,7 +76,7 @@ class Agent:
         self._session: aiohttp.ClientSession | None = None
         self.commands = CommandExecutor(self._emit_result, {
             "start": self._cmd_start, "drain": self._cmd_drain, "stop": self._cmd_stop,
-            "build": self._cmd_build})
+            "build": self._cmd_build}, journal=config.command_journal)
         self._stopping = asyncio.Event()
 
     # -- engines ----------------------------------------------------------------
@@ -217,6 +224,10 @@ class Agent:
             raise ConnectionError("controller did not answer the hello with a welcome")
         self.interval_s = first.welcome.report_interval_s or self.interval_s
         self.epoch_seen = max(self.epoch_seen, first.welcome.controller_epoch)
+        self.commands.observe_epoch(first.welcome.controller_epoch)
+        self.controller_id = first.welcome.controller_id
+        self._last_heard = time.monotonic()
+        self.endpoints.succeeded()
         self._call = call
         self.connects += 1
         self.connected.set()
@@ -226,6 +237,10 @@ class Agent:
         reader = asyncio.create_task(self._read_loop(call))
         try:
             while not reader.done():
+                silent_s = time.monotonic() - self._last_heard
+                if silent_s > max(STALL_MIN_S, STALL_INTERVALS * self.interval_s):
+                    raise ConnectionError(f"controller {self.controller_id} has not answered "
+                                          f"for {silent_s:.0f}s")
                 report = await self.build_report()
                 async with self._write_lock:
                     await call.write(agent_pb2.AgentMessage(report=report))
@@ -242,6 +257,7 @@ class Agent:
             msg = await call.read()
             if msg is aio.EOF:
                 raise ConnectionError("controller closed the stream")
+            self._last_heard = time.monotonic()
             kind = msg.WhichOneof("body")
             if kind == "command":
                 self.commands.submit(msg.command)
@@ -262,28 +278,42 @@ class Agent:
     async def _connect_forever(self) -> None:
         backoff = BACKOFF_INITIAL_S
         while not self._stopping.is_set():
-            async with self._channel() as channel:
-                started = time.monotonic()
+            addr = self.endpoints.current
+            started = time.monotonic()
+            delay: float | None = None
+            async with self._channel(addr) as channel:
                 try:
                     await self._session_once(channel)
+                    self.endpoints.failed(None)  # ended without an error: try the next one
                 except (grpc.RpcError, ConnectionError, OSError) as exc:
                     detail = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)  # type: ignore[attr-defined]
-                    log.warning("controller stream ended: %s", detail)
-                    if isinstance(exc, grpc.RpcError) and exc.code() in (  # type: ignore[attr-defined]
-                            grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
+                    code = exc.code() if isinstance(exc, grpc.RpcError) else None  # type: ignore[attr-defined]
+                    log.warning("controller %s: stream ended: %s", addr, detail)
+                    follower = leader_hint(exc) is not None
+                    if self.endpoints.failed(exc):
+                        delay = 0.0  # a follower named the leader: go there at once
+                        log.info("following the leader to %s", self.endpoints.current)
+                    elif follower:  # leadership is settling: ask again soon
+                        delay = FOLLOWER_RETRY_S * random.uniform(0.5, 1.0)
+                    elif code in (grpc.StatusCode.INVALID_ARGUMENT,
+                                  grpc.StatusCode.FAILED_PRECONDITION,
+                                  grpc.StatusCode.PERMISSION_DENIED):
                         log.error("the controller refused this agent: %s", detail)
             if time.monotonic() - started > 3 * self.interval_s:
                 backoff = BACKOFF_INITIAL_S  # the session was healthy: start over
-            delay = random.uniform(0.5, 1.0) * backoff
-            log.info("reconnecting in %.1fs (engines keep running)", delay)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), delay)
-            backoff = min(self.backoff_max_s, backoff * 2)
+            if delay is None:
+                delay = random.uniform(0.5, 1.0) * backoff
+                backoff = min(self.backoff_max_s, backoff * 2)
+            if delay > 0:
+                log.info("reconnecting to %s in %.1fs (engines keep running)",
+                         self.endpoints.current, delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), delay)
 
-    def _channel(self) -> aio.Channel:
+    def _channel(self, addr: str) -> aio.Channel:
         tls = self.config.tls
         files = None if tls is None else TlsFiles(tls.ca, tls.cert, tls.key, tls.server_name)
-        channel: aio.Channel = secure_channel(self.config.controller, files, None, aio=True)
+        channel: aio.Channel = secure_channel(addr, files, None, aio=True)
         return channel
 
     def stop(self) -> None:

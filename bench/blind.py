@@ -3,7 +3,9 @@
 with the non-blind (header capacities) figures beside it.
 
 Target: on every public trace the blind cost is within 3% of the oracle, with no
-more flaps than the oracle. Prints one JSON object.
+more flaps than the oracle. Blind runs also fit the policy's rate forecast (once a
+day per model, as the traffic level of the savings estimate): most of
+`blind_runtime_s`. Prints one JSON object.
 Usage: python bench/blind.py [TRACES_DIR] [--seed N]
 """
 

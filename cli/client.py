@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import click
 import grpc
 
 from gearshift.controller.credentials import TlsFiles, load_token, secure_channel
+from gearshift.controller.endpoints import ControllerEndpoints
 from gearshift.controller.errors import GearshiftError, from_rpc_error
 from gearshift.v1 import control_pb2_grpc
 
@@ -38,29 +39,87 @@ class CliError(click.ClickException):
 
 
 def controller_address(ctx: click.Context) -> str:
+    """The --controller / $GEARSHIFT_CONTROLLER value: one HOST:PORT or a comma-separated list."""
     root = ctx.find_root()
     addr = (root.obj or {}).get("controller") if root.obj else None
     return addr or os.environ.get("GEARSHIFT_CONTROLLER") or DEFAULT_CONTROLLER
 
 
+def controller_endpoints(ctx: click.Context) -> ControllerEndpoints:
+    try:
+        return ControllerEndpoints(controller_address(ctx))
+    except GearshiftError as err:
+        raise CliError(err) from None
+
+
+class FollowingStub:
+    """A `ControlServiceStub` over several controllers: a unary call refused by a
+    follower is sent again to the leader it names, and one to an unreachable
+    controller goes to the next address. Streams use the current controller."""
+
+    def __init__(self, endpoints: ControllerEndpoints,
+                 open_channel: Callable[[str], grpc.Channel]) -> None:
+        self.endpoints = endpoints
+        self._open = open_channel
+        self._channels: dict[str, grpc.Channel] = {}
+
+    def _stub(self) -> control_pb2_grpc.ControlServiceStub:
+        addr = self.endpoints.current
+        if addr not in self._channels:
+            self._channels[addr] = self._open(addr)
+        return control_pb2_grpc.ControlServiceStub(self._channels[addr])
+
+    def close(self) -> None:
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._stub(), name)
+        if not isinstance(method, grpc.UnaryUnaryMultiCallable):
+            return method
+
+        def call_following(request: object, **kwargs: Any) -> Any:
+            attempts = len(self.endpoints) + 2
+            while True:
+                try:
+                    return getattr(self._stub(), name)(request, **kwargs)
+                except grpc.RpcError as err:
+                    attempts -= 1
+                    code = err.code()  # type: ignore[attr-defined]
+                    retry = (code == grpc.StatusCode.UNAVAILABLE and len(self.endpoints) > 1) \
+                        or code == grpc.StatusCode.FAILED_PRECONDITION
+                    if attempts <= 0 or not retry:
+                        raise
+                    if not self.endpoints.failed(err) \
+                            and code == grpc.StatusCode.FAILED_PRECONDITION:
+                        raise  # refused, and no leader named: say so
+        return call_following
+
+
 @contextmanager
 def control_stub(ctx: click.Context) -> Iterator[control_pb2_grpc.ControlServiceStub]:
-    addr = controller_address(ctx)
+    endpoints = controller_endpoints(ctx)
     # TLS files from $GEARSHIFT_TLS_CA/_CERT/_KEY and the token from $GEARSHIFT_TOKEN_FILE
     # or $GEARSHIFT_TOKEN: secrets never on the command line.
     try:
         tls, token = TlsFiles.from_env(), load_token()
     except GearshiftError as err:
         raise CliError(err) from None
-    opened = (secure_channel(addr, tls, token, aio=False) if tls is not None or token
-              else grpc.insecure_channel(addr))
-    with opened as channel:
-        try:
-            yield control_pb2_grpc.ControlServiceStub(channel)
-        except grpc.RpcError as err:
-            raise CliError(from_rpc_error(err)) from None
-        except GearshiftError as err:
-            raise CliError(err) from None
+
+    def open_channel(addr: str) -> grpc.Channel:
+        return (secure_channel(addr, tls, token, aio=False) if tls is not None or token
+                else grpc.insecure_channel(addr))
+
+    stub = FollowingStub(endpoints, open_channel)
+    try:
+        yield stub  # type: ignore[misc]
+    except grpc.RpcError as err:
+        raise CliError(from_rpc_error(err)) from None
+    except GearshiftError as err:
+        raise CliError(err) from None
+    finally:
+        stub.close()
 
 
 def call(fn: Callable[..., T], request: object) -> T:

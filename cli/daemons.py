@@ -17,7 +17,7 @@ def setup_logging(level: str) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-@click.command()
+@click.group(invoke_without_command=True)
 @click.option("--listen", default="127.0.0.1:50051", show_default=True, help="gRPC HOST:PORT (port 0 picks one)")
 @click.option("--db", "db_url", default="", envvar="GEARSHIFT_DB",
               help="store URL: sqlite:///PATH or postgresql+psycopg://…; default SQLite under --data-dir")
@@ -40,15 +40,29 @@ def setup_logging(level: str) -> None:
               envvar="GEARSHIFT_TLS_CLIENT_CA", help="CA of client certificates: mutual TLS")
 @click.option("--tokens-file", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="bearer tokens with roles read/admin (else $GEARSHIFT_TOKENS)")
+@click.option("--advertise", default="", metavar="HOST:PORT",
+              help="address clients reach this controller at (default: the listen address); "
+              "followers name the leader by it")
+@click.option("--lease-ttl", "lease_ttl_s", type=float, default=10.0, show_default=True,
+              help="HA on PostgreSQL: seconds a leader's lease lasts without renewal")
+@click.option("--controller-id", default="", help="name of this controller (default: host-pid)")
 @click.option("--ready-file", type=click.Path(path_type=Path), default=None,
               help="write 'GRPC_PORT METRICS_PORT' here once serving (for scripts)")
 @click.option("--log-level", default="info", show_default=True)
-def controller(listen: str, db_url: str, data_dir: Path, metrics_port: int | None,
-               report_interval_s: float, history_resolution_s: float, canary_steps: str,
-               analysis_intervals: int, tls_cert: Path | None, tls_key: Path | None,
-               tls_ca: Path | None, tokens_file: Path | None, ready_file: Path | None,
+@click.pass_context
+def controller(ctx: click.Context, listen: str, db_url: str, data_dir: Path,
+               metrics_port: int | None, report_interval_s: float, history_resolution_s: float,
+               canary_steps: str, analysis_intervals: int, tls_cert: Path | None,
+               tls_key: Path | None, tls_ca: Path | None, tokens_file: Path | None,
+               advertise: str, lease_ttl_s: float, controller_id: str, ready_file: Path | None,
                log_level: str) -> None:
-    """Run the controller: gRPC for agents, gateway and CLI; store; policy loop; /metrics."""
+    """Run the controller: gRPC for agents, gateway and CLI; store; policy loop; /metrics.
+
+    Several controllers on one PostgreSQL database elect one leader; on SQLite
+    there is one controller. `gearshift controller status` shows who leads.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
     from gearshift.controller.server import ControllerConfig, run_controller
 
     setup_logging(log_level)
@@ -62,7 +76,10 @@ def controller(listen: str, db_url: str, data_dir: Path, metrics_port: int | Non
                                metrics_port=metrics_port, report_interval_s=report_interval_s,
                                history_resolution_s=history_resolution_s, canary_steps=steps,
                                analysis_intervals=analysis_intervals, tls_cert=tls_cert,
-                               tls_key=tls_key, tls_ca=tls_ca, tokens_file=tokens_file)
+                               tls_key=tls_key, tls_ca=tls_ca, tokens_file=tokens_file,
+                               advertise=advertise, lease_ttl_s=lease_ttl_s)
+        if controller_id:
+            cfg.controller_id = controller_id
         asyncio.run(run_controller(cfg, ready_file=ready_file))
     except GearshiftError as err:
         raise click.ClickException(err.message) from None
@@ -87,3 +104,14 @@ def agent(controller_addr: str | None, config_path: Path | None, host_id: str | 
         asyncio.run(run_agent(cfg))
     except GearshiftError as err:
         raise click.ClickException(err.message) from None
+
+
+@controller.command("status")
+@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table",
+              show_default=True)
+@click.pass_context
+def controller_status(ctx: click.Context, output: str) -> None:
+    """Leader, epoch and lease age, as every controller in --controller sees them."""
+    from gearshift.cli.ha_status import show_status
+
+    show_status(ctx, output)

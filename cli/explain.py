@@ -5,7 +5,10 @@ without a controller. Values get units from their names (the policy signal
 registry first, then the naming conventions of the decision core and the canary
 analysis: `_rps`, `_ms`, `_s`, `_usd`, `_h`, shares and rates as %). The reversal
 line is derived only from what the stored inputs say; when they say nothing
-specific it prints an honest generic sentence instead of guessing.
+specific it prints an honest generic sentence instead of guessing. "Where the
+figures come from" says, per engine, whether its capacity was measured or came
+from a policy prior or a default ratio, and why (too little data, no SLA, …), and
+whether the traffic level is the forecast's or the observed one.
 """
 
 from __future__ import annotations
@@ -69,9 +72,10 @@ def _unit_of(key: str) -> str:
         return {"USD": "usd", "1/week": "week"}.get(spec.unit, spec.unit)
     if any(w in key for w in _FRACTION_WORDS):
         return "%"
-    if key == "burstiness" or key.endswith("_ratio"):
+    if key == "burstiness" or "_ratio" in base or base.endswith("_scale"):
         return "x"
-    if base.endswith("_rps") or base.startswith("rps_") or "capacity_rps" in base:
+    if (base.endswith("_rps") or base.startswith("rps_") or "capacity_rps" in base
+            or base in ("capacity_low", "capacity_high")):
         return "req/s"
     if base.endswith("usd_per_day"):
         return "usd/day"
@@ -154,6 +158,8 @@ def _ordered_inputs(inputs: Mapping[str, Any]) -> list[str]:
     def rank(key: str) -> tuple[int, int, str]:
         if key in _TRAFFIC_KEYS:
             return (1, _TRAFFIC_KEYS.index(key), key)
+        if key.startswith(("traffic_", "forecast_")):
+            return (1, len(_TRAFFIC_KEYS), key)
         if "." in key or key in ("sla_ttft_p99_ms", "nvidia", "gpu_model"):
             return (2, 0, key)
         return (0, 0, key)  # the rule's own inputs first
@@ -189,6 +195,64 @@ def _reversals(d: control_pb2.Decision, inputs: Mapping[str, Any], reason: str |
     return out
 
 
+OWN_SOURCES = ("measured", "lower_bound", "upper_bound")
+_CAPACITY_SOURCE_WORDS = {
+    "measured": "measured at the SLA",
+    "lower_bound": "measured lower bound (the SLA was never reached: at least this)",
+    "upper_bound": "measured upper bound (the SLA was missed even at the lowest load seen)",
+    "prior": "NOT MEASURED: the policy's prior (spec.models)",
+    "ratio-prior": "NOT MEASURED: {base}'s figure x {ratio} (the ratio of the policy's priors)",
+    "default-ratio": "NOT MEASURED: a default, {base}'s figure x {ratio} (assumed, not measured; "
+                     "public range {low}..{high}x)",
+    "unknown": "unknown: nothing measured and no prior",
+}
+
+
+def _engines_cited(d: control_pb2.Decision, inputs: Mapping[str, Any]) -> list[str]:
+    cited = {k.split(".", 1)[1] for k in inputs if k.startswith("capacity_source.")}
+    first = [e for e in (d.from_engine, d.to_engine) if e in cited]
+    return first + sorted(cited - set(first))
+
+
+def _plain(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, int | float) else "?"
+
+
+def _provenance(d: control_pb2.Decision, inputs: Mapping[str, Any]) -> list[str]:
+    """Where each capacity figure and the traffic level came from, in plain words."""
+    out: list[str] = []
+    for e in _engines_cited(d, inputs):
+        source = str(inputs[f"capacity_source.{e}"])
+        words = _CAPACITY_SOURCE_WORDS.get(source, source).format(
+            base=inputs.get(f"capacity_ratio_base.{e}", "the other engine"),
+            ratio=_plain(inputs.get(f"capacity_ratio.{e}")),
+            low=_plain(inputs.get(f"capacity_ratio_low.{e}")),
+            high=_plain(inputs.get(f"capacity_ratio_high.{e}")))
+        value = fmt_value("capacity_rps", inputs.get(f"capacity_rps.{e}"))
+        low, high = inputs.get(f"capacity_low.{e}"), inputs.get(f"capacity_high.{e}")
+        band = (f", band {fmt_value('capacity_rps', low)} .. {fmt_value('capacity_rps', high)}"
+                if isinstance(low, int | float) and isinstance(high, int | float) else "")
+        out.append(f"  capacity on {e}: {value}, {words}{band}")
+        note = inputs.get(f"capacity_note.{e}")
+        if note:
+            out.append(f"    {'note' if source in OWN_SOURCES else 'why'}: {note}")
+    basis = inputs.get("traffic_basis")
+    level = fmt_value("traffic_level_rps", inputs.get("traffic_level_rps"))
+    if basis == "forecast":
+        made = inputs.get("forecast_age_h")
+        when = f", made {fmt_value('x_h', made)} ago" if isinstance(made, int | float) else ""
+        out.append(f"  traffic level: {level}, the FORECAST sustained rate "
+                   f"({inputs.get('forecast_method', '?')}, over "
+                   f"{fmt_value('x_h', inputs.get('forecast_horizon_h'))}{when}); the window's "
+                   f"traffic scaled {fmt_value('x_scale', inputs.get('traffic_scale'))}")
+    elif basis == "observed":
+        out.append(f"  traffic level: {level}, the OBSERVED sustained rate (the forecast was not "
+                   f"used: {inputs.get('traffic_note') or 'none'})")
+    if basis is not None and inputs.get("savings_basis"):
+        out.append(f"  the savings estimate was bound by the {inputs['savings_basis']} figure")
+    return out
+
+
 def decision_report(d: control_pb2.Decision) -> str:
     """`gearshift decisions explain ID` as plain text."""
     inputs, expected = struct_dict(d.inputs), struct_dict(d.expected)
@@ -202,6 +266,9 @@ def decision_report(d: control_pb2.Decision) -> str:
     missing = sorted(k for k, v in inputs.items() if v is None)
     if missing:
         lines.append(f"  not measured: {', '.join(missing)}")
+    provenance = _provenance(d, inputs)
+    if provenance:
+        lines += ["", "Where the figures come from", *provenance]
     lines += ["", "Expected effect", *_expected_lines(expected)]
     lines += ["", "Alternatives rejected"]
     lines += [_alternative_line(d, o, w) for o, w in alts] or ["  none recorded"]

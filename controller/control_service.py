@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import AsyncIterator, Callable
 
+import grpc
 from grpc import aio
 
 from gearshift.controller.control_actions import ActionRpcs
+from gearshift.controller.endpoints import LEADER_METADATA_KEY
+from gearshift.controller.errors import GearshiftError
 from gearshift.controller.fleet import FleetState
+from gearshift.controller.ha import Leadership
 from gearshift.v1 import agent_pb2, control_pb2, control_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -25,6 +30,9 @@ class ControlService(ActionRpcs, control_pb2_grpc.ControlServiceServicer):
         self.epoch = epoch
         self.store_kind = store_kind
         self._paused = paused
+        self.leadership: Leadership | None = None  # None: a controller that always leads
+        self.lead_started = fleet.started  # when this controller's current term began
+        self._route_streams: set[asyncio.Event] = set()
 
     async def FleetStatus(self, request: control_pb2.FleetStatusRequest,
                           context: aio.ServicerContext) -> control_pb2.FleetStatusResponse:
@@ -89,19 +97,71 @@ class ControlService(ActionRpcs, control_pb2_grpc.ControlServiceServicer):
         # A controller that has just started knows no deployment yet: sending its empty
         # table would make gateways forget routes that still work. Wait until the hosts
         # it knew before have reported again, or the warm-up ends (fail static).
-        while self.fleet.now() < self.fleet.started + self.routes_warmup_s and not all(
-                h in self.fleet.hosts and self.fleet.hosts[h].reports > 0
-                for h in self.expected_hosts):
-            await asyncio.sleep(0.2)
-        q = self.fleet.watch_routes()
-        log.info("gateway %s watches routes", request.gateway_id or "(anonymous)")
+        ended = asyncio.Event()  # set when this controller stops leading
+        self._route_streams.add(ended)
         try:
-            while True:
-                yield await q.get()
-        except asyncio.CancelledError:
-            pass
+            while self.fleet.now() < self.lead_started + self.routes_warmup_s \
+                    and not ended.is_set() and not all(
+                        h in self.fleet.hosts and self.fleet.hosts[h].reports > 0
+                        for h in self.expected_hosts):
+                await asyncio.sleep(0.2)
+            fleet = self.fleet
+            q = fleet.watch_routes()
+            log.info("gateway %s watches routes", request.gateway_id or "(anonymous)")
+            try:
+                while not ended.is_set():
+                    getter = asyncio.ensure_future(q.get())
+                    stopper = asyncio.ensure_future(ended.wait())
+                    done, pending = await asyncio.wait({getter, stopper},
+                                                       return_when=asyncio.FIRST_COMPLETED)
+                    for f in pending:
+                        f.cancel()
+                    if getter in done:
+                        yield getter.result()
+            except asyncio.CancelledError:
+                return
+            finally:
+                fleet.unwatch_routes(q)
         finally:
-            self.fleet.unwatch_routes(q)
+            self._route_streams.discard(ended)
+        if self.leadership is not None:
+            details, leader = self.leadership.refusal()
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, details,
+                                ((LEADER_METADATA_KEY, leader),))
+
+    def end_route_streams(self) -> None:
+        """End every WatchRoutes stream (this controller stopped leading): gateways
+        follow the refusal to the new leader and keep their tables meanwhile."""
+        for ended in list(self._route_streams):
+            ended.set()
+
+    async def ControllerStatus(self, request: control_pb2.ControllerStatusRequest,
+                               context: aio.ServicerContext,
+                               ) -> control_pb2.ControllerStatusResponse:
+        resp = control_pb2.ControllerStatusResponse(
+            controller_id=self.controller_id, store=self.store_kind, epoch=self.epoch)
+        ld = self.leadership
+        if ld is None:
+            resp.leader, resp.leader_id = True, self.controller_id
+            return resp
+        resp.address, resp.ha, resp.lease_ttl_s = ld.address, ld.ha, ld.ttl_s
+        resp.leader = ld.leading
+        try:
+            state = await asyncio.to_thread(ld.elector.current)
+        except GearshiftError as err:
+            resp.error = err.message
+            state = ld.lease()
+        if state is None:
+            return resp
+        if state.live:
+            resp.leader_id, resp.leader_address = state.holder or "", state.address or ""
+        resp.epoch = state.epoch
+        for field, value in (("lease_age_s", state.lease_age_s),
+                             ("lease_expires_in_s", state.expires_in_s),
+                             ("leader_for_s", state.leader_for_s)):
+            if value is not None and math.isfinite(value):
+                setattr(resp, field, value)
+        return resp
 
     async def ReportGateway(self, request: control_pb2.GatewayReport,
                             context: aio.ServicerContext) -> control_pb2.GatewayReportAck:

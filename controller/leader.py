@@ -109,6 +109,9 @@ class Elector(Protocol):
 
     @property
     def leading_epoch(self) -> int | None: ...
+    @property
+    def last_state(self) -> LeaseState | None: ...
+    def may_lead(self) -> bool: ...
     def try_acquire_or_renew(self) -> LeaseState: ...
     def current(self) -> LeaseState: ...
     def step_down(self) -> bool: ...
@@ -242,6 +245,7 @@ class LeaderElector:
         self._deadline = -math.inf  # local monotonic time at which run() must stop leading
         self._stop_event: asyncio.Event | None = None
         self._stop_requested = False
+        self._last_state: LeaseState | None = None
 
     @classmethod
     def for_url(cls, url: str, controller_id: str, address: str, *, store: Store | None = None,
@@ -259,6 +263,18 @@ class LeaderElector:
     def leading_epoch(self) -> int | None:
         """The epoch `run()` currently leads under; None while it does not lead."""
         return self._leading
+
+    @property
+    def last_state(self) -> LeaseState | None:
+        """The lease as the latest renewal or read showed it (no database round trip)."""
+        return self._last_state
+
+    def may_lead(self) -> bool:
+        """True while `run()` leads and its local deadline has not passed. Checked
+        before acting, so that a leader resuming after a pause (SIGSTOP, a long GC,
+        a stalled VM) does nothing before `run()` has noticed that its term ended."""
+        return (self._leading is not None and self._term_epoch == self._leading
+                and self._clock() < self._deadline)
 
     # -- database (blocking; one statement at a time) -----------------------------
 
@@ -329,14 +345,17 @@ class LeaderElector:
             except sa.exc.SQLAlchemyError as err:
                 raise self._unavailable("renewal", err) from None
             if epoch is None:
+                self._last_state = state
                 return state
             with self._state_lock:
                 if generation != self._generation:  # forfeited while we talked: not ours now
-                    return replace(state, is_leader=False)
+                    self._last_state = replace(state, is_leader=False)
+                    return self._last_state
                 if epoch != renew:
                     log.info("controller %s took the lease %r, epoch %d", self.controller_id,
                              self.name, epoch)
                 self._term_epoch = self._last_epoch = epoch
+            self._last_state = state
             return state
 
     def current(self) -> LeaseState:
@@ -351,7 +370,8 @@ class LeaderElector:
         with self._state_lock:
             mine = (state.holder == self.controller_id and state.live
                     and state.epoch == self._term_epoch)
-        return replace(state, is_leader=mine)
+        self._last_state = replace(state, is_leader=mine)
+        return self._last_state
 
     def _forfeit(self) -> int | None:
         with self._state_lock:
@@ -494,6 +514,13 @@ class SingleControllerLeader:
     @property
     def leading_epoch(self) -> int | None:
         return self._epoch
+
+    @property
+    def last_state(self) -> LeaseState | None:
+        return self._state()
+
+    def may_lead(self) -> bool:
+        return self._epoch is not None
 
     def _state(self) -> LeaseState:
         if self._epoch is None:

@@ -4,8 +4,14 @@ Capacity models (`gearshift.policies.capacity`) are fed one observation per
 completed rollup minute — the request rate per ready replica and the p99
 latencies — per (model, engine, engine version, GPU model), and persisted as
 JSON settings (`capacity/<label>`) so a restarted controller keeps what it
-learned. Forecasts are refitted at most every `FORECAST_REFIT_S` per model,
-because a fit costs a fraction of a second.
+learned. `live_capacities` turns what was measured into one capacity per engine
+for the decision core, by the rule shared with the blind backtest
+(`gearshift.policies.priors`): measured figures first, else the policy's priors
+or the default ratio, each cited with where it came from and why.
+
+Forecasts are refitted at most every `FORECAST_REFIT_S` per model, because a fit
+costs a fraction of a second; the policy loop asks for the policy's horizon and
+sustained quantile, and the forecast enters the savings estimate of its decisions.
 """
 
 from __future__ import annotations
@@ -16,7 +22,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from gearshift.controller.errors import GearshiftError
 from gearshift.controller.store import Store
 from gearshift.controller.tables import RollupRow
 from gearshift.policies.capacity import (
@@ -25,13 +30,23 @@ from gearshift.policies.capacity import (
     CapacityModel,
     LoadObservation,
 )
-from gearshift.policies.forecast import Forecast, forecast_rate
+from gearshift.policies.forecast import Forecast, decision_forecast
+from gearshift.policies.priors import (
+    EngineCapacity,
+    Measurement,
+    citations,
+    resolve_capacities,
+)
+from gearshift.policies.schema import ModelPriors
+from gearshift.policies.signals import SignalValue
+from gearshift.policies.trace import ENGINES
 
 log = logging.getLogger(__name__)
 
 SETTING_PREFIX = "capacity/"
 FORECAST_REFIT_S = 900.0
-FORECAST_HORIZON_S = 24 * 3600.0
+FORECAST_HORIZON_S = 24 * 3600.0  # when the caller names none (the policy loop names its own)
+FORECAST_QUANTILE = 0.1
 FORECAST_MIN_STEP_S = 300.0  # the forecast works on 5-minute bins (or the history's, if coarser)
 
 
@@ -97,26 +112,57 @@ class CapacityLearner:
         return LearnedCapacity(chosen.key, chosen.estimate(sla_ttft_p99_s, sla_itl_p99_s))
 
 
+def measurement(learned: LearnedCapacity | None, engine: str, sla_given: bool) -> Measurement:
+    """What the learner's estimate shows of one engine, or why it shows nothing usable."""
+    if not sla_given:
+        return Measurement(why=f"{engine} not measured: the model has no latency SLA "
+                               "(spec.models slaTtftP99Ms / slaItlP99Ms) to measure capacity at")
+    if learned is None:
+        return Measurement(why=f"{engine} not measured: no latency observed on it yet")
+    est = learned.estimate
+    if est.status in ("ok", "lower_bound", "upper_bound") and est.capacity_rps:
+        source = "measured" if est.status == "ok" else est.status
+        return Measurement(EngineCapacity(est.capacity_rps, est.low, est.high, source, est.reason))
+    return Measurement(why=f"too little data on {engine}: {est.reason or est.status}")
+
+
+def live_capacities(learner: CapacityLearner | None, model: str, gpu_model: str | None,
+                    priors: ModelPriors) -> tuple[dict[str, EngineCapacity], dict[str, SignalValue]]:
+    """One capacity per engine for `model` (shared rule), and the decision inputs citing them."""
+    ttft = priors.sla_ttft_p99_ms / 1000 if priors.sla_ttft_p99_ms else None
+    itl = priors.sla_itl_p99_ms / 1000 if priors.sla_itl_p99_ms else None
+    found: dict[str, Measurement] = {}
+    points: dict[str, int] = {}
+    for e in ENGINES:
+        learned = None if learner is None else learner.best(model, e, gpu_model, ttft, itl)
+        found[e] = measurement(learned, e, ttft is not None or itl is not None)
+        points[e] = 0 if learned is None else learned.estimate.points
+    caps = resolve_capacities(found, priors.engines)
+    cite = citations(caps)
+    cite.update({f"capacity_points.{e}": n for e, n in points.items()})
+    return caps, cite
+
+
 class Forecaster:
     def __init__(self, history: Callable[[str], tuple[list[float], list[float]]],
                  step_s: float, clock: Callable[[], float] = time.time) -> None:
         self._history = history
         self._step_s = step_s
         self._clock = clock
-        self._cache: dict[str, tuple[float, Forecast]] = {}
+        self._cache: dict[str, tuple[float, float, float, Forecast]] = {}
 
-    def forecast(self, model: str, now: float | None = None) -> Forecast:
+    def forecast(self, model: str, now: float | None = None, *,
+                 horizon_s: float = FORECAST_HORIZON_S,
+                 quantile: float = FORECAST_QUANTILE) -> Forecast:
+        """The forecast from the samples before `now`, reused for FORECAST_REFIT_S (never
+        one made after `now`, which could have seen later samples)."""
         now = self._clock() if now is None else now
         cached = self._cache.get(model)
-        if cached is not None and now - cached[0] < FORECAST_REFIT_S:
-            return cached[1]
+        if (cached is not None and cached[1:3] == (horizon_s, quantile)
+                and 0.0 <= now - cached[0] < FORECAST_REFIT_S):
+            return cached[3]
         ts, rps = self._history(model)
-        try:
-            fc = forecast_rate(ts, rps, now, FORECAST_HORIZON_S,
-                               step_s=max(self._step_s, FORECAST_MIN_STEP_S))
-        except GearshiftError as exc:  # a forecast problem must never stop the policy loop
-            fc = Forecast(status="insufficient_data", method="none", sustained_rps=None,
-                          peak_rps=None, horizon_s=FORECAST_HORIZON_S, quantile=0.1,
-                          reason=f"forecast failed: {exc.message}", points=len(ts))
-        self._cache[model] = (now, fc)
+        fc = decision_forecast(ts, rps, now, horizon_s,
+                               step_s=max(self._step_s, FORECAST_MIN_STEP_S), quantile=quantile)
+        self._cache[model] = (now, horizon_s, quantile, fc)
         return fc

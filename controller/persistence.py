@@ -64,6 +64,10 @@ class Persistence:
     def next_epoch(self) -> int:
         return self.store.bump_epoch()
 
+    def reload_settings(self) -> None:
+        """Forget cached settings (another controller may have changed them)."""
+        self._paused_cache = None
+
     def paused(self) -> bool:
         if self._paused_cache is None:
             self._paused_cache = bool(self.store.get_setting(SETTING_PAUSED, False))

@@ -2,8 +2,11 @@
 
 On every policy interval (an APScheduler job) it reads the active policy, builds
 each model's signals from what the fleet observed before `now` (the in-memory
-rate history, revisions, the engines' latency, the policy's priors), calls
-`decide`, stores the decisions with their reasons, and applies the policy's
+rate history and its forecast over the policy's horizon, which sets the traffic
+level of the savings estimate; revisions; the engines' latency; capacities by the
+rule shared with the blind backtest, `controller.learning.live_capacities`:
+measured, else the policy's priors or the default ratio), calls `decide`, stores
+the decisions with their reasons and those figures' sources, and applies the policy's
 mode: `dry-run` records, `approve` waits for a person, `auto` hands the
 decision to the migration orchestrator. Policy versions are applied here,
 atomically: an invalid policy never replaces the active one.
@@ -12,7 +15,6 @@ atomically: an invalid policy never replaces the active one.
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -28,6 +30,7 @@ from gearshift.controller.errors import (
     NotFound,
 )
 from gearshift.controller.fleet import FleetState
+from gearshift.controller.learning import live_capacities
 from gearshift.controller.store import Store
 from gearshift.controller.tables import (
     SETTING_ACTIVE_POLICY_VERSION,
@@ -37,6 +40,7 @@ from gearshift.controller.tables import (
 )
 from gearshift.policies.core import ModelState, decide
 from gearshift.policies.loader import Policy, load_policy
+from gearshift.policies.priors import priors_for
 from gearshift.policies.schema import ModelPriors
 from gearshift.policies.signals import EngineFacts, ModelFacts, ModelHistory, compute_signals
 from gearshift.v1 import agent_pb2
@@ -45,6 +49,7 @@ if TYPE_CHECKING:
     from gearshift.controller.learning import CapacityLearner, Forecaster
     from gearshift.controller.migration_store import MigrationPhase, MigrationRow
     from gearshift.controller.orchestrator import MigrationOrchestrator
+    from gearshift.policies.forecast import Forecast
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +124,6 @@ class PolicyLoop:
         self.on_policy_change: Callable[[Policy], None] | None = None
         self.learner: CapacityLearner | None = None
         self.forecaster: Forecaster | None = None
-        self._citations: dict[str, dict[str, Any]] = {}
 
     # -- policy versions ------------------------------------------------------------
 
@@ -175,11 +179,7 @@ class PolicyLoop:
 
     def priors(self, model: str) -> ModelPriors:
         current = self.active()
-        if current is not None:
-            for pattern, priors in current[1].doc.spec.models.items():
-                if pattern == model or fnmatch.fnmatchcase(model, pattern):
-                    return priors
-        return ModelPriors()
+        return priors_for(current[1].doc.spec.models, model) if current is not None else ModelPriors()
 
     def sla_for(self, model: str) -> Sla:
         p = self.priors(model)
@@ -205,55 +205,23 @@ class PolicyLoop:
                 measured_ttft[d.engine] = max(measured_ttft.get(d.engine, 0.0), d.ttft.p99_s * 1000)
             if d.itl.present:
                 measured_itl[d.engine] = max(measured_itl.get(d.engine, 0.0), d.itl.p99_s * 1000)
+        caps, cite = live_capacities(self.learner, model, gpu_models[0] if gpu_models else None, p)
         engines = {}
-        cite: dict[str, Any] = {}
         for e in ENGINES:
             prior = p.engines.get(e)  # type: ignore[call-overload]
-            capacity = prior.capacity_rps if prior else None
-            cite[f"capacity_source.{e}"] = "prior" if capacity is not None else "unknown"
             trial = self.trial_result(model, e)
             if trial is not None:
                 cite[f"trial.{e}"] = f"{trial['migration']} {trial['outcome']}: {trial['reason']}"
                 for k in ("candidate_ttft_p99_s", "candidate_itl_p99_s"):
                     if isinstance(trial.get("figures"), dict) and k in trial["figures"]:
                         cite[f"trial_{k}.{e}"] = trial["figures"][k]
-            learned = None if self.learner is None else self.learner.best(
-                model, e, gpu_models[0] if gpu_models else None,
-                p.sla_ttft_p99_ms / 1000 if p.sla_ttft_p99_ms else None,
-                p.sla_itl_p99_ms / 1000 if p.sla_itl_p99_ms else None)
-            if learned is not None:
-                est = learned.estimate
-                cite[f"capacity_points.{e}"] = est.points
-                if est.low is not None and est.high is not None:
-                    cite[f"capacity_low.{e}"] = est.low
-                    cite[f"capacity_high.{e}"] = est.high
-                if est.status == "ok" and est.capacity_rps is not None:
-                    capacity = est.capacity_rps
-                    cite[f"capacity_source.{e}"] = "measured"
-                elif est.status == "lower_bound" and est.capacity_rps is not None:
-                    # A fleet sized with headroom rarely runs at its SLA, so the usual
-                    # measurement is a lower bound: the most load served within the SLA.
-                    # It can raise a prior, never lower it.
-                    capacity = max(est.capacity_rps, capacity or 0.0)
-                    cite[f"capacity_source.{e}"] = "measured (lower bound)"
-                else:
-                    # Too little data (or the SLA never reached): the prior stands; say why.
-                    cite[f"capacity_note.{e}"] = f"{est.status}: {est.reason}"
             engines[e] = EngineFacts(
-                capacity_rps=capacity,
+                capacity_rps=caps[e].capacity_rps,
                 ttft_p99_ms=measured_ttft.get(e, prior.ttft_p99_ms if prior else None),
                 itl_p99_ms=measured_itl.get(e, prior.itl_p99_ms if prior else None),
                 cold_start_s=prior.cold_start if prior else None,
                 build_s=prior.build if prior else None,
                 build_overhead_usd=policy.doc.spec.cost.build_overhead_usd.get(e))  # type: ignore[call-overload]
-        if self.forecaster is not None:
-            fc = self.forecaster.forecast(model)
-            cite.update({"forecast_sustained_rps": fc.sustained_rps, "forecast_peak_rps": fc.peak_rps,
-                         "forecast_horizon_h": fc.horizon_s / 3600, "forecast_method": fc.method,
-                         "forecast_status": fc.status})
-            if fc.reason:
-                cite["forecast_note"] = fc.reason
-        self._citations[model] = cite
         labels: dict[str, str] = {}
         for h, _ in ready:
             labels.update(self.fleet.hosts[h].hello.labels)
@@ -261,7 +229,7 @@ class PolicyLoop:
             gpus_per_replica=gpus_per_replica, min_replicas=p.min_replicas, headroom=p.headroom,
             sla_ttft_p99_ms=p.sla_ttft_p99_ms, sla_itl_p99_ms=p.sla_itl_p99_ms, engines=engines,
             nvidia=any(m.upper().startswith("NVIDIA") for m in gpu_models) if gpu_models else None,
-            gpu_model=gpu_models[0] if gpu_models else None, labels=labels)
+            gpu_model=gpu_models[0] if gpu_models else None, labels=labels, citations=cite)
 
     def model_state(self, model: str, now: float) -> ModelState | None:
         ready = self._ready(model)
@@ -321,7 +289,8 @@ class PolicyLoop:
             ts, rps = self.history.arrays(model)
             revs = [r.published_at.timestamp() for r in self.store.list_revisions(model)]
             hist = ModelHistory.of(ts, rps, sorted(revs), self.history.resolution_s)
-            signals[model] = compute_signals(model, hist, facts, now, policy.signal_settings)
+            signals[model] = compute_signals(model, hist, facts, now, policy.signal_settings,
+                                             self._forecast(model, policy, now))
             states[model] = state
         stored = []
         for d in decide(policy, signals, states, now):
@@ -329,6 +298,15 @@ class PolicyLoop:
             if row is not None:
                 stored.append(row)
         return stored
+
+    def _forecast(self, model: str, policy: Policy, now: float) -> Forecast | None:
+        """The rate forecast over the policy's horizon at its sustained quantile (it sets
+        the traffic level of the savings estimate; `policies.economics`)."""
+        if self.forecaster is None:
+            return None
+        spec = policy.doc.spec
+        return self.forecaster.forecast(model, now, horizon_s=spec.cost.horizon,
+                                        quantile=spec.signals.sustained_quantile)
 
     def _store_decision(self, d: dict[str, Any], version: int, mode: str, now: float) -> DecisionRow | None:
         for open_row in self.store.list_decisions(model=d["model"], limit=20):
@@ -340,8 +318,7 @@ class PolicyLoop:
                 self.store.update_decision_status(
                     open_row.id, DecisionStatus.SUPERSEDED, "a newer decision replaced it",
                     expected_from=DecisionStatus.PROPOSED)
-        inputs = {**d["inputs"], **self._citations.get(d["model"], {}),
-                  "policy": d["policy_version"]}
+        inputs = {**d["inputs"], "policy": d["policy_version"]}
         row = DecisionRow(
             created_at=_utc(now), model=d["model"], from_engine=d["from_engine"],
             to_engine=d["to_engine"], rule=d["rule"], inputs=inputs, expected=d["expected"],

@@ -59,7 +59,7 @@ class Role(StrEnum):
 _READ_METHODS = (
     "FleetStatus", "ListHosts", "ListDeployments", "ListModels", "WatchRoutes", "ReportGateway",
     "ValidatePolicy", "GetPolicy", "PolicyHistory", "ListDecisions", "GetDecision",
-    "ListMigrations", "GetMigration", "GetCapacity", "GetRateHistory",
+    "ListMigrations", "GetMigration", "GetCapacity", "GetRateHistory", "ControllerStatus",
 )
 _ADMIN_METHODS = (
     "ApplyPolicy", "ApproveDecision", "RejectDecision", "EvaluateNow", "SetPaused",
@@ -224,15 +224,15 @@ def bearer_token(metadata: Iterable[tuple[str, Any]] | None) -> str | None:
     return None
 
 
-def _denying_handler(handler: grpc.RpcMethodHandler, code: grpc.StatusCode,
-                     details: str) -> grpc.RpcMethodHandler:
+def denying_handler(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, details: str,
+                    trailing_metadata: tuple[tuple[str, str], ...] = ()) -> grpc.RpcMethodHandler:
     """A handler of the same shape as `handler` that aborts at once (the real one never runs)."""
 
     async def deny(request: Any, context: aio.ServicerContext) -> Any:
-        await context.abort(code, details)
+        await context.abort(code, details, trailing_metadata)
 
     async def deny_stream(request: Any, context: aio.ServicerContext) -> Any:
-        await context.abort(code, details)
+        await context.abort(code, details, trailing_metadata)
         yield  # pragma: no cover - makes this an async generator
 
     ser = {"request_deserializer": handler.request_deserializer,
@@ -306,7 +306,7 @@ class AuthInterceptor(aio.ServerInterceptor):
                              handler_call_details.invocation_metadata)
         if refusal is None:
             return handler
-        return _denying_handler(handler, *refusal)
+        return denying_handler(handler, *refusal)
 
 
 def _auth_values(context: Any, key: str) -> list[str]:

@@ -8,6 +8,7 @@ and the Prometheus `/metrics` endpoint. `run_controller` is the CLI's entry.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -29,7 +30,9 @@ from gearshift.controller.agent_service import AgentService
 from gearshift.controller.control_service import ControlService
 from gearshift.controller.errors import ConfigError, NotFound
 from gearshift.controller.fleet import FleetState, HostEntry
+from gearshift.controller.ha import LeaderGate, Leadership
 from gearshift.controller.interceptors import ErrorInterceptor
+from gearshift.controller.leader import LeaderElector
 from gearshift.controller.learning import CapacityLearner, Forecaster
 from gearshift.controller.metrics import ControllerMetrics
 from gearshift.controller.migration_store import MigrationPhase, MigrationRepository, MigrationRow
@@ -74,6 +77,9 @@ class ControllerConfig:
                                            # a certificate from this CA (mutual TLS)
     tokens_file: Path | None = None        # bearer tokens (read/admin); else $GEARSHIFT_TOKENS
     controller_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    advertise: str = ""                    # HOST:PORT clients reach this controller at;
+                                           # empty: the listen address (its bound port)
+    lease_ttl_s: float = 10.0              # HA on PostgreSQL: leadership lease
 
     @property
     def tls(self) -> bool:
@@ -98,25 +104,59 @@ class ControllerConfig:
             raise ConfigError(
                 f"--canary-steps: expected increasing traffic shares between 0 and 1, "
                 f"found {','.join(str(s) for s in self.canary_steps)}")
+        if self.advertise:
+            a_host, a_sep, a_port = self.advertise.rpartition(":")
+            if not a_sep or not a_host or not a_port.isdigit() or not 0 < int(a_port) <= 65535:
+                raise ConfigError(f"--advertise: expected HOST:PORT, found {self.advertise!r}")
+        if not (1.0 <= self.lease_ttl_s <= 300):
+            raise ConfigError(f"--lease-ttl: expected 1..300 seconds, found {self.lease_ttl_s}")
         if self.metrics_port is not None and not (0 <= self.metrics_port <= 65535):
             raise ConfigError(f"--metrics-port: expected 0..65535, found {self.metrics_port}")
 
 
 class Controller:
+    """One controller process. It serves reads at once; it acts (agents' streams,
+    policy evaluation, migrations, routes) only while it leads: always on SQLite,
+    while it holds the lease on PostgreSQL (see `leader.py` and `ha.py`)."""
+
     def __init__(self, config: ControllerConfig, *, metrics: ControllerMetrics | None = None) -> None:
         config.validate()
         self.config = config
         self.metrics = metrics or ControllerMetrics()
         self.fleet = FleetState()
         self.persistence = Persistence.open(config.db_url, config.data_dir, self.metrics.registry)
-        self.epoch = self.persistence.next_epoch()
+        self.epoch = 0  # the fencing epoch comes from the election (see _on_elected)
         self.agents = AgentService(
             self.fleet, self.metrics, report_interval_s=config.report_interval_s,
             epoch=self.epoch, controller_id=config.controller_id,
             require_peer_host=config.tls_ca is not None,
             on_hello=self._on_hello, on_report=self._on_report,
             on_command_result=self._on_command_result)
-        store = self.persistence.store
+        self.control = ControlService(
+            self.fleet, controller_id=config.controller_id, epoch=self.epoch,
+            store_kind=self.persistence.dialect, paused=self.persistence.paused,
+            routes_warmup_s=max(ROUTES_WARMUP_MIN_S,
+                                ROUTES_WARMUP_INTERVALS * config.report_interval_s))
+        self.control.set_paused = self.persistence.set_paused
+        self.control.publish_revision = self.publish_revision
+        self._build_leader_parts()
+        self.persistence.on_rollups = self._on_rollups
+        self.leadership: Leadership | None = None
+        self._elector_task: asyncio.Task[None] | None = None
+        self._leader_tasks: list[asyncio.Task[None]] = []
+        self._led = False  # led at least once: owns what it learned
+        self.scheduler: AsyncIOScheduler | None = None
+        self._known_revisions: set[tuple[str, str]] = set()
+        self.server: aio.Server | None = None
+        self.port = 0
+        self.metrics_port: int | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._metrics_httpd: object | None = None
+
+    def _build_leader_parts(self) -> None:
+        """The policy loop, orchestrator and learner, read afresh from the store (at
+        start and at every new term, since another controller may have led meanwhile)."""
+        config, store = self.config, self.persistence.store
         self.history = RateHistory(config.history_resolution_s)
         self.history.seed(store, time.time())
         self.policy_loop = PolicyLoop(store, self.fleet, self.history,
@@ -131,29 +171,49 @@ class Controller:
         self.policy_loop.orchestrator = self.orchestrator
         self.learner = CapacityLearner(store)
         self.learner.load()
-        self.persistence.on_rollups = self._on_rollups
         self.policy_loop.learner = self.learner
         self.policy_loop.forecaster = Forecaster(self.history.arrays, config.history_resolution_s)
         self.policy_loop.on_policy_change = lambda _p: self._schedule_policy()
-        self.control = ControlService(
-            self.fleet, controller_id=config.controller_id, epoch=self.epoch,
-            store_kind=self.persistence.dialect, paused=self.persistence.paused,
-            routes_warmup_s=max(ROUTES_WARMUP_MIN_S,
-                                ROUTES_WARMUP_INTERVALS * config.report_interval_s))
         recent = time.time() - RECENT_HOST_S
         self.control.expected_hosts = {h.host_id for h in store.list_hosts()
                                        if h.last_seen.timestamp() >= recent}
         self.control.policy_loop = self.policy_loop
         self.control.orchestrator = self.orchestrator
-        self.control.set_paused = self.persistence.set_paused
-        self.control.publish_revision = self.publish_revision
-        self.scheduler: AsyncIOScheduler | None = None
-        self._known_revisions: set[tuple[str, str]] = set()
-        self.server: aio.Server | None = None
-        self.port = 0
-        self.metrics_port: int | None = None
-        self._tasks: list[asyncio.Task[None]] = []
-        self._metrics_httpd: object | None = None
+
+    # -- leadership ---------------------------------------------------------------
+
+    @property
+    def leading(self) -> bool:
+        return self.leadership is None or self.leadership.leading
+
+    async def _on_elected(self, epoch: int) -> None:
+        assert self.leadership is not None
+        if self._led:  # a new term: what another controller did meanwhile is in the store
+            self.fleet = FleetState()
+            self.agents.fleet = self.control.fleet = self.fleet
+        self.epoch = self.agents.epoch = self.control.epoch = epoch
+        self.persistence.reload_settings()
+        await asyncio.to_thread(self._build_leader_parts)
+        self.control.lead_started = time.time()
+        self._led = True
+        self._leader_tasks = [asyncio.create_task(self._orchestrate())]
+        self.leadership.epoch = epoch  # opens the gate: agents and gateways are served
+        self._schedule_policy()
+        log.warning("controller %s leads with epoch %d", self.config.controller_id, epoch)
+
+    async def _on_lost(self) -> None:
+        if self.leadership is not None:
+            self.leadership.epoch = None  # closes the gate first
+        if self.scheduler is not None and self.scheduler.get_job("policy") is not None:
+            self.scheduler.remove_job("policy")
+        for t in self._leader_tasks:
+            t.cancel()
+        self._leader_tasks = []
+        for conn in list(self.agents.connections.values()):
+            conn.close()  # agents follow the refusal of their next hello to the new leader
+        self.control.end_route_streams()
+        log.warning("controller %s no longer leads (epoch %d)", self.config.controller_id,
+                    self.epoch)
 
     def _on_hello(self, entry: HostEntry) -> None:
         self.persistence.host_seen(entry)
@@ -194,7 +254,7 @@ class Controller:
         return row, f"rolling out {model} revision {revision} on {engine}: migration {row.id}{note}"
 
     def _schedule_policy(self) -> None:
-        if self.scheduler is None:
+        if self.scheduler is None or not self.leading:
             return
         active = self.policy_loop.active()
         interval_s = max(1.0, active[1].doc.spec.interval) if active else 60.0
@@ -203,6 +263,8 @@ class Controller:
         log.info("policy evaluation every %.0fs", interval_s)
 
     def _evaluate(self) -> None:
+        if not self.leading:
+            return
         try:
             self.policy_loop.evaluate()
         except Exception:  # the next interval retries
@@ -212,6 +274,8 @@ class Controller:
         interval_s = min(1.0, self.config.report_interval_s)
         while True:
             await asyncio.sleep(interval_s)
+            if not self.leading:  # a paused leader resuming: never act on a lapsed term
+                continue
             try:
                 self.policy_loop.sample_rates(time.time())
                 self.orchestrator.tick()
@@ -227,7 +291,8 @@ class Controller:
 
     async def start(self) -> None:
         tokens = self._tokens()
-        interceptors: list[aio.ServerInterceptor] = [ErrorInterceptor()]
+        interceptors: list[aio.ServerInterceptor] = [
+            LeaderGate(lambda: self.leadership), ErrorInterceptor()]
         if tokens is not None:
             interceptors.insert(0, AuthInterceptor(tokens))  # refuse before any handler runs
             log.info("bearer tokens required on the control API (%s)", tokens.describe())
@@ -259,6 +324,7 @@ class Controller:
             self.port = server.add_insecure_port(cfg.listen)
         if self.port == 0:
             raise ConfigError(f"--listen: cannot bind {self.config.listen}")
+        self._start_elector()
         await server.start()
         for name in names[:2]:
             await health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -270,13 +336,46 @@ class Controller:
             self._metrics_httpd = httpd
             self.metrics_port = httpd.server_address[1]
         self._tasks.append(asyncio.create_task(self._housekeeping()))
-        self._tasks.append(asyncio.create_task(self._orchestrate()))
         self.scheduler = AsyncIOScheduler()
         self.scheduler.start()
-        self._schedule_policy()
+        await self._first_election()
         host = self.config.listen.rpartition(":")[0]
-        log.info("controller %s epoch %d listening on %s:%d (store: %s)",
-                 self.config.controller_id, self.epoch, host, self.port, self.persistence.dialect)
+        log.info("controller %s (%s) listening on %s:%d (store: %s)",
+                 self.config.controller_id, f"leader, epoch {self.epoch}" if self.leading
+                 else "follower", host, self.port, self.persistence.dialect)
+
+    @property
+    def address(self) -> str:
+        """HOST:PORT where clients reach this controller."""
+        if self.config.advertise:
+            return self.config.advertise
+        host = self.config.listen.rpartition(":")[0]
+        if host in ("0.0.0.0", "[::]", "::", ""):
+            host = socket.getfqdn()
+        return f"{host}:{self.port}"
+
+    def _start_elector(self) -> None:
+        cfg = self.config
+        url = cfg.db_url or self.persistence.store.url
+        ttl = cfg.lease_ttl_s
+        elector = LeaderElector.for_url(url, cfg.controller_id, self.address,
+                                        store=self.persistence.store, ttl_s=ttl,
+                                        renew_every_s=ttl / 5)
+        self.leadership = Leadership(elector, ha=isinstance(elector, LeaderElector), ttl_s=ttl)
+        self.control.leadership = self.leadership
+        self._elector_task = asyncio.create_task(elector.run(self._on_elected, self._on_lost))
+
+    async def _first_election(self) -> None:
+        """Wait until the first lease attempt has settled, so that a lone controller
+        serves as leader from its first answer (bounded: a follower stays one)."""
+        assert self.leadership is not None
+        deadline = time.monotonic() + self.config.lease_ttl_s
+        while time.monotonic() < deadline and not self.leadership.leading:
+            state = self.leadership.lease()
+            if self.leadership.ha and state is not None and state.live \
+                    and state.holder != self.config.controller_id:
+                break  # another controller leads: this one follows
+            await asyncio.sleep(0.02)
 
     async def _housekeeping(self) -> None:
         while True:
@@ -286,8 +385,10 @@ class Controller:
                 popped = self.persistence.rollups.pop_completed(time.time())
                 if popped:
                     self.persistence.rollups_done(await asyncio.to_thread(to_rows, popped))
-                self.persistence.save_hosts(self.fleet)
                 self._update_gauges()
+                if not self.leading:
+                    continue
+                self.persistence.save_hosts(self.fleet)
                 learned = self.learner.snapshot()
                 if learned:
                     await asyncio.to_thread(self.persistence.store.set_settings, learned)
@@ -314,9 +415,14 @@ class Controller:
         self.metrics.route_version.set(self.fleet.routing_table().version)
 
     async def stop(self, grace_s: float = 2.0) -> None:
+        led_to_the_end = self.leading and self._led
+        if self.leadership is not None and self._elector_task is not None:
+            self.leadership.elector.stop()  # on_lost, then the lease is released
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(self._elector_task, grace_s + 5.0)
         if self.scheduler is not None:
             self.scheduler.shutdown(wait=False)
-        for t in self._tasks:
+        for t in self._tasks + self._leader_tasks:
             t.cancel()
         for conn in list(self.agents.connections.values()):
             conn.close()
@@ -328,7 +434,10 @@ class Controller:
         if rows:
             self.persistence.writer.submit_rollups(rows)
             self.learner.observe(rows)
-        self.persistence.store.set_settings(self.learner.snapshot())
+        if led_to_the_end:  # a follower's learner is stale: it must not overwrite the leader's
+            self.persistence.store.set_settings(self.learner.snapshot())
+        if self.leadership is not None:
+            self.leadership.elector.close()
         self.persistence.close(self.fleet)
 
 

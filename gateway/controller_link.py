@@ -4,7 +4,8 @@
 callback. When the stream breaks it reconnects with exponential backoff and
 jitter, and the gateway keeps serving from its last table (fail static).
 `report_loop` sends per-deployment in-flight counts with `ReportGateway` every few
-seconds; a failed report is logged and the loop goes on.
+seconds; a failed report is logged and the loop goes on. With several controllers
+(`ControllerLink`), both follow the leader: a follower's refusal names it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable
 
 import grpc
 
+from gearshift.controller.endpoints import ControllerEndpoints
 from gearshift.gateway.proxy import Router
 from gearshift.gateway.routes import RoutingTable, table_from_proto
 from gearshift.v1 import control_pb2, control_pb2_grpc
@@ -28,6 +30,48 @@ REPORT_INTERVAL_S = 5.0
 REPORT_TIMEOUT_S = 3.0
 
 
+class ControllerLink:
+    """Channels to the controllers at `addresses`; `channel()` is the one to use now."""
+
+    def __init__(self, addresses: str | list[str],
+                 open_channel: Callable[[str], grpc.aio.Channel]) -> None:
+        self.endpoints = ControllerEndpoints(addresses)
+        self._open = open_channel
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    @classmethod
+    def of(cls, channel: grpc.aio.Channel | ControllerLink) -> ControllerLink:
+        if isinstance(channel, ControllerLink):
+            return channel
+        link = cls("controller:1", lambda _addr: channel)
+        return link
+
+    @property
+    def address(self) -> str:
+        return self.endpoints.current
+
+    def channel(self) -> grpc.aio.Channel:
+        addr = self.endpoints.current
+        if addr not in self._channels:
+            self._channels[addr] = self._open(addr)
+        return self._channels[addr]
+
+    def stub(self) -> control_pb2_grpc.ControlServiceStub:
+        return control_pb2_grpc.ControlServiceStub(self.channel())
+
+    def failed(self, err: BaseException | None) -> bool:
+        """See `ControllerEndpoints.failed`: True when a leader was named (retry now)."""
+        return self.endpoints.failed(err)
+
+    def succeeded(self) -> None:
+        self.endpoints.succeeded()
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
+
+
 def next_backoff_s(attempt: int, rng: Callable[[], float] = random.random,
                    initial_s: float = BACKOFF_INITIAL_S, max_s: float = BACKOFF_MAX_S) -> float:
     """Delay before reconnect number `attempt` (0-based): exponential, capped, with full jitter
@@ -37,20 +81,22 @@ def next_backoff_s(attempt: int, rng: Callable[[], float] = random.random,
 
 
 async def watch_routes(
-    channel: grpc.aio.Channel,
+    channel: grpc.aio.Channel | ControllerLink,
     gateway_id: str,
     on_table: Callable[[RoutingTable], None],
     backoff_initial_s: float = BACKOFF_INITIAL_S,
     backoff_max_s: float = BACKOFF_MAX_S,
 ) -> None:
     """Follow the controller's routing table forever (until cancelled)."""
-    stub = control_pb2_grpc.ControlServiceStub(channel)
+    link = ControllerLink.of(channel)
     attempt = 0
     have_table = False
     while True:
+        now_again = False
         try:
-            call = stub.WatchRoutes(control_pb2.WatchRoutesRequest(gateway_id=gateway_id))
+            call = link.stub().WatchRoutes(control_pb2.WatchRoutesRequest(gateway_id=gateway_id))
             async for msg in call:
+                link.succeeded()
                 table = table_from_proto(msg)
                 on_table(table)
                 if not have_table or attempt:
@@ -59,11 +105,16 @@ async def watch_routes(
                 have_table = True
                 attempt = 0
             reason = "stream ended"
+            link.failed(None)
         except grpc.aio.AioRpcError as err:
             reason = f"{err.code().name}: {err.details()}"
+            now_again = link.failed(err)
         except Exception as err:  # a bad message must not end the watch; log it and go on
             log.exception("routing table from the controller could not be applied")
             reason = f"{type(err).__name__}: {err}"
+        if now_again:
+            log.info("following the leader to %s for routes (%s)", link.address, reason)
+            continue
         delay = next_backoff_s(attempt, initial_s=backoff_initial_s, max_s=backoff_max_s)
         if have_table:
             log.warning("controller route stream lost (%s); keeping the last routing table; "
@@ -88,19 +139,21 @@ def build_report(router: Router, gateway_id: str) -> control_pb2.GatewayReport:
     )
 
 
-async def report_loop(channel: grpc.aio.Channel, router: Router, gateway_id: str,
-                      interval_s: float = REPORT_INTERVAL_S) -> None:
+async def report_loop(channel: grpc.aio.Channel | ControllerLink, router: Router,
+                      gateway_id: str, interval_s: float = REPORT_INTERVAL_S) -> None:
     """Send the router's per-deployment counters every `interval_s` (until cancelled)."""
-    stub = control_pb2_grpc.ControlServiceStub(channel)
+    link = ControllerLink.of(channel)
     failing = False
     while True:
         await asyncio.sleep(interval_s)
         try:
-            await stub.ReportGateway(build_report(router, gateway_id), timeout=REPORT_TIMEOUT_S)
+            await link.stub().ReportGateway(build_report(router, gateway_id),
+                                            timeout=REPORT_TIMEOUT_S)
             if failing:
                 log.info("gateway reports reach the controller again")
             failing = False
         except grpc.aio.AioRpcError as err:
+            link.failed(err)
             if not failing:
                 log.warning("gateway report to the controller failed (%s: %s); will keep trying",
                             err.code().name, err.details())

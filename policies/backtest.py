@@ -8,8 +8,10 @@ Measured facts (capacity, latency, build and cold-start times) come from the tra
 header, as the live system would measure them. With ``blind=True`` the policy sees
 no header capacity or latency: the simulator answers each step with a latency
 observation of the serving engine and the policy learns capacity from them
-(`policies.blind`, which documents the latency model). The backtest replays what
-the policy would do if executed, whatever its `mode`.
+(`policies.blind`, which documents the latency model) and, as live, forecasts
+the rate (the forecast enters the savings estimate); without ``blind`` no
+forecast is made and the observed windows decide. The backtest replays what the
+policy would do if executed, whatever its `mode`.
 """
 
 from __future__ import annotations
@@ -96,14 +98,16 @@ def simulate(policy: Policy, trace: Trace, *, blind: bool = False, seed: int = 0
             if learner is not None:
                 facts = {m: learner.facts(m) for m in models}
             signals: dict[str, Signals] = {
-                m: compute_signals(m, hist[m], facts[m], now, settings) for m in models}
+                m: compute_signals(m, hist[m], facts[m], now, settings,
+                                   None if learner is None else learner.forecast(m, hist[m], now))
+                for m in models}
             state = {m: ModelState(engine=engine_now[m], since=since[m], last_switch=last_switch[m],
                                    migrating_to=replays[m].switching_at(k)) for m in models}
             wanted = {d.model: d for d in decide(policy, signals, state, now)}
         for m in models:
             d = wanted.get(m)
             if replays[m].step(k, d.to_engine if d else None) and d is not None:
-                accepted[m].append(d if learner is None else learner.annotate(d, hist[m]))
+                accepted[m].append(d)
                 last_switch[m] = now
             if learner is not None and world is not None:
                 serving = replays[m].serving  # the engine that served step k

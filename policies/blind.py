@@ -29,21 +29,24 @@ observation. Noise is deterministic for a seed.
 **The learner (`BlindLearner`)** sees only what live would: the rates, the
 observations of the serving engine, the SLA, sizing, prices and build /
 cold-start times (not capacities), and the policy's priors. Per (model, engine)
-it feeds a `CapacityModel` and, at decision time, gives the decision core one
-capacity per engine with its source:
+it feeds a `CapacityModel` and says what it measured; the capacity rule shared
+with the live loop (`policies.priors.resolve_capacities`) turns that and the
+policy's priors into one capacity per engine with its source:
 
 - ``measured``: `estimate()` found the load where the monotone p99 fit crosses
   the SLA (band = the bootstrap band);
 - ``lower_bound``: the SLA was never reached (the usual case: a fleet sized with
   headroom never runs a replica at its SLA capacity), so the figure is the
   highest load served within the SLA; when `estimate()` refuses (too narrow a
-  load range) the same figure is taken from the observations themselves;
-- ``prior``: under MIN_MEASURED_S of observations. The policy's
-  ``spec.models`` priors (``engines.<e>.capacityRps``) give the figure, or the
-  other engine's figure times the prior capacity ratio (the ratio of the two
-  priors when both are given, else DEFAULT_PRIOR_RATIO, in the middle of the
-  public range of DESIGN §4: vLLM a few % ahead on 8B models to TensorRT-LLM
-  +16% on 70B). With nothing measured and no prior, no capacity (no move).
+  load range) the same figure is taken from the observations themselves. An
+  engine never served above its minimum replicas only bounds the capacity;
+- under MIN_MEASURED_S of observations (too little data), the rule's priors:
+  ``ratio-prior`` (the other engine's figure times the ratio of the policy's
+  two priors), ``prior`` (a lone absolute prior), ``default-ratio`` (the other
+  engine's figure times `priors.DEFAULT_PRIOR_RATIO`: TensorRT-LLM 5% ahead, the
+  middle of the public range of DESIGN §4: vLLM a few % ahead on 8B models to
+  TensorRT-LLM +16% on 70B). With nothing measured and no prior, no capacity
+  (no move).
 
 So the first move to an unmeasured engine is an engine trial: it happens only
 when the prior gain pays for the switch by the policy's margin; afterwards the
@@ -51,19 +54,19 @@ measured figures decide (the minimum dwell gives the trial a full day of data).
 Lower bounds of both engines come from the same sizing rule, so their ratio is
 the engines' ratio.
 
-The rate forecast (`forecast_rate`, sustained q = sustainedQuantile over the
-policy horizon) is refitted at most once per FORECAST_REFIT_S, from the samples
-before the refit time only, and cited in every decision; the savings estimate
-keeps the recent windows (the forecast is reported, not acted on).
+The rate forecast (`decision_forecast`: sustained q = sustainedQuantile over the
+policy horizon) is refitted once per FORECAST_REFIT_S (FORECAST_RETRY_S while
+history is too short for the seasonal model and the forecast is a cheap
+fallback), from the samples before the refit time only, and handed to the
+decision core with the signals: its sustained rate is the traffic level of the
+savings estimate (`policies.economics`) and every decision cites it, as live.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import math
 import zlib
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 
@@ -73,11 +76,16 @@ from gearshift.policies.capacity import (
     CapacityModel,
     LoadObservation,
 )
-from gearshift.policies.core import Decision
 from gearshift.policies.costmodel import replicas
-from gearshift.policies.forecast import Forecast, forecast_rate
+from gearshift.policies.forecast import Forecast, decision_forecast
 from gearshift.policies.loader import Policy
-from gearshift.policies.schema import ModelPriors
+from gearshift.policies.priors import (
+    EngineCapacity,
+    Measurement,
+    citations,
+    priors_for,
+    resolve_capacities,
+)
 from gearshift.policies.signals import EngineFacts, ModelFacts, ModelHistory, SignalValue
 from gearshift.policies.trace import ENGINES, Trace
 
@@ -92,8 +100,8 @@ REFIT_GROWTH = 0.25           # re-estimate when observations grew by this share
 REFIT_EVERY_S = 24 * 3600.0   # ... or when this much new serving time was observed
 ESTIMATE_DRAWS = 50           # bootstrap draws per capacity estimate
 PER_BIN = 12                  # observations kept per load bin (CapacityModel)
-FORECAST_REFIT_S = 24 * 3600.0
-DEFAULT_PRIOR_RATIO = {"vllm": 1.0, "tensorrt-llm": 1.05}  # capacity relative to vLLM
+FORECAST_REFIT_S = 24 * 3600.0  # refit a forecast this often ...
+FORECAST_RETRY_S = 3600.0       # ... or this often while it is a fallback (too little history)
 BLIND_ENGINE_VERSION = "blind-backtest"
 BLIND_GPU_MODEL = "simulated"
 
@@ -172,17 +180,6 @@ def blind_view(trace: Trace) -> Trace:
 
 # ---- the learner ----------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class EngineCapacity:
-    """The capacity the policy uses for one engine, and where it came from."""
-
-    capacity_rps: float | None
-    low: float | None
-    high: float | None
-    source: str  # measured | lower_bound | upper_bound | prior | unknown
-    note: str = ""
-
-
 class _Engine:
     """Observations of one model on one engine, and a cached estimate."""
 
@@ -214,14 +211,6 @@ class _Engine:
         return self._estimate
 
 
-def priors_for(policy: Policy, model: str) -> ModelPriors:
-    """The first `spec.models` entry whose name or glob matches `model`."""
-    for pattern, priors in policy.doc.spec.models.items():
-        if pattern == model or fnmatch.fnmatchcase(model, pattern):
-            return priors
-    return ModelPriors()
-
-
 class BlindLearner:
     """Per-model facts for the decision core, learned from observations (no hindsight)."""
 
@@ -231,23 +220,22 @@ class BlindLearner:
         self._min_n = max(1, math.ceil(MIN_MEASURED_S / view.step_s))
         self._recent_n = max(1, math.ceil(RECENT_P99_S / view.step_s))
         self._refit_n = max(1, math.ceil(REFIT_EVERY_S / view.step_s))
-        self._forecasts: dict[tuple[str, int], Forecast] = {}
-        self._citations: dict[str, dict[str, SignalValue]] = {}
+        self._forecasts: dict[str, tuple[float, Forecast]] = {}  # model -> (made at, forecast)
 
     def observe(self, model: str, engine: str, obs: Observation | None) -> None:
         if obs is not None:
             self._engines[model, engine].add(obs.load, obs.replicas,
                                              self._view.profiles[model].min_replicas, self._recent_n)
 
-    def capacities(self, model: str) -> dict[str, EngineCapacity]:
-        p = self._view.profiles[model]
-        sla_s = p.sla_ttft_p99_ms / 1000.0
-        priors = priors_for(self._policy, model).engines
-        own: dict[str, EngineCapacity] = {}
-        floor: dict[str, EngineCapacity] = {}  # lower bounds that only show the traffic
+    def measurements(self, model: str) -> dict[str, Measurement]:
+        """What the observations of each engine show (nothing read from the header)."""
+        sla_s = self._view.profiles[model].sla_ttft_p99_ms / 1000.0
+        out: dict[str, Measurement] = {}
         for e in ENGINES:
             state = self._engines[model, e]
             if state.count < self._min_n:
+                out[e] = Measurement(why=f"too little data on {e}: {state.count} observation(s), "
+                                         f"need {self._min_n} ({MIN_MEASURED_S / 3600:g} h)")
                 continue
             est = state.estimate(sla_s, self._refit_n)
             if est.status in ("ok", "lower_bound", "upper_bound") and est.capacity_rps:
@@ -257,97 +245,56 @@ class BlindLearner:
                 found = EngineCapacity(top, top, None, "lower_bound",
                                        f"{est.reason}; highest load served within the SLA")
             else:
+                out[e] = Measurement(why=f"too little data on {e}: {est.reason}")
                 continue
             if found.source == "lower_bound" and not state.scaled_out:
                 # Never scaled out: the load per replica only shows the traffic, not
                 # where the fleet had to add replicas; it bounds the capacity, no more.
-                floor[e] = replace(found, note=f"{found.note}; never above "
-                                               f"{self._view.profiles[model].min_replicas} "
-                                               f"replica(s), so it only bounds the capacity")
+                out[e] = Measurement(replace(found, note=(
+                    f"{found.note}; never above {self._view.profiles[model].min_replicas} "
+                    f"replica(s), so it only bounds the capacity")), bounds_only=True)
             else:
-                own[e] = found
-        out: dict[str, EngineCapacity] = {}
-        for e in ENGINES:
-            if e in own:
-                out[e] = own[e]
-                continue
-            base = next((o for o in ENGINES if o in own), None)
-            ratio = self._prior_ratio(priors, e, base) if base is not None else None
-            prior = priors.get(e)  # type: ignore[call-overload]
-            if ratio is None and prior is not None and prior.capacity_rps is not None:
-                out[e] = EngineCapacity(prior.capacity_rps, None, None, "prior",
-                                        "policy prior (spec.models)")
-                continue
-            if base is None:
-                out[e] = floor.get(e, EngineCapacity(None, None, None, "unknown",
-                                                     "nothing measured, no prior"))
-                continue
-            why = "ratio of the policy priors"
-            if ratio is None:
-                ratio = DEFAULT_PRIOR_RATIO[e] / DEFAULT_PRIOR_RATIO[base]
-                why = "default prior ratio, DESIGN §4 public range"
-            value = (own[base].capacity_rps or 0.0) * ratio
-            bound = floor.get(e)
-            out[e] = (bound if bound is not None and (bound.capacity_rps or 0.0) > value else
-                      EngineCapacity(value, None, None, "prior",
-                                     f"{base} {own[base].source} x {ratio:.3g} ({why})"))
+                out[e] = Measurement(found)
         return out
 
-    @staticmethod
-    def _prior_ratio(priors: Any, engine: str, base: str) -> float | None:
-        """capacity(engine) / capacity(base) from the policy's priors, when both are given."""
-        a, b = priors.get(engine), priors.get(base)
-        if a is not None and b is not None and a.capacity_rps and b.capacity_rps:
-            return float(a.capacity_rps / b.capacity_rps)
-        return None
+    def capacities(self, model: str) -> dict[str, EngineCapacity]:
+        """One capacity per engine: the shared rule over what was measured and the priors."""
+        priors = priors_for(self._policy.doc.spec.models, model).engines
+        return resolve_capacities(self.measurements(model), priors)
 
     def facts(self, model: str) -> ModelFacts:
-        """Facts for the decision core; the cited figures are kept for `annotate`."""
+        """Facts for the decision core, citing where each capacity came from."""
         v, p = self._view, self._view.profiles[model]
-        priors = priors_for(self._policy, model).engines
+        priors = priors_for(self._policy.doc.spec.models, model).engines
         caps = self.capacities(model)
-        cite: dict[str, SignalValue] = {}
+        cite: dict[str, SignalValue] = citations(caps)
         engines = {}
         for e in ENGINES:
-            c = caps[e]
             recent = self._engines[model, e].recent
             prior = priors.get(e)  # type: ignore[call-overload]
             ttft = (float(np.median(recent)) if recent
                     else prior.ttft_p99_ms if prior is not None else None)
-            engines[e] = EngineFacts(capacity_rps=c.capacity_rps, ttft_p99_ms=ttft,
+            engines[e] = EngineFacts(capacity_rps=caps[e].capacity_rps, ttft_p99_ms=ttft,
                                      cold_start_s=p.cold_start_s[e], build_s=p.build_s[e],
                                      build_overhead_usd=p.build_overhead_usd[e])
-            cite.update({f"capacity_low.{e}": c.low, f"capacity_high.{e}": c.high,
-                         f"capacity_source.{e}": c.source, f"capacity_note.{e}": c.note,
-                         f"capacity_points.{e}": self._engines[model, e].count})
-        self._citations[model] = cite
+            cite[f"capacity_points.{e}"] = self._engines[model, e].count
         return ModelFacts(gpus_per_replica=p.gpus_per_replica, min_replicas=p.min_replicas,
                           headroom=v.headroom, overlap_s=v.overlap_s,
                           sla_ttft_p99_ms=p.sla_ttft_p99_ms, engines=engines, nvidia=True,
-                          price_per_gpu_hour=v.price_per_gpu_hour)
+                          price_per_gpu_hour=v.price_per_gpu_hour, citations=cite)
 
     def forecast(self, model: str, history: ModelHistory, now: float) -> Forecast:
-        """The rate forecast, refitted at most once per FORECAST_REFIT_S (at the first
-        request in each period, from the samples before that instant)."""
-        key = (model, math.floor(now / FORECAST_REFIT_S))
-        if key not in self._forecasts:
-            origin = now
-            end = history.index_before(origin)
-            spec = self._policy.doc.spec
-            self._forecasts[key] = forecast_rate(
-                history.sample_ts[:end], history.rps[:end], origin, spec.cost.horizon,
-                step_s=history.sample_period_s,
-                quantile=min(max(spec.signals.sustained_quantile, 0.01), 0.99))
-        return self._forecasts[key]
-
-    def annotate(self, decision: Decision, history: ModelHistory) -> Decision:
-        """The decision with the learned capacities and the forecast cited in its inputs."""
-        fc = self.forecast(decision.model, history, decision.created_at)
-        inputs = dict(decision.inputs)
-        inputs.update(self._citations.get(decision.model, {}))
-        inputs.update({"forecast_sustained_rps": fc.sustained_rps,
-                       "forecast_peak_rps": fc.peak_rps, "forecast_horizon_h": fc.horizon_s / 3600,
-                       "forecast_method": fc.method, "forecast_status": fc.status,
-                       "forecast_note": fc.reason})
-        return replace(decision, inputs=inputs)
-
+        """The rate forecast, refitted from the samples before `now` when the last one is
+        FORECAST_REFIT_S old (FORECAST_RETRY_S when it was a fallback)."""
+        made = self._forecasts.get(model)
+        if made is not None and made[0] <= now:
+            age = now - made[0]
+            if age < (FORECAST_REFIT_S if made[1].method == "seasonal-gbm" else FORECAST_RETRY_S):
+                return made[1]
+        end = history.index_before(now)
+        spec = self._policy.doc.spec
+        fc = decision_forecast(history.sample_ts[:end], history.rps[:end], now, spec.cost.horizon,
+                               step_s=history.sample_period_s,
+                               quantile=spec.signals.sustained_quantile)
+        self._forecasts[model] = (now, fc)
+        return fc

@@ -176,6 +176,25 @@ def _expected(sig: Signals, current: str, target: str, est: MoveEstimate | None)
     }
 
 
+def _traffic_inputs(sig: Signals) -> dict[str, SignalValue]:
+    """What the savings estimate read the coming traffic from, and the forecast it had."""
+    out: dict[str, SignalValue] = {"traffic_basis": sig.traffic_basis,
+                                   "traffic_level_rps": sig.traffic_level_rps,
+                                   "traffic_scale": sig.traffic_scale}
+    if (unused := sig.forecast_unused) is not None:
+        out["traffic_note"] = unused
+    fc = sig.forecast
+    if fc is not None:
+        out.update({"forecast_sustained_rps": fc.sustained_rps, "forecast_peak_rps": fc.peak_rps,
+                    "forecast_horizon_h": fc.horizon_s / 3600.0, "forecast_method": fc.method,
+                    "forecast_status": fc.status, "forecast_quantile": fc.quantile})
+        if fc.reason:
+            out["forecast_note"] = fc.reason
+        if fc.path_ts:
+            out["forecast_age_h"] = (sig.now - fc.path_ts[0]) / 3600.0
+    return out
+
+
 def _plan_model(policy: Policy, model: str, sig: Signals, st: ModelState, now: float,
                 cost: CostSettings) -> _Plan | None:
     g = policy.doc.spec.guardrails
@@ -214,6 +233,8 @@ def _plan_model(policy: Policy, model: str, sig: Signals, st: ModelState, now: f
     for engine, facts in sig.facts.engines.items():
         inputs[f"capacity_rps.{engine}"] = facts.capacity_rps
         inputs[f"ttft_p99_ms.{engine}"] = facts.ttft_p99_ms
+    inputs.update(sig.facts.citations)
+    inputs.update(_traffic_inputs(sig))
     inputs.update(outcome.inputs)
     alternatives = list(ev.alternatives)
     alternatives.append((st.engine, f"stay: rule {ev.rule}: {outcome.why}"))

@@ -4,10 +4,29 @@ The estimate applies the DESIGN §6 formulas (`costmodel`) to what was observed:
 serving cost is the replica count each engine needs for every rate sample of the
 recent past, with the engine's *measured* capacity; a move costs one rebuild of
 the target plus the savings forgone while it builds; revision churn costs one
-rebuild per revision on whichever engine serves. The savings rate is the smaller
-of the short-window and the long-window figure, so a short spike (which moves
-only the short window) or a stale regime (only the long one) cannot trigger a
-move alone.
+rebuild per revision on whichever engine serves.
+
+The savings rate is the smaller of two figures, each the mean replicas saved
+times the price of a replica-hour:
+
+- ``short window``: over the short window's rate samples (`signals.window`),
+  scaled to the *traffic level* of the horizon: the forecast sustained rate
+  when the signals carry an ``ok`` forecast (the live loop and the blind
+  backtest make one, from samples before its origin, over the policy horizon at
+  `sustainedQuantile`), else the observed sustained rate (the same quantile over
+  the window; scale 1). The samples keep the shape of the traffic (daily cycle,
+  bursts, peaks relative to the level), the forecast sets its level: traffic
+  expected to fall lowers the estimate, traffic expected to grow raises it.
+- ``long window``: over the long window's samples as observed (`signals.longWindow`).
+
+So a short spike (which moves only the short window and not its low quantile),
+a stale regime (only the long one) or traffic expected to fall each holds a
+move back: a move costs a rebuild. The rebuilds that revisions cause over the
+horizon are sized at the window's mean rate scaled to the same level. The
+forecast peak is cited, not applied a second time: replicas are sized per
+sample (with the headroom), so the window's peaks, scaled to the level, are the
+peaks the estimate sizes for. Every estimate says which level it used
+(`traffic_basis`, `traffic_level_rps`, `traffic_scale`).
 """
 
 from __future__ import annotations
@@ -34,12 +53,13 @@ class MoveEstimate:
 
     target: str
     savings_usd_per_h: float  # serving cost on current minus on target (robust)
-    savings_short_usd_per_h: float
+    savings_short_usd_per_h: float  # at the traffic level of the horizon (see the module doc)
     savings_long_usd_per_h: float
     switch_usd: float  # one rebuild of the target plus savings forgone while it builds
     churn_usd: float  # extra rebuild cost of revisions on target over the horizon
     net_usd: float  # savings over the horizon - churn - switch
     margin_usd: float  # what net must exceed (hysteresis)
+    savings_basis: str = "short window"  # the figure that bound: short window | long window
 
     @property
     def worth_it(self) -> bool:
@@ -73,17 +93,21 @@ def estimate_move(sig: Signals, current: str, target: str, cost: CostSettings) -
         return None
     usd_per_replica_h = facts.gpus_per_replica * price
     means = []
-    for samples in (sig.window_samples, sig.long_window_samples):
-        on_cur = sig.mean_replicas(cur.capacity_rps, facts.headroom, facts.min_replicas, samples)
-        on_tgt = sig.mean_replicas(tgt.capacity_rps, facts.headroom, facts.min_replicas, samples)
+    for samples, scale in ((sig.window_samples, sig.traffic_scale), (sig.long_window_samples, 1.0)):
+        on_cur = sig.mean_replicas(cur.capacity_rps, facts.headroom, facts.min_replicas, samples,
+                                   scale)
+        on_tgt = sig.mean_replicas(tgt.capacity_rps, facts.headroom, facts.min_replicas, samples,
+                                   scale)
         if on_cur is None or on_tgt is None:
             return None
         means.append((on_cur - on_tgt) * usd_per_replica_h)
     s_short, s_long = means
-    savings = min(s_long, s_short)
+    basis = "short window" if s_short <= s_long else "long window"
+    savings = min(s_short, s_long)
     rebuild_tgt = rebuild_estimate_usd(facts, target, sig.rps_current, price, cost)
-    rebuild_tgt_mean = rebuild_estimate_usd(facts, target, sig.rps_mean or 0.0, price, cost)
-    rebuild_cur_mean = rebuild_estimate_usd(facts, current, sig.rps_mean or 0.0, price, cost)
+    horizon_rps = (sig.rps_mean or 0.0) * sig.traffic_scale  # revisions land over the horizon
+    rebuild_tgt_mean = rebuild_estimate_usd(facts, target, horizon_rps, price, cost)
+    rebuild_cur_mean = rebuild_estimate_usd(facts, current, horizon_rps, price, cost)
     if rebuild_tgt is None or rebuild_tgt_mean is None or rebuild_cur_mean is None:
         return None
     build_h = ((tgt.build_s or 0.0) + (tgt.cold_start_s or 0.0)) / SECONDS_PER_HOUR
@@ -94,4 +118,5 @@ def estimate_move(sig: Signals, current: str, target: str, cost: CostSettings) -
         target=target, savings_usd_per_h=savings, savings_short_usd_per_h=s_short,
         savings_long_usd_per_h=s_long, switch_usd=switch, churn_usd=churn,
         net_usd=savings * horizon_h - churn - switch, margin_usd=cost.hysteresis * rebuild_tgt,
+        savings_basis=basis,
     )

@@ -58,6 +58,7 @@ LAG_SMOOTH_S = 1800.0                      # half-width of the lag smoothing win
 OUTLIER_MADS = 25.0                        # robust z above which a rate is an outlier
 DEFAULT_PEAK_QUANTILE = 0.9
 FIT_ITERATIONS = 60                        # boosting rounds per quantile model
+QUANTILE_MIN, QUANTILE_MAX = 0.01, 0.99    # the sustained quantile a decision forecast uses
 
 Status = Literal["ok", "insufficient_data"]
 Method = Literal["seasonal-gbm", "recent-quantile", "none"]
@@ -266,6 +267,20 @@ def _seasonal(times: FloatArray, rates: FloatArray, now: float, horizon_s: float
     return Forecast("ok", "seasonal-gbm", sustained, peak, horizon_s, quantile, "; ".join(notes),
                     points, tuple(path_ts.tolist()), tuple(low_path.tolist()),
                     tuple(high_path.tolist()))
+
+
+def decision_forecast(ts: npt.ArrayLike, rps: npt.ArrayLike, now: float, horizon_s: float, *,
+                      step_s: float, quantile: float) -> Forecast:
+    """`forecast_rate` as the decision paths (live loop, blind backtest) call it: the
+    policy's sustained quantile clamped into [QUANTILE_MIN, QUANTILE_MAX] (a policy may
+    say 0 or 1), and a bad argument (a horizon too long for the step, …) turned into
+    an ``insufficient_data`` result with the reason: a forecast never stops a decision."""
+    q = min(max(quantile, QUANTILE_MIN), QUANTILE_MAX)
+    try:
+        return forecast_rate(ts, rps, now, horizon_s, step_s=step_s, quantile=q)
+    except InvalidArgument as exc:
+        return Forecast("insufficient_data", "none", None, None, horizon_s, q,
+                        f"forecast failed: {exc.message}", 0)
 
 
 def pinball_loss(actual: npt.ArrayLike, predicted: npt.ArrayLike, quantile: float) -> float:

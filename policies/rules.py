@@ -156,6 +156,9 @@ def _savings(rule: Rule, params: SavingsParams, ctx: RuleContext) -> RuleOutcome
         "savings_usd_per_h": best.savings_usd_per_h, "switch_usd": best.switch_usd,
         "churn_usd": best.churn_usd, "net_savings_usd": best.net_usd,
         "margin_usd": best.margin_usd + params.min_net_savings_usd,
+        "savings_short_usd_per_h": best.savings_short_usd_per_h,
+        "savings_long_usd_per_h": best.savings_long_usd_per_h,
+        "savings_basis": best.savings_basis,
     }
     if best.net_usd > best.margin_usd + params.min_net_savings_usd:
         return RuleOutcome(best.target, f"moving to {best.target} saves ${best.net_usd:,.2f} net over "

@@ -13,13 +13,16 @@ import math
 from bisect import bisect_left
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 from numpy.lib.stride_tricks import sliding_window_view
 
 from gearshift.policies.trace import ENGINES
+
+if TYPE_CHECKING:
+    from gearshift.policies.forecast import Forecast
 
 SECONDS_PER_WEEK = 7 * 24 * 3600.0
 FloatArray = npt.NDArray[np.float64]
@@ -52,6 +55,9 @@ class ModelFacts:
     gpu_model: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
     price_per_gpu_hour: float | None = None
+    # Where the figures above came from (capacity sources, notes, bands), as decision
+    # inputs: every decision on the model cites them.
+    citations: Mapping[str, SignalValue] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -154,6 +160,43 @@ class Signals:
     _history: ModelHistory = field(compare=False, repr=False)
     _end: int = field(compare=False, repr=False)  # samples before now: [0, _end)
     _settings: SignalSettings = field(compare=False, repr=False)
+    # The traffic forecast made at or before `now` (None: none was made, e.g. a
+    # backtest on the header's facts).
+    forecast: Forecast | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def forecast_unused(self) -> str | None:
+        """Why the forecast does not set the traffic level; None when it does."""
+        fc = self.forecast
+        if fc is None:
+            return "no forecast was made"
+        if fc.status != "ok" or fc.sustained_rps is None:
+            return f"forecast {fc.status}: {fc.reason}" if fc.reason else f"forecast {fc.status}"
+        if not self.rps_sustained:
+            return "the observed sustained rate is 0: nothing to scale to the forecast"
+        return None
+
+    @property
+    def traffic_basis(self) -> str:
+        """Where the traffic level of the savings estimate comes from: ``forecast`` (the
+        forecast sustained rate) or ``observed`` (the window's sustained rate)."""
+        return "observed" if self.forecast_unused is not None else "forecast"
+
+    @property
+    def traffic_level_rps(self) -> float | None:
+        """The sustained rate the savings estimate assumes for the horizon."""
+        if self.traffic_basis == "forecast":
+            assert self.forecast is not None
+            return self.forecast.sustained_rps
+        return self.rps_sustained
+
+    @property
+    def traffic_scale(self) -> float:
+        """traffic_level_rps / rps_sustained: how the window's traffic is scaled (1: observed)."""
+        if self.traffic_basis == "observed":
+            return 1.0
+        assert self.forecast is not None and self.forecast.sustained_rps is not None
+        return self.forecast.sustained_rps / (self.rps_sustained or 1.0)
 
     @functools.cached_property
     def _order_stats(self) -> tuple[float, float] | None:
@@ -188,18 +231,29 @@ class Signals:
         return self.rps_peak / self.rps_mean if self.rps_mean > 0 else 1.0
 
     def mean_replicas(self, capacity_rps: float, headroom: float, min_replicas: int,
-                      samples: int) -> float | None:
-        """Mean replicas an engine would have needed over the last `samples` samples."""
+                      samples: int, scale: float = 1.0) -> float | None:
+        """Mean replicas an engine would have needed over the last `samples` samples,
+        each rate multiplied by `scale`."""
         n = min(samples, self._end)
         if n <= 0:
             return None
+        if scale != 1.0:
+            rates = self._history.rps[self._end - n:self._end] * scale
+            need = np.maximum(min_replicas, np.ceil(rates * (1 + headroom) / capacity_rps - 1e-9))
+            return float(need.mean())
         prefix = self._history.prefix_replicas(capacity_rps, headroom, min_replicas)
         return (prefix[self._end] - prefix[self._end - n]) / n
 
 
 def compute_signals(model: str, history: ModelHistory, facts: ModelFacts, now: float,
-                    settings: SignalSettings) -> Signals:
-    """Signals from samples with timestamp < `now` only (pure)."""
+                    settings: SignalSettings, forecast: Forecast | None = None) -> Signals:
+    """Signals from samples with timestamp < `now` only (pure).
+
+    `forecast` must have been made at or before `now` (from samples before its
+    origin); one made later could have seen data from `now` on and is refused."""
+    if forecast is not None and forecast.path_ts and forecast.path_ts[0] > now:
+        raise ValueError(f"{model}: the forecast starts at {forecast.path_ts[0]:.0f}, after now "
+                         f"({now:.0f}): it may have seen data from now on")
     find = history.index_before
     end = find(now)
     start = find(now - settings.window_s)
@@ -222,6 +276,7 @@ def compute_signals(model: str, history: ModelHistory, facts: ModelFacts, now: f
         rps_mean=mean, revisions_per_week=(rev_end - rev_start) / weeks,
         last_revision_ts=revs[rev_end - 1] if rev_end else None, window_samples=n,
         long_window_samples=end - long_start, _history=history, _end=end, _settings=settings,
+        forecast=forecast,
     )
 
 
@@ -270,6 +325,11 @@ def _capacity_gain(v: SignalView) -> SignalValue:
     return None if not vllm or trt is None else trt / vllm - 1.0
 
 
+def _forecast_figure(v: SignalView, name: str) -> SignalValue:
+    fc = v.signals.forecast
+    return None if fc is None or fc.status != "ok" else getattr(fc, name)  # type: ignore[no-any-return]
+
+
 def _sla_ok(v: SignalView) -> SignalValue:
     return meets_sla(v.signals.facts, v.engine)
 
@@ -292,6 +352,11 @@ SIGNALS: dict[str, SignalSpec] = {
                                 lambda v: v.signals.rps_sustained),
     "rps_peak": SignalSpec("number", "req/s", "highest rate in the window", lambda v: v.signals.rps_peak),
     "rps_mean": SignalSpec("number", "req/s", "mean rate over the window", lambda v: v.signals.rps_mean),
+    "forecast_sustained_rps": SignalSpec(
+        "number", "req/s", "forecast low quantile (sustainedQuantile) of the rate over the horizon",
+        lambda v: _forecast_figure(v, "sustained_rps")),
+    "forecast_peak_rps": SignalSpec("number", "req/s", "forecast peak of the rate over the horizon",
+                                    lambda v: _forecast_figure(v, "peak_rps")),
     "burstiness": SignalSpec("number", "ratio", "peak / mean rate over the window",
                              lambda v: v.signals.burstiness),
     "revisions_per_week": SignalSpec("number", "1/week", "new weights per week (revision window)",

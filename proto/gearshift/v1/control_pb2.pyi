@@ -516,6 +516,40 @@ class GetRateHistoryResponse(_message.Message):
     resolution_s: float
     def __init__(self, ts: _Optional[_Iterable[float]] = ..., rps: _Optional[_Iterable[float]] = ..., resolution_s: _Optional[float] = ...) -> None: ...
 
+class ControllerStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ControllerStatusResponse(_message.Message):
+    __slots__ = ("controller_id", "address", "leader", "leader_id", "leader_address", "epoch", "lease_age_s", "lease_expires_in_s", "leader_for_s", "lease_ttl_s", "ha", "store", "error")
+    CONTROLLER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LEASE_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EXPIRES_IN_S_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FOR_S_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TTL_S_FIELD_NUMBER: _ClassVar[int]
+    HA_FIELD_NUMBER: _ClassVar[int]
+    STORE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    controller_id: str
+    address: str
+    leader: bool
+    leader_id: str
+    leader_address: str
+    epoch: int
+    lease_age_s: float
+    lease_expires_in_s: float
+    leader_for_s: float
+    lease_ttl_s: float
+    ha: bool
+    store: str
+    error: str
+    def __init__(self, controller_id: _Optional[str] = ..., address: _Optional[str] = ..., leader: _Optional[bool] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., epoch: _Optional[int] = ..., lease_age_s: _Optional[float] = ..., lease_expires_in_s: _Optional[float] = ..., leader_for_s: _Optional[float] = ..., lease_ttl_s: _Optional[float] = ..., ha: _Optional[bool] = ..., store: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
+
 class EvaluateNowRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

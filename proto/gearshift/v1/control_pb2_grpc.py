@@ -144,6 +144,11 @@ class ControlServiceStub:
                 request_serializer=gearshift_dot_v1_dot_control__pb2.GetRateHistoryRequest.SerializeToString,
                 response_deserializer=gearshift_dot_v1_dot_control__pb2.GetRateHistoryResponse.FromString,
                 _registered_method=True)
+        self.ControllerStatus = channel.unary_unary(
+                '/gearshift.v1.ControlService/ControllerStatus',
+                request_serializer=gearshift_dot_v1_dot_control__pb2.ControllerStatusRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_control__pb2.ControllerStatusResponse.FromString,
+                _registered_method=True)
 
 
 class ControlServiceServicer:
@@ -284,6 +289,13 @@ class ControlServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ControllerStatus(self, request, context):
+        """Leadership as this controller sees it; any controller answers, leader or not.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -396,6 +408,11 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.GetRateHistory,
                     request_deserializer=gearshift_dot_v1_dot_control__pb2.GetRateHistoryRequest.FromString,
                     response_serializer=gearshift_dot_v1_dot_control__pb2.GetRateHistoryResponse.SerializeToString,
+            ),
+            'ControllerStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.ControllerStatus,
+                    request_deserializer=gearshift_dot_v1_dot_control__pb2.ControllerStatusRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_control__pb2.ControllerStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -992,6 +1009,33 @@ class ControlService:
             '/gearshift.v1.ControlService/GetRateHistory',
             gearshift_dot_v1_dot_control__pb2.GetRateHistoryRequest.SerializeToString,
             gearshift_dot_v1_dot_control__pb2.GetRateHistoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ControllerStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.ControlService/ControllerStatus',
+            gearshift_dot_v1_dot_control__pb2.ControllerStatusRequest.SerializeToString,
+            gearshift_dot_v1_dot_control__pb2.ControllerStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -102,12 +102,20 @@ def test_decisions_cite_learned_capacity_priors_and_the_forecast(default, steady
     assert first.to_engine == "tensorrt-llm"
     i = first.inputs
     assert i["capacity_source.vllm"] in ("measured", "lower_bound")
-    assert i["capacity_source.tensorrt-llm"] == "prior"
-    assert "default prior ratio" in str(i["capacity_note.tensorrt-llm"])
+    assert i["capacity_source.tensorrt-llm"] == "default-ratio"
+    assert "default ratio" in str(i["capacity_note.tensorrt-llm"])
+    assert "too little data on tensorrt-llm" in str(i["capacity_note.tensorrt-llm"])
+    assert i["capacity_ratio.tensorrt-llm"] == pytest.approx(1.05)
+    assert i["capacity_ratio_low.tensorrt-llm"] < 1.05 < i["capacity_ratio_high.tensorrt-llm"]
+    assert i["capacity_rps.tensorrt-llm"] == pytest.approx(1.05 * i["capacity_rps.vllm"])
     assert isinstance(i["capacity_rps.vllm"], float) and i["capacity_low.vllm"] is not None
     assert i["capacity_rps.vllm"] < 10.0  # learned, not the header's 10 rps
     assert i["forecast_status"] == "ok" and i["forecast_method"] in ("recent-quantile", "seasonal-gbm")
     assert isinstance(i["forecast_sustained_rps"], float) and i["forecast_horizon_h"] == 168.0
+    # The forecast made the decision: it set the traffic level of the savings estimate.
+    assert i["traffic_basis"] == "forecast"
+    assert i["traffic_level_rps"] == i["forecast_sustained_rps"]
+    assert i["traffic_scale"] == pytest.approx(i["forecast_sustained_rps"] / i["rps_sustained"])
     json.dumps(first.to_dict())
 
 
@@ -123,7 +131,9 @@ def test_policy_priors_steer_the_unmeasured_engine(steady) -> None:
         "  models:\n    'llama-*':\n      engines:\n        tensorrt-llm: {capacityRps: 12}\n"))
     _, moved = simulate(faster, steady, blind=True)
     assert moved["llama-70b"][0].inputs["capacity_source.tensorrt-llm"] == "prior"
-    assert moved["llama-70b"][0].inputs["capacity_note.tensorrt-llm"] == "policy prior (spec.models)"
+    assert moved["llama-70b"][0].inputs["capacity_rps.tensorrt-llm"] == 12
+    assert str(moved["llama-70b"][0].inputs["capacity_note.tensorrt-llm"]).startswith(
+        "policy prior (spec.models); too little data on tensorrt-llm")
 
 
 def _bench() -> Any:

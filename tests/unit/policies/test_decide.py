@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from gearshift.policies.core import Decision, ModelState, decide
+from gearshift.policies.forecast import Forecast, decision_forecast
 from gearshift.policies.loader import load_policy, load_policy_file
 from gearshift.policies.signals import (
     EngineFacts,
@@ -165,3 +167,90 @@ def test_rolling_cache_matches_direct_computation() -> None:
         a = compute_signals("m", plain, facts(), T0 + k * STEP_S, settings)
         b = compute_signals("m", cached, facts(), T0 + k * STEP_S, settings)
         assert (a.rps_peak, a.rps_sustained, a.rps_mean) == (b.rps_peak, b.rps_sustained, b.rps_mean)
+
+
+# ---- the traffic forecast sets the level of the savings estimate ---------------------
+
+
+def forecast(sustained: float | None, now: float, status: str = "ok") -> Forecast:
+    """A forecast made at `now` whose sustained level over the horizon is `sustained`."""
+    if status != "ok":
+        return Forecast("insufficient_data", "none", None, None, 7 * DAY_S, 0.1,
+                        "insufficient data: 3 valid rate sample(s) before now, need 12", 3)
+    assert sustained is not None
+    return Forecast("ok", "seasonal-gbm", sustained, sustained * 1.5, 7 * DAY_S, 0.1, "", 2000,
+                    (now,), (sustained,), (sustained * 1.5,))
+
+
+def signals_with(policy, rates: list[float], now: float, fc: Forecast | None):  # type: ignore[no-untyped-def]
+    return {"m": compute_signals("m", history(rates), facts(), now, policy.signal_settings, fc)}
+
+
+def test_a_forecast_moves_the_savings_estimate_in_its_direction() -> None:
+    """A quieter last day after a busy week: the forecast sets the short window's level."""
+    policy = default()
+    rates = [250.0] * (6 * 288) + [150.0] * 288
+    now = T0 + 7 * DAY_S
+    state = {"m": ModelState(engine="vllm", since=T0 - 30 * DAY_S)}
+    got = {}
+    for name, fc in (("observed", None), ("falling", forecast(75.0, now)),
+                     ("rising", forecast(200.0, now))):
+        [d] = decide(policy, signals_with(policy, rates, now, fc), state, now)
+        got[name] = d.inputs
+    observed, falling, rising = got["observed"], got["falling"], got["rising"]
+    assert observed["traffic_basis"] == "observed" and observed["traffic_scale"] == 1.0
+    assert observed["traffic_level_rps"] == observed["rps_sustained"] == 150.0
+    assert falling["traffic_basis"] == rising["traffic_basis"] == "forecast"
+    assert (falling["traffic_level_rps"], rising["traffic_level_rps"]) == (75.0, 200.0)
+    assert falling["savings_usd_per_h"] < observed["savings_usd_per_h"] < rising["savings_usd_per_h"]
+    assert falling["net_savings_usd"] < observed["net_savings_usd"] < rising["net_savings_usd"]
+    assert rising["savings_usd_per_h"] <= rising["savings_long_usd_per_h"]  # the long window caps it
+    assert rising["forecast_sustained_rps"] == 200.0 and rising["forecast_peak_rps"] == 300.0
+
+
+def test_traffic_expected_to_fall_holds_a_move_back() -> None:
+    policy, now = default(), T0 + DAY_S
+    state = {"m": ModelState(engine="vllm", since=T0 - 30 * DAY_S)}
+    rates = [150.0] * 400
+    assert decide(policy, signals_with(policy, rates, now, forecast(150.0, now)), state, now)
+    assert decide(policy, signals_with(policy, rates, now, forecast(5.0, now)), state, now) == []
+
+
+def test_without_a_usable_forecast_the_observed_level_is_used_and_the_decision_says_why() -> None:
+    policy, now = default(), T0 + DAY_S
+    state = {"m": ModelState(engine="vllm", since=T0 - 30 * DAY_S)}
+    rates = [150.0] * 400
+    [plain] = decide(policy, signals_with(policy, rates, now, None), state, now)
+    [d] = decide(policy, signals_with(policy, rates, now, forecast(None, now, "insufficient")),
+                 state, now)
+    assert d.inputs["traffic_basis"] == "observed" and d.inputs["forecast_status"] == "insufficient_data"
+    assert "insufficient data" in str(d.inputs["traffic_note"])
+    assert d.expected == plain.expected
+
+
+def test_a_forecast_made_after_now_is_refused() -> None:
+    now = T0 + DAY_S
+    with pytest.raises(ValueError, match="after now"):
+        compute_signals("m", history([150.0] * 400), facts(), now, SignalSettings(),
+                        forecast(150.0, now + 300))
+
+
+def test_forecast_driven_decisions_ignore_data_from_now_on() -> None:
+    """The adapters' forecast reads samples before now only: what follows changes nothing."""
+    policy, now = default(), T0 + 9 * DAY_S
+    rng = np.random.default_rng(3)
+    day = 150.0 + 60.0 * np.sin(2 * np.pi * np.arange(288) / 288)
+    base = list(np.tile(day, 12) * rng.uniform(0.9, 1.1, 12 * 288))
+    end = int(9 * DAY_S / STEP_S)
+    changed = base[:end] + [0.0] * (len(base) - end)
+    state = {"m": ModelState(engine="vllm", since=T0 - 30 * DAY_S)}
+    out = []
+    for rates in (base, changed):
+        h = history(rates)
+        fc = decision_forecast(h.sample_ts, h.rps, now, policy.doc.spec.cost.horizon, step_s=STEP_S,
+                               quantile=policy.doc.spec.signals.sustained_quantile)
+        assert fc.status == "ok" and fc.method == "seasonal-gbm"
+        sig = compute_signals("m", h, facts(), now, policy.signal_settings, fc)
+        out.append([d.to_dict() for d in decide(policy, {"m": sig}, state, now)])
+    assert out[0] == out[1] and out[0]
+    assert out[0][0]["inputs"]["traffic_basis"] == "forecast"

@@ -1,0 +1,164 @@
+"""Capacity per engine for the decision core: what the fleet measured, else what the
+policy's priors or the default ratio imply, each with where it came from. One rule,
+shared by the live loop (`controller.policy_loop`) and the blind backtest
+(`policies.blind`); each adapter only says what it measured (`Measurement`).
+
+The rule (`resolve_capacities`), per model:
+
+1. An engine with its own usable figure uses it: ``measured`` (where the p99 fit
+   crosses the SLA, with its bootstrap band), ``lower_bound`` (the SLA was never
+   reached: the most load served within it) or ``upper_bound``. A lower bound
+   under the engine's own absolute prior keeps the prior (a bound can raise a
+   prior, never lower it).
+2. An engine without one, when the other engine has one, gets the other's figure
+   times the prior capacity ratio: the ratio of the two policy priors
+   (``spec.models.<m>.engines.<e>.capacityRps``) when both are given
+   (``ratio-prior``), else a lone absolute prior of this engine (``prior``), else
+   DEFAULT_PRIOR_RATIO (``default-ratio``: TensorRT-LLM 5% ahead of vLLM, the
+   middle of the public range DEFAULT_PRIOR_RATIO_RANGE, DESIGN §4, which gives
+   the ratio's interval). A bound that only shows the traffic (`bounds_only`: the
+   engine never served above its minimum replicas) wins when it is higher.
+3. With nothing measured: the absolute prior (``prior``), else such a bound, else
+   ``unknown`` (no capacity: the cost rule makes no move).
+
+Every figure that is not the engine's own measurement carries a note that says
+what it was derived from and why nothing better was available (too little data,
+no SLA to measure against, …); `citations` turns them into decision inputs.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gearshift.policies.schema import EnginePriors, ModelPriors
+from gearshift.policies.signals import SignalValue
+from gearshift.policies.trace import ENGINES
+
+# Capacity relative to vLLM when nothing else is known, and the public range it is
+# the middle of (DESIGN §4: vLLM a few % ahead on 8B models .. TensorRT-LLM +16% on 70B).
+DEFAULT_PRIOR_RATIO = {"vllm": 1.0, "tensorrt-llm": 1.05}
+DEFAULT_PRIOR_RATIO_RANGE = {"vllm": (1.0, 1.0), "tensorrt-llm": (0.94, 1.16)}
+OWN_SOURCES = ("measured", "lower_bound", "upper_bound")
+PRIOR_NOTE = "policy prior (spec.models)"
+
+
+@dataclass(frozen=True)
+class EngineCapacity:
+    """The capacity the policy uses for one engine (req/s per replica), and where it came from."""
+
+    capacity_rps: float | None
+    low: float | None
+    high: float | None
+    source: str  # measured | lower_bound | upper_bound | prior | ratio-prior | default-ratio | unknown
+    note: str = ""
+    ratio: float | None = None  # capacity / the base engine's (ratio-prior, default-ratio)
+    ratio_low: float | None = None
+    ratio_high: float | None = None
+    base: str | None = None  # the engine whose figure the ratio scales
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What the fleet measured of one model on one engine."""
+
+    figure: EngineCapacity | None = None  # a usable figure (source in OWN_SOURCES)
+    bounds_only: bool = False  # the figure only bounds the capacity (never served at scale)
+    why: str = ""  # why there is no usable figure: too little data, no SLA, …
+
+
+def priors_for(models: Mapping[str, ModelPriors], model: str) -> ModelPriors:
+    """The first `spec.models` entry whose name or glob matches `model`."""
+    for pattern, priors in models.items():
+        if pattern == model or fnmatch.fnmatchcase(model, pattern):
+            return priors
+    return ModelPriors()
+
+
+def _prior_capacity(priors: Mapping[str, EnginePriors], engine: str) -> float | None:
+    p = priors.get(engine)
+    return None if p is None or not p.capacity_rps else float(p.capacity_rps)
+
+
+def _scaled(value: float | None, factor: float | None) -> float | None:
+    return None if value is None or factor is None else value * factor
+
+
+def _own(m: Measurement, prior: float | None, engine: str) -> EngineCapacity | None:
+    fig = m.figure
+    if fig is None or m.bounds_only or fig.capacity_rps is None:
+        return None
+    if fig.source == "lower_bound" and prior is not None and prior > fig.capacity_rps:
+        return EngineCapacity(prior, fig.capacity_rps, None, "prior",
+                              f"{PRIOR_NOTE}; above the measured lower bound "
+                              f"{fig.capacity_rps:.3g} rps on {engine}")
+    return fig
+
+
+def _derived(engine: str, base: str, found: EngineCapacity, priors: Mapping[str, EnginePriors],
+             why: str) -> EngineCapacity:
+    """`engine`'s figure from `base`'s through a prior ratio (step 2 of the rule)."""
+    mine, theirs = _prior_capacity(priors, engine), _prior_capacity(priors, base)
+    value = found.capacity_rps or 0.0
+    tail = f"; {why}" if why else ""
+    if mine is not None and theirs is not None:
+        ratio = mine / theirs
+        return EngineCapacity(value * ratio, _scaled(found.low, ratio), _scaled(found.high, ratio),
+                              "ratio-prior", f"{base} {found.source} {value:.3g} rps x {ratio:.3g} "
+                              f"(ratio of the policy priors {mine:g}/{theirs:g}){tail}",
+                              ratio, ratio, ratio, base)
+    if mine is not None:
+        return EngineCapacity(mine, None, None, "prior", f"{PRIOR_NOTE}{tail}")
+    ratio = DEFAULT_PRIOR_RATIO[engine] / DEFAULT_PRIOR_RATIO[base]
+    lo = DEFAULT_PRIOR_RATIO_RANGE[engine][0] / DEFAULT_PRIOR_RATIO_RANGE[base][1]
+    hi = DEFAULT_PRIOR_RATIO_RANGE[engine][1] / DEFAULT_PRIOR_RATIO_RANGE[base][0]
+    return EngineCapacity(value * ratio, (found.low or value) * lo, (found.high or value) * hi,
+                          "default-ratio", f"{base} {found.source} {value:.3g} rps x {ratio:.3g} "
+                          f"(default ratio, no policy priors: the middle of the public range "
+                          f"{lo:.2f}..{hi:.2f}x, DESIGN §4){tail}", ratio, lo, hi, base)
+
+
+def resolve_capacities(measurements: Mapping[str, Measurement],
+                       priors: Mapping[str, EnginePriors]) -> dict[str, EngineCapacity]:
+    """One capacity per engine in ENGINES, by the rule of the module docstring."""
+    nothing = Measurement(why="not measured yet")
+    own = {e: c for e in ENGINES
+           if (c := _own(measurements.get(e, nothing), _prior_capacity(priors, e), e)) is not None}
+    out: dict[str, EngineCapacity] = {}
+    for e in ENGINES:
+        if e in own:
+            out[e] = own[e]
+            continue
+        m = measurements.get(e, nothing)
+        floor = m.figure if m.bounds_only and m.figure is not None else None
+        base = next((o for o in ENGINES if o in own), None)
+        prior = _prior_capacity(priors, e)
+        if base is not None:
+            found = _derived(e, base, own[base], priors, m.why)
+        elif prior is not None:
+            found = EngineCapacity(prior, None, None, "prior",
+                                   f"{PRIOR_NOTE}; {m.why}" if m.why else PRIOR_NOTE)
+        else:
+            found = EngineCapacity(None, None, None, "unknown",
+                                   f"nothing measured on any engine and no prior; {m.why}"
+                                   if m.why else "nothing measured on any engine and no prior")
+        if floor is not None and (floor.capacity_rps or 0.0) > (found.capacity_rps or 0.0):
+            found = floor
+        out[e] = found
+    return out
+
+
+def citations(caps: Mapping[str, EngineCapacity]) -> dict[str, SignalValue]:
+    """Decision inputs saying where each engine's capacity figure came from."""
+    cite: dict[str, SignalValue] = {}
+    for e, c in caps.items():
+        cite.update({f"capacity_source.{e}": c.source, f"capacity_low.{e}": c.low,
+                     f"capacity_high.{e}": c.high})
+        if c.note:
+            cite[f"capacity_note.{e}"] = c.note
+        if c.ratio is not None:
+            cite.update({f"capacity_ratio.{e}": c.ratio, f"capacity_ratio_low.{e}": c.ratio_low,
+                         f"capacity_ratio_high.{e}": c.ratio_high,
+                         f"capacity_ratio_base.{e}": c.base})
+    return cite
