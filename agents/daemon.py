@@ -43,6 +43,7 @@ AGENT_VERSION = "0.1.0"
 BACKOFF_INITIAL_S = 0.5
 BACKOFF_MAX_S = 15.0
 FOLLOWER_RETRY_S = 1.0  # a follower answered but named no leader: leadership is settling
+FOLLOWER_RECENT_S = 30.0  # a follower answered this recently: retry at FOLLOWER_RETRY_S
 STALL_INTERVALS = 3  # no answer from the controller for this many intervals: reconnect
 STALL_MIN_S = 5.0
 PENDING_RESULTS_LIMIT = 1000
@@ -68,6 +69,7 @@ class Agent:
         self.endpoints = ControllerEndpoints(config.controller, "controller")
         self.controller_id = ""  # the controller of the current stream
         self._last_heard = 0.0
+        self._follower_seen = -FOLLOWER_RECENT_S  # when a follower last answered
         self.connected = asyncio.Event()
         self.connects = 0
         self._pending_results: deque[agent_pb2.CommandResult] = deque(maxlen=PENDING_RESULTS_LIMIT)
@@ -295,12 +297,19 @@ class Agent:
                         log.info("following the leader to %s", self.endpoints.current)
                     elif follower:  # leadership is settling: ask again soon
                         delay = FOLLOWER_RETRY_S * random.uniform(0.5, 1.0)
+                    if follower:
+                        self._follower_seen = time.monotonic()
+                        backoff = BACKOFF_INITIAL_S
                     elif code in (grpc.StatusCode.INVALID_ARGUMENT,
                                   grpc.StatusCode.FAILED_PRECONDITION,
                                   grpc.StatusCode.PERMISSION_DENIED):
                         log.error("the controller refused this agent: %s", detail)
             if time.monotonic() - started > 3 * self.interval_s:
                 backoff = BACKOFF_INITIAL_S  # the session was healthy: start over
+            if delay is None and time.monotonic() - self._follower_seen < FOLLOWER_RECENT_S:
+                # Another controller is up and a leader is being elected: the dead one's
+                # lease runs out within its TTL, so keep asking rather than back off.
+                delay = FOLLOWER_RETRY_S * random.uniform(0.5, 1.0)
             if delay is None:
                 delay = random.uniform(0.5, 1.0) * backoff
                 backoff = min(self.backoff_max_s, backoff * 2)

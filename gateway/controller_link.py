@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import grpc
 
-from gearshift.controller.endpoints import ControllerEndpoints
+from gearshift.controller.endpoints import ControllerEndpoints, leader_hint
 from gearshift.gateway.proxy import Router
 from gearshift.gateway.routes import RoutingTable, table_from_proto
 from gearshift.v1 import control_pb2, control_pb2_grpc
@@ -28,6 +28,7 @@ BACKOFF_INITIAL_S = 0.5
 BACKOFF_MAX_S = 30.0
 REPORT_INTERVAL_S = 5.0
 REPORT_TIMEOUT_S = 3.0
+FOLLOWER_RETRY_S = 1.0  # a follower answered: a leader is being elected, ask again soon
 
 
 class ControllerLink:
@@ -108,7 +109,13 @@ async def watch_routes(
             link.failed(None)
         except grpc.aio.AioRpcError as err:
             reason = f"{err.code().name}: {err.details()}"
+            follower = leader_hint(err) is not None
             now_again = link.failed(err)
+            if follower and not now_again:
+                attempt = 0  # controllers are up; leadership is settling
+                log.info("no leader yet (%s); asking again in %.0fs", reason, FOLLOWER_RETRY_S)
+                await asyncio.sleep(FOLLOWER_RETRY_S * (0.5 + 0.5 * random.random()))
+                continue
         except Exception as err:  # a bad message must not end the watch; log it and go on
             log.exception("routing table from the controller could not be applied")
             reason = f"{type(err).__name__}: {err}"

@@ -3,21 +3,25 @@ host), bearer tokens with read and admin roles for people and tools."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-from gearshift.cli.certs import init_certs
+from gearshift.cli.certs import init_certs, issue_agent_cert
 from gearshift.cli.local_fleet import LocalFleet
 from integration.helpers import FAST_ENGINE_ENV, wait_for
 
 
-def _cli(fleet: LocalFleet, certs: Path, token_file: Path | None, *args: str) -> subprocess.CompletedProcess[str]:
+def _cli(fleet: LocalFleet, certs: Path, token_file: Path | None, *args: str,
+         client: tuple[Path, Path] | None = None) -> subprocess.CompletedProcess[str]:
+    """The CLI trusting `certs`' CA, presenting `client` (cert, key) or certs' cli.pem."""
+    cert, key = client or (certs / "cli.pem", certs / "cli-key.pem")
     env = {k: v for k, v in os.environ.items() if not k.startswith("GEARSHIFT_")}
-    env.update({"GEARSHIFT_TLS_CA": str(certs / "ca.pem"), "GEARSHIFT_TLS_CERT": str(certs / "cli.pem"),
-                "GEARSHIFT_TLS_KEY": str(certs / "cli-key.pem")})
+    env.update({"GEARSHIFT_TLS_CA": str(certs / "ca.pem"), "GEARSHIFT_TLS_CERT": str(cert),
+                "GEARSHIFT_TLS_KEY": str(key)})
     if token_file is not None:
         env["GEARSHIFT_TOKEN_FILE"] = str(token_file)
     return subprocess.run([sys.executable, "-m", "gearshift.cli.main", "--controller",
@@ -62,6 +66,23 @@ def test_tls_mutual_auth_and_token_roles(fleet: LocalFleet, tmp_path: Path) -> N
     assert _cli(fleet, certs, admin, "pause", "--reason", "maintenance").returncode == 0
     assert json.loads(_cli(fleet, certs, read, "fleet", "status", "-o", "json").stdout)["paused"]
     assert "Traceback" not in no_token.stderr + read_admin.stderr
+
+    # A client certificate from another CA, and an expired one from the right CA, are
+    # refused at the TLS handshake, admin token or not: nothing changes.
+    other = tmp_path / "other-ca"
+    init_certs(other, hosts=["host-a"], sans=["localhost"], days=1)
+    stale = tmp_path / "stale"
+    stale.mkdir()
+    for name in ("ca.pem", "ca-key.pem"):
+        (stale / name).write_bytes((certs / name).read_bytes())
+    expired = issue_agent_cert(stale, "host-a", 1,
+                               now=dt.datetime.now(dt.UTC) - dt.timedelta(days=3))
+    for client in ((other / "cli.pem", other / "cli-key.pem"),
+                   (expired["agent-host-a"], expired["agent-host-a-key"])):
+        refused = _cli(fleet, certs, admin, "resume", client=client)
+        assert refused.returncode == 5, refused.stderr  # UNAVAILABLE: no TLS session
+        assert "Traceback" not in refused.stderr
+    assert json.loads(_cli(fleet, certs, read, "fleet", "status", "-o", "json").stdout)["paused"]
     # No secret in the controller's log.
     log = fleet.procs["controller"].log()
     for token_file in (read, admin):

@@ -1,0 +1,217 @@
+"""Leader failover under load: kill the leading controller again and again.
+
+Several `gearshift controller` processes share one PostgreSQL database (a private
+server started here with initdb, on its own port); agents with emulated engines,
+a gateway and a client load run on loopback, all given every controller's
+address. Each round publishes a new revision of model `m` (a rollout: start the
+new replicas, canary, drain and stop the old ones), waits until the rollout is
+under way, SIGKILLs the leader, and measures:
+
+- takeover: from the kill until another controller leads with a higher epoch
+  AND every agent reports to it (what the fleet needs to be managed again);
+- election: from the kill until another controller leads;
+
+then restarts the killed controller (it rejoins as a follower) and waits for
+the rollout to finish under the new leader. At the end:
+
+- `duplicate_commands`: commands that ran more than once, counted over every
+  agent's command journal (one line per command that ran);
+- `lost_decisions`: decisions the leader had listed before a kill that no
+  controller knows afterwards;
+- `rollouts_done` / `rollouts_not_done`, and the clients' requests and failures.
+
+Prints one JSON object. Usage:
+  python bench/failover.py [--failovers 10] [--controllers 3] [--lease-ttl 10] [--agents 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from gearshift.cli.ha_fleet import HaFleet
+from gearshift.cli.local_pg import LocalPostgres
+
+FAST_ENGINES = {"vllm": {"GEARSHIFT_EMULATOR_LOAD_S": "0.3"},
+                "tensorrt-llm": {"GEARSHIFT_EMULATOR_LOAD_S": "0.3"}}
+POLICY = """\
+apiVersion: gearshift.dev/v1
+kind: EnginePolicy
+metadata: {name: failover-bench}
+spec:
+  mode: dry-run
+  interval: 2s
+  signals: {window: 4s, longWindow: 8s, minHistory: 2s}
+  rules:
+    - name: prefer-tensorrt-llm
+      kind: threshold
+      prefer: tensorrt-llm
+      when: [{signal: rps_sustained, gt: 0.5}]
+  guardrails: {minDwell: 0s, cooldown: 0s}
+"""
+END_PHASES = ("done", "rolled_back", "aborted")
+
+
+class Load:
+    """Clients of the gateway: small completions from a few threads."""
+
+    def __init__(self, url: str, model: str, workers: int = 2) -> None:
+        self.url, self.model = url, model
+        self.sent = self.failed = 0
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(workers)]
+
+    def _run(self) -> None:
+        body = json.dumps({"model": self.model, "prompt": "hi", "max_tokens": 8}).encode()
+        while not self._stop.is_set():
+            req = urllib.request.Request(f"{self.url}/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+            err = None
+            try:
+                with urllib.request.urlopen(req, timeout=30) as resp:
+                    if resp.status != 200 or not json.loads(resp.read()).get("choices"):
+                        err = f"HTTP {resp.status}"
+            except Exception as exc:
+                err = f"{type(exc).__name__}: {exc}"
+            with self._lock:
+                self.sent += 1
+                if err is not None:
+                    self.failed += 1
+                    self.errors.append(err)
+            self._stop.wait(0.05)
+
+    def __enter__(self) -> Load:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(40)
+
+
+def cli_json(fleet: HaFleet, *args: str) -> Any:
+    proc = fleet.cli(*args, "-o", "json")
+    if proc.returncode != 0:
+        raise RuntimeError(f"gearshift {' '.join(args)}: {proc.stderr.strip()}")
+    return json.loads(proc.stdout)
+
+
+def wait(fn: Any, timeout_s: float, what: str, interval_s: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = fn()
+            if value:
+                return value
+        except Exception as exc:  # the thing waited for may not answer yet
+            last = exc
+        time.sleep(interval_s)
+    raise TimeoutError(f"{what}: not within {timeout_s}s (last error: {last})")
+
+
+def agents_on(fleet: HaFleet, name: str, hosts: set[str]) -> bool:
+    proc = fleet.cli("fleet", "hosts", "-o", "json")  # follows the leader
+    if proc.returncode != 0:
+        return False
+    st = fleet.status(name)
+    if st is None or not st.leader:
+        return False
+    seen = {h["host_id"] for h in json.loads(proc.stdout)
+            if h["state"] == "HOST_STATE_CONNECTED" and int(h.get("reports", 0)) > 0}
+    return hosts <= seen
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    workdir = Path(tempfile.mkdtemp(prefix="gearshift-failover-"))
+    takeovers: list[float] = []
+    elections: list[float] = []
+    listed: set[str] = set()
+    rollouts: list[str] = []
+    with LocalPostgres() as pg:
+        fleet = HaFleet(workdir, report_interval_s=args.report_interval, db_url=pg.url,
+                        controllers=args.controllers, lease_ttl_s=args.lease_ttl)
+        try:
+            fleet.start_all(("--history-resolution", "1"))
+            hosts = {f"host-{i + 1}" for i in range(args.agents)}
+            fleet.start_agent("host-1", [{"deployment_id": "m-vllm-0", "model": "m",
+                                          "engine": "vllm", "source": "org/m", "revision": "r0",
+                                          "gpu_indices": [0]}], FAST_ENGINES)
+            for i in range(1, args.agents):
+                fleet.start_agent(f"host-{i + 1}", [], FAST_ENGINES)
+            wait(lambda: any(d["report"]["phase"] == "DEPLOYMENT_PHASE_READY"
+                             for d in cli_json(fleet, "fleet", "deployments")), 60, "m ready")
+            fleet.start_gateway()
+            policy = workdir / "policy.yaml"
+            policy.write_text(POLICY)
+            if fleet.cli("policy", "apply", str(policy)).returncode != 0:
+                raise RuntimeError("policy apply failed")
+            with Load(fleet.gateway_url, "m") as load:
+                for k in range(1, args.failovers + 1):
+                    out = cli_json(fleet, "models", "publish", "m", "--revision", f"r{k}")
+                    mid = out.get("migration_id") or out.get("migration", {}).get("id")
+                    if not mid:
+                        raise RuntimeError(f"publish gave no migration: {out}")
+                    rollouts.append(mid)
+                    wait(lambda mid=mid: cli_json(fleet, "migrations", "show", mid)["phase"]
+                         not in ("pending",), 30, "the rollout under way")
+                    listed |= {d["id"] for d in cli_json(fleet, "decisions", "list")}
+                    leader, epoch = fleet.wait_leader(30)
+                    fleet.procs[leader].kill()
+                    killed = time.monotonic()
+                    new, _ = fleet.wait_leader(60, not_name=leader, min_epoch=epoch + 1)
+                    elections.append(time.monotonic() - killed)
+                    wait(lambda new=new: agents_on(fleet, new, hosts), 60, "agents on the leader")
+                    takeovers.append(time.monotonic() - killed)
+                    fleet.start_controller(("--history-resolution", "1"), leader)
+                    wait(lambda mid=mid: cli_json(fleet, "migrations", "show", mid)["phase"]
+                         in END_PHASES, 180, "the rollout to end")
+                    print(f"failover {k}: {leader} -> {new}, takeover "
+                          f"{takeovers[-1]:.1f}s", file=sys.stderr, flush=True)
+            now = {d["id"] for d in cli_json(fleet, "decisions", "list", "--limit", "1000")}
+            phases = [cli_json(fleet, "migrations", "show", m)["phase"] for m in rollouts]
+            runs = fleet.executions()
+        finally:
+            fleet.stop()
+    return {
+        "failovers": len(takeovers),
+        "controllers": args.controllers,
+        "lease_ttl_s": args.lease_ttl,
+        "takeover_p50_s": round(statistics.median(takeovers), 2) if takeovers else None,
+        "takeover_max_s": round(max(takeovers), 2) if takeovers else None,
+        "election_p50_s": round(statistics.median(elections), 2) if elections else None,
+        "duplicate_commands": sum(n - 1 for n in runs.values() if n > 1),
+        "commands_run": sum(runs.values()),
+        "lost_decisions": len(listed - now),
+        "decisions_checked": len(listed),
+        "rollouts_done": sum(p == "done" for p in phases),
+        "rollouts_not_done": sum(p != "done" for p in phases),
+        "requests_sent": load.sent,
+        "requests_failed": load.failed,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--failovers", type=int, default=10)
+    p.add_argument("--controllers", type=int, default=3)
+    p.add_argument("--lease-ttl", type=float, default=10.0)
+    p.add_argument("--agents", type=int, default=3)
+    p.add_argument("--report-interval", type=float, default=1.0)
+    print(json.dumps(run(p.parse_args())))
+
+
+if __name__ == "__main__":
+    main()
