@@ -16,8 +16,10 @@ the rollout to finish under the new leader. At the end:
 
 - `duplicate_commands`: commands that ran more than once, counted over every
   agent's command journal (one line per command that ran);
-- `lost_decisions`: decisions the leader had listed before a kill that no
-  controller knows afterwards;
+- `lost_decisions`: decisions the leader had proposed before a kill (a policy
+  in approve mode proposes one per round; each is rejected after its round, so
+  the next round gets a new one) that no controller knows afterwards, or that
+  lost their status across the failover;
 - `rollouts_done` / `rollouts_not_done`, and the clients' requests and failures.
 
 Prints one JSON object. Usage:
@@ -47,8 +49,8 @@ apiVersion: gearshift.dev/v1
 kind: EnginePolicy
 metadata: {name: failover-bench}
 spec:
-  mode: dry-run
-  interval: 2s
+  mode: approve
+  interval: 1s
   signals: {window: 4s, longWindow: 8s, minHistory: 2s}
   rules:
     - name: prefer-tensorrt-llm
@@ -139,6 +141,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     takeovers: list[float] = []
     elections: list[float] = []
     listed: set[str] = set()
+    changed: set[str] = set()
     rollouts: list[str] = []
     with LocalPostgres() as pg:
         fleet = HaFleet(workdir, report_interval_s=args.report_interval, db_url=pg.url,
@@ -167,7 +170,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     rollouts.append(mid)
                     wait(lambda mid=mid: cli_json(fleet, "migrations", "show", mid)["phase"]
                          not in ("pending",), 30, "the rollout under way")
-                    listed |= {d["id"] for d in cli_json(fleet, "decisions", "list")}
+                    proposed = wait(lambda: [d["id"] for d in cli_json(fleet, "decisions", "list")
+                                             if d["status"] == "proposed"
+                                             and d["id"] not in listed], 60, "a new decision")
+                    listed.update(proposed)
                     leader, epoch = fleet.wait_leader(30)
                     fleet.procs[leader].kill()
                     killed = time.monotonic()
@@ -178,10 +184,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     fleet.start_controller(("--history-resolution", "1"), leader)
                     wait(lambda mid=mid: cli_json(fleet, "migrations", "show", mid)["phase"]
                          in END_PHASES, 180, "the rollout to end")
+                    for did in proposed:  # kept, still waiting: then make room for the next
+                        if cli_json(fleet, "decisions", "explain", did).get("status") \
+                                != "proposed":
+                            changed.add(did)
+                        fleet.cli("decisions", "reject", did, "--reason", "failover bench")
                     print(f"failover {k}: {leader} -> {new}, takeover "
                           f"{takeovers[-1]:.1f}s", file=sys.stderr, flush=True)
             now = {d["id"] for d in cli_json(fleet, "decisions", "list", "--limit", "1000")}
-            phases = [cli_json(fleet, "migrations", "show", m)["phase"] for m in rollouts]
+            shown = [cli_json(fleet, "migrations", "show", m) for m in rollouts]
+            phases = [m["phase"] for m in shown]
+            for m in shown:
+                if m["phase"] != "done":
+                    print(f"rollout {m['id']} ended {m['phase']}: " + "; ".join(
+                        f"{s['to_phase']}: {s['message']}" for s in m.get("steps", [])),
+                        file=sys.stderr)
             runs = fleet.executions()
         finally:
             fleet.stop()
@@ -194,7 +211,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "election_p50_s": round(statistics.median(elections), 2) if elections else None,
         "duplicate_commands": sum(n - 1 for n in runs.values() if n > 1),
         "commands_run": sum(runs.values()),
-        "lost_decisions": len(listed - now),
+        "lost_decisions": len((listed - now) | changed),
         "decisions_checked": len(listed),
         "rollouts_done": sum(p == "done" for p in phases),
         "rollouts_not_done": sum(p != "done" for p in phases),

@@ -1,21 +1,28 @@
 """Gateway overhead benchmark: latency added by one gateway process, and its throughput.
 
-    python bench/gateway.py [--duration-s 20] [--concurrency 32] [--upstream auto|emulator|builtin]
+    python bench/gateway.py [--duration-s 16] [--concurrency 32] [--upstream auto|emulator|builtin]
 
 Starts one emulated engine (`python -m gearshift.agents.emulator --flavor vllm`, high
 capacity, ~0 latency, so the bench measures the gateway; `builtin` is a minimal
 aiohttp upstream for when the emulator is absent) and one gateway
-(`python -m gearshift.gateway --routes …`), each in its own process, then drives
-load with aiohttp client workers in a third process:
+(`python -m gearshift.gateway --routes …`), each in its own process (both on uvloop
+when it is installed), then drives load from a third process over real HTTP/1.1 on
+loopback. The load generator is a lean keep-alive client on asyncio protocols (uvloop when installed), so that on a
+small machine it leaves the cores to the processes under test; it still checks
+every answer (status 200, body framed by its Content-Length, JSON with `choices`
+in the latency phase):
 
 1. latency: one request at a time, alternating direct-to-engine and through-gateway
    (so drift hits both alike); added = gateway quantile − direct quantile;
-2. throughput: `--concurrency` workers through the gateway for the rest of the time.
+2. throughput: a closed loop of `--concurrency` clients, each with its own kept-alive
+   connection, sending the next request as soon as the last one is answered, through
+   the gateway for the rest of the time; the rate is requests answered with 200 per
+   second over the measured window (after a warm-up).
 
 Small non-streaming completions. Prints ONE JSON object:
   direct_p50_ms, gateway_p50_ms, added_p50_ms, added_p99_ms, gateway_max_rps, failed
 (plus context: direct_p99_ms, gateway_p99_ms, latency_samples, concurrency, upstream,
-gateway_cpu_ms_per_req, upstream_cpu_ms_per_req, cpus, load_avg_1m). On a small shared
+gateway/upstream/loadgen_cpu_ms_per_req, uvloop, cpus, load_avg_1m). On a small shared
 machine the three processes compete for the cores, so gateway_max_rps is bounded by
 the machine; 1000 / gateway_cpu_ms_per_req is what one gateway process does with a
 core of its own.
@@ -55,6 +62,14 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def have_uvloop() -> bool:
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 # -- the builtin upstream (child process) --------------------------------------------
 
 def run_builtin_upstream(port: int) -> None:
@@ -75,76 +90,172 @@ def run_builtin_upstream(port: int) -> None:
     app = web.Application()
     app.router.add_post("/v1/completions", complete)
     app.router.add_get("/health", health)
-    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+    loop = None
+    if have_uvloop():
+        import uvloop
+
+        loop = uvloop.new_event_loop()
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None, loop=loop)
 
 
 # -- the load generator (child process) ----------------------------------------------
 
+class BadResponse(Exception):
+    """An answer the bench cannot accept (framing); counted as failed."""
+
+
+class ClientConnection(asyncio.Protocol):
+    """One kept-alive HTTP/1.1 client connection carrying one request at a time."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self._buf = bytearray()
+        self._body_at = -1  # where the body starts, once the head is in
+        self._end = -1  # where the response ends
+        self._status = 0
+        self._waiter: asyncio.Future[tuple[int, bytes]] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self._settle(ConnectionResetError(f"connection lost: {exc or 'closed by the server'}"))
+
+    def _settle(self, outcome: tuple[int, bytes] | BaseException) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is None or waiter.done():
+            return
+        if isinstance(outcome, BaseException):
+            waiter.set_exception(outcome)
+        else:
+            waiter.set_result(outcome)
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buf
+        buf += data
+        if self._body_at < 0:
+            head_end = buf.find(b"\r\n\r\n")
+            if head_end < 0:
+                return
+            head = bytes(buf[:head_end]).lower()
+            at = head.find(b"\r\ncontent-length:")
+            if not head.startswith(b"http/1.1 ") or at < 0:
+                self._settle(BadResponse(f"unexpected response head {head[:80]!r}"))
+                return
+            eol = head.find(b"\r\n", at + 2)
+            self._status = int(head[9:12])
+            self._body_at = head_end + 4
+            self._end = self._body_at + int(head[at + 17:eol if eol > 0 else len(head)])
+        if len(buf) >= self._end:
+            body = bytes(buf[self._body_at:self._end])
+            del buf[:self._end]
+            self._body_at = self._end = -1
+            self._settle((self._status, body))
+
+    async def request(self, data: bytes) -> tuple[int, bytes]:
+        if self.transport is None:
+            raise ConnectionResetError("not connected")
+        self._waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(data)
+        return await self._waiter
+
+
+def request_bytes(port: int) -> bytes:
+    return (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
+            b"User-Agent: gearshift-bench\r\nAccept: application/json\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+            % (port, len(BODY), BODY))
+
+
 async def drive(direct: str, gateway: str, duration_s: float, concurrency: int,
                 gateway_pid: int, upstream_pid: int) -> dict:
-    import aiohttp
     import psutil
 
     def cpu_s(pid: int) -> float:
         times = psutil.Process(pid).cpu_times()
         return float(times.user + times.system)
 
-    headers = {"Content-Type": "application/json"}
+    loop = asyncio.get_running_loop()
     failed = 0
-    connector = aiohttp.TCPConnector(limit=concurrency + 4)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    errors: dict[str, int] = {}
 
-        async def one(url: str) -> float | None:
-            nonlocal failed
+    async def connect(url: str) -> ClientConnection:
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        _, conn = await loop.create_connection(ClientConnection, host, int(port))
+        return conn
+
+    def fail(reason: str) -> None:
+        nonlocal failed
+        failed += 1
+        errors[reason] = errors.get(reason, 0) + 1
+
+    async def one(conn: ClientConnection, data: bytes, check_json: bool) -> bool:
+        try:
+            status, body = await conn.request(data)
+        except (ConnectionError, BadResponse) as err:
+            fail(f"{type(err).__name__}: {err}")
+            return False
+        if status != 200:
+            fail(f"HTTP {status}")
+            return False
+        if check_json and not json.loads(body).get("choices"):
+            fail("answer without choices")
+            return False
+        return True
+
+    d_url, g_url = direct, gateway
+    d_req = request_bytes(int(direct.rsplit(":", 1)[1]))
+    g_req = request_bytes(int(gateway.rsplit(":", 1)[1]))
+    d_conn, g_conn = await connect(d_url), await connect(g_url)
+    end = time.perf_counter() + WARMUP_S * 0.5
+    while time.perf_counter() < end:  # warm connections and code paths
+        await one(d_conn, d_req, True)
+        await one(g_conn, g_req, True)
+    direct_s: list[float] = []
+    gateway_s: list[float] = []
+    end = time.perf_counter() + duration_s * LATENCY_SHARE
+    while time.perf_counter() < end:
+        for conn, data, out in ((d_conn, d_req, direct_s), (g_conn, g_req, gateway_s)):
             t0 = time.perf_counter()
-            try:
-                async with session.post(url, data=BODY, headers=headers) as r:
-                    await r.read()
-                    ok = r.status == 200
-            except aiohttp.ClientError:
-                ok = False
-            if not ok:
-                failed += 1
-                return None
-            return time.perf_counter() - t0
+            if await one(conn, data, True):
+                out.append(time.perf_counter() - t0)
+    for conn in (d_conn, g_conn):
+        if conn.transport is not None:
+            conn.transport.close()
 
-        d_url, g_url = f"{direct}/v1/completions", f"{gateway}/v1/completions"
-        end = time.perf_counter() + WARMUP_S * 0.5
-        while time.perf_counter() < end:  # warm connections and code paths
-            await one(d_url)
-            await one(g_url)
-        direct_s: list[float] = []
-        gateway_s: list[float] = []
-        end = time.perf_counter() + duration_s * LATENCY_SHARE
-        while time.perf_counter() < end:
-            for url, out in ((d_url, direct_s), (g_url, gateway_s)):
-                dt = await one(url)
-                if dt is not None:
-                    out.append(dt)
+    done = 0
+    stop_at = 0.0
+    conns = [await connect(g_url) for _ in range(concurrency)]
 
-        done = 0
-        stop_at = 0.0
+    async def worker(conn: ClientConnection) -> None:
+        nonlocal done
+        while time.perf_counter() < stop_at:
+            if conn.transport is None:
+                conn = await connect(g_url)
+            if await one(conn, g_req, False):
+                done += 1
 
-        async def worker() -> None:
-            nonlocal done
-            while time.perf_counter() < stop_at:
-                if await one(g_url) is not None:
-                    done += 1
-
-        stop_at = time.perf_counter() + WARMUP_S * 0.5
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        done = 0
-        gw_cpu0, up_cpu0 = cpu_s(gateway_pid), cpu_s(upstream_pid)
-        t0 = time.perf_counter()
-        stop_at = t0 + duration_s * (1 - LATENCY_SHARE) - WARMUP_S
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        elapsed = time.perf_counter() - t0
-        gw_cpu, up_cpu = cpu_s(gateway_pid) - gw_cpu0, cpu_s(upstream_pid) - up_cpu0
+    stop_at = time.perf_counter() + WARMUP_S * 0.5
+    await asyncio.gather(*(worker(c) for c in conns))
+    done = 0
+    gw_cpu0, up_cpu0, me_cpu0 = cpu_s(gateway_pid), cpu_s(upstream_pid), time.process_time()
+    t0 = time.perf_counter()
+    stop_at = t0 + duration_s * (1 - LATENCY_SHARE) - WARMUP_S
+    await asyncio.gather(*(worker(c) for c in conns))
+    elapsed = time.perf_counter() - t0
+    gw_cpu, up_cpu = cpu_s(gateway_pid) - gw_cpu0, cpu_s(upstream_pid) - up_cpu0
+    me_cpu = time.process_time() - me_cpu0
+    for conn in conns:
+        if conn.transport is not None:
+            conn.transport.close()
 
     ms = 1000.0
+    if not direct_s or not gateway_s:
+        raise SystemExit(f"bench: no successful latency samples; failures: {errors}")
     d50, d99 = quantile(direct_s, 0.5) * ms, quantile(direct_s, 0.99) * ms
     g50, g99 = quantile(gateway_s, 0.5) * ms, quantile(gateway_s, 0.99) * ms
-    return {
+    result = {
         "direct_p50_ms": round(d50, 3), "gateway_p50_ms": round(g50, 3),
         "added_p50_ms": round(g50 - d50, 3), "added_p99_ms": round(g99 - d99, 3),
         "gateway_max_rps": round(done / elapsed, 1), "failed": failed,
@@ -153,8 +264,25 @@ async def drive(direct: str, gateway: str, duration_s: float, concurrency: int,
         # CPU the gateway spent per request: 1000 / this is its req/s on a core of its own
         "gateway_cpu_ms_per_req": round(gw_cpu * ms / max(done, 1), 3),
         "upstream_cpu_ms_per_req": round(up_cpu * ms / max(done, 1), 3),
+        "loadgen_cpu_ms_per_req": round(me_cpu * ms / max(done, 1), 3),
+        "uvloop": have_uvloop(),
         "cpus": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2),
     }
+    if errors:
+        result["errors"] = errors
+    return result
+
+
+def run_load(argv: list[str]) -> None:
+    d, g, dur, conc, gpid, upid = argv
+    main = drive(d, g, float(dur), int(conc), int(gpid), int(upid))
+    if have_uvloop():
+        import uvloop
+
+        result = uvloop.run(main)
+    else:
+        result = asyncio.run(main)
+    print(json.dumps(result))
 
 
 # -- orchestration -------------------------------------------------------------------
@@ -180,9 +308,11 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes], what: str) -> None:
 def upstream_command(kind: str, port: int) -> list[str]:
     if kind == "builtin":
         return [sys.executable, __file__, "_upstream", str(port)]
+    # No emulated latency here, so uvloop's millisecond timer steps do not matter.
+    loop = ["--event-loop", "uvloop"] if have_uvloop() else []
     return [sys.executable, "-m", "gearshift.agents.emulator", "--flavor", "vllm",
             "--capacity-rps", "1000000", "--max-batch", "4096", "--load-s", "0",
-            "--ttft-base-s", "0", "--itl-s", "0", "--output-tokens", "1",
+            "--ttft-base-s", "0", "--itl-s", "0", "--output-tokens", "1", *loop,
             "--", "serve", MODEL, "--host", "127.0.0.1", "--port", str(port),
             "--served-model-name", MODEL]
 
@@ -225,10 +355,15 @@ def main() -> None:
                 [sys.executable, "-m", "gearshift.gateway", "--routes", str(routes),
                  "--listen", f"127.0.0.1:{gw_port}", "--log-level", "WARNING"], **quiet))
             wait_healthy(gateway, procs[-1], "gateway")
-            load = subprocess.run(
-                [sys.executable, __file__, "_load", direct, gateway, str(args.duration_s),
-                 str(args.concurrency), str(procs[1].pid), str(procs[0].pid)],
-                capture_output=True, text=True, check=False)
+            try:
+                load = subprocess.run(
+                    [sys.executable, __file__, "_load", direct, gateway, str(args.duration_s),
+                     str(args.concurrency), str(procs[1].pid), str(procs[0].pid)],
+                    capture_output=True, text=True, check=False,
+                    timeout=args.duration_s + STARTUP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                raise SystemExit("bench: the load generator did not finish in time "
+                                 "(a request never got its answer)") from None
             if load.returncode != 0:
                 raise SystemExit(f"bench: load generator failed:\n{load.stderr}")
             result = json.loads(load.stdout)
@@ -243,8 +378,7 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "_upstream":
         run_builtin_upstream(int(sys.argv[2]))
     elif len(sys.argv) > 1 and sys.argv[1] == "_load":
-        _, _, d, g, dur, conc, gpid, upid = sys.argv
-        print(json.dumps(asyncio.run(drive(d, g, float(dur), int(conc), int(gpid), int(upid)))))
+        run_load(sys.argv[2:])
     else:
         os.environ.setdefault("PYTHONUNBUFFERED", "1")
         main()

@@ -2,14 +2,22 @@
 
     python bench/ingest.py --agents 500 --deployments-per-agent 8 --interval-s 10 --duration-s 30
 
-The controller runs as its own process (SQLite store in a temp dir); simulated
-agents run in `--workers` separate processes, each holding many agent streams
-(one channel per 100 agents). Every agent sends Hello, then a Report with N
-deployment samples every interval (phases spread at random) and times the Ack.
+The controller runs as its own process (`gearshift controller`, SQLite store in a
+temp dir). Simulated agents run in `--workers` separate processes, each holding
+many agents on one event loop; every agent has its own bidirectional stream
+(`--agents-per-channel` streams share one HTTP/2 connection). An agent starts at
+a random moment within the first interval (as a fleet coming up does), sends
+Hello, waits for Welcome, then sends a Report with N deployment samples every
+interval on a fixed schedule and times the Ack. Report messages are built once
+per agent; only the sequence number changes, so the agents stay cheap and the
+machine's CPU goes to the controller being measured.
+
 Prints one JSON object:
   agents, interval_s, reports_per_s, ack_p50_ms, ack_p99_ms,
-  controller_cpu_s_per_1k_reports, controller_rss_mb, lost_reports
-`lost_reports` counts reports sent in the measured window that were never acked.
+  controller_cpu_s_per_1k_reports, controller_cores, controller_rss_mb, lost_reports
+(+ agent_errors when some agents failed). Controller CPU is read from the
+controller process over the measured window. `lost_reports` counts reports sent
+in the measured window that were never acked.
 """
 
 from __future__ import annotations
@@ -23,14 +31,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
-AGENTS_PER_CHANNEL = 100
-WARMUP_S = 3.0
+WARMUP_S = 3.0  # worker processes importing and starting their loops
+ACK_GRACE_S = 2.0  # how long an agent waits for its last acks after the window
 
 
-def _deployment(agent: int, i: int, rng: random.Random):  # type: ignore[no-untyped-def]
+def _deployment(agent: int, i: int, rng: random.Random) -> Any:
     from gearshift.v1 import agent_pb2
 
     d = agent_pb2.DeploymentReport(
@@ -46,92 +55,130 @@ def _deployment(agent: int, i: int, rng: random.Random):  # type: ignore[no-unty
     return d
 
 
-async def _agent(idx: int, channel, args, stats: dict, t_end: float, t_measure: float) -> None:  # type: ignore[no-untyped-def]
+class _Stats:
+    def __init__(self) -> None:
+        self.acks: list[float] = []
+        self.sent = 0
+        self.lost = 0
+        self.connected = 0
+        self.errors: list[str] = []
+
+
+async def _agent(idx: int, stub: Any, args: argparse.Namespace, stats: _Stats,
+                 start_at: float, t_end: float, t_measure: float) -> None:
     import grpc
 
-    from gearshift.v1 import agent_pb2, agent_pb2_grpc
+    from gearshift.v1 import agent_pb2
 
+    loop = asyncio.get_running_loop()
     rng = random.Random(idx)
-    stub = agent_pb2_grpc.AgentServiceStub(channel)
-    call = stub.Connect()
-    hello = agent_pb2.Hello(host_id=f"bench-{args.worker}-{idx}", agent_version="bench",
-                            protocol_version=agent_pb2.PROTOCOL_VERSION_1, emulated_gpus=True)
+    msg = agent_pb2.AgentMessage()
+    msg.report.interval_s = args.interval_s
+    msg.report.deployments.extend(
+        _deployment(idx, i, rng) for i in range(args.deployments_per_agent))
+    hello = agent_pb2.AgentMessage()
+    hello.hello.host_id = f"bench-{idx}"
+    hello.hello.agent_version = "bench"
+    hello.hello.protocol_version = agent_pb2.PROTOCOL_VERSION_1
+    hello.hello.emulated_gpus = True
     for g in range(8):
-        hello.gpus.add(index=g, model="NVIDIA H100 80GB HBM3", memory_total_bytes=80 << 30)
-    await call.write(agent_pb2.AgentMessage(hello=hello))
+        hello.hello.gpus.add(index=g, model="NVIDIA H100 80GB HBM3", memory_total_bytes=80 << 30)
+
+    await asyncio.sleep(max(0.0, start_at - loop.time()))
+    call = stub.Connect()
+    await call.write(hello)
     welcome = await call.read()
-    assert welcome.WhichOneof("body") == "welcome", welcome
+    if welcome is grpc.aio.EOF or welcome.WhichOneof("body") != "welcome":
+        raise RuntimeError(f"agent {idx}: expected a welcome, got {welcome!r}")
+    stats.connected += 1
     sent_at: dict[int, float] = {}
-    deps = [_deployment(idx, i, rng) for i in range(args.deployments_per_agent)]
 
     async def reader() -> None:
         while True:
-            msg = await call.read()
-            if msg is grpc.aio.EOF:
+            ack = await call.read()
+            if ack is grpc.aio.EOF:
                 return
-            if msg.WhichOneof("body") == "ack":
-                t0 = sent_at.pop(msg.ack.seq, None)
-                if t0 is not None and t0 >= t_measure:
-                    stats["acks"].append((time.perf_counter() - t0) * 1000.0)
+            t0 = sent_at.pop(ack.ack.seq, None)
+            if t0 is not None and t0 >= t_measure:
+                stats.acks.append((loop.time() - t0) * 1000.0)
 
     rtask = asyncio.create_task(reader())
-    await asyncio.sleep(rng.uniform(0, args.interval_s))
-    seq = 0
-    while time.perf_counter() < t_end:
-        seq += 1
-        report = agent_pb2.Report(seq=seq, interval_s=args.interval_s, deployments=deps)
-        now = time.perf_counter()
-        sent_at[seq] = now
-        if now >= t_measure:
-            stats["sent"] += 1
-        await call.write(report_msg(report))
-        await asyncio.sleep(args.interval_s)
-    await asyncio.sleep(min(2.0, args.interval_s))  # let the last acks arrive
-    stats["lost"] += sum(1 for t in sent_at.values() if t >= t_measure)
-    rtask.cancel()
-    call.cancel()
+    try:
+        seq = 0
+        due = loop.time()
+        while due < t_end:
+            seq += 1
+            msg.report.seq = seq
+            now = loop.time()
+            sent_at[seq] = now
+            if now >= t_measure:
+                stats.sent += 1
+            await call.write(msg)
+            due += args.interval_s
+            await asyncio.sleep(max(0.0, due - loop.time()))
+        await asyncio.sleep(ACK_GRACE_S)
+    finally:
+        stats.lost += sum(1 for t in sent_at.values() if t >= t_measure)
+        rtask.cancel()
+        call.cancel()
 
 
-def report_msg(report):  # type: ignore[no-untyped-def]
-    from gearshift.v1 import agent_pb2
-
-    return agent_pb2.AgentMessage(report=report)
-
-
-async def _worker_main(args, agent_ids: list[int], t_end: float, t_measure: float) -> dict:  # type: ignore[no-untyped-def]
+async def _worker_main(args: argparse.Namespace, agent_ids: list[int], t_end_wall: float,
+                       t_measure_wall: float) -> _Stats:
     import grpc
 
-    stats: dict = {"acks": [], "sent": 0, "lost": 0}
-    channels = []
-    tasks = []
-    for start in range(0, len(agent_ids), AGENTS_PER_CHANNEL):
-        ch = grpc.aio.insecure_channel(args.controller)
+    from gearshift.v1 import agent_pb2_grpc
+
+    loop = asyncio.get_running_loop()
+    offset = loop.time() - time.time()  # wall clock -> this loop's clock
+    t_end, t_measure = t_end_wall + offset, t_measure_wall + offset
+    stats = _Stats()
+    channels, tasks = [], []
+    start_rng = random.Random(len(agent_ids) * 7919 + (agent_ids[0] if agent_ids else 0))
+    for start in range(0, len(agent_ids), args.agents_per_channel):
+        # A local subchannel pool: each channel is its own connection, as separate hosts' are.
+        ch = grpc.aio.insecure_channel(args.controller,
+                                       options=[("grpc.use_local_subchannel_pool", 1)])
         channels.append(ch)
-        for idx in agent_ids[start:start + AGENTS_PER_CHANNEL]:
-            tasks.append(asyncio.create_task(_agent(idx, ch, args, stats, t_end, t_measure)))
+        stub = agent_pb2_grpc.AgentServiceStub(ch)
+        for idx in agent_ids[start:start + args.agents_per_channel]:
+            start_at = loop.time() + start_rng.uniform(0, args.interval_s)  # jittered start-up
+            tasks.append(asyncio.create_task(
+                _agent(idx, stub, args, stats, start_at, t_end, t_measure)))
     results = await asyncio.gather(*tasks, return_exceptions=True)
-    stats["errors"] = [repr(r) for r in results if isinstance(r, BaseException)][:5]
+    stats.errors = [repr(r)[:300] for r in results if isinstance(r, BaseException)]
     for ch in channels:
         await ch.close()
     return stats
 
 
-def _worker(args, worker: int, agent_ids: list[int], t_end_wall: float, t_measure_wall: float, q) -> None:  # type: ignore[no-untyped-def]
-    args.worker = worker
-    offset = time.perf_counter() - time.time()
-    stats = asyncio.run(_worker_main(args, agent_ids, t_end_wall + offset, t_measure_wall + offset))
-    q.put(stats)
+def _worker(args: argparse.Namespace, agent_ids: list[int], t_end_wall: float,
+            t_measure_wall: float, q: Any) -> None:
+    stats = asyncio.run(_worker_main(args, agent_ids, t_end_wall, t_measure_wall))
+    q.put({"acks": stats.acks, "sent": stats.sent, "lost": stats.lost,
+           "connected": stats.connected, "errors": stats.errors[:5],
+           "failed": len(stats.errors)})
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--agents", type=int, default=200)
     p.add_argument("--deployments-per-agent", type=int, default=8)
     p.add_argument("--interval-s", type=float, default=10.0)
     p.add_argument("--duration-s", type=float, default=30.0)
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--controller", default="", help="use a running controller instead of starting one")
+    p.add_argument("--workers", type=int, default=2, help="agent processes")
+    p.add_argument("--agents-per-channel", type=int, default=100,
+                   help="agent streams sharing one connection")
+    p.add_argument("--controller", default="",
+                   help="use a running controller instead of starting one")
+    p.add_argument("--controller-pid", type=int, default=0,
+                   help="with --controller: its process id, to measure its CPU and memory")
     args = p.parse_args()
+    if args.agents < 1 or args.workers < 1 or args.agents_per_channel < 1 \
+            or args.interval_s <= 0 or args.duration_s <= 0:
+        p.error("--agents, --workers, --agents-per-channel, --interval-s and --duration-s "
+                "must be positive")
 
     from gearshift.cli.local_fleet import LocalFleet
 
@@ -141,15 +188,18 @@ def main() -> int:
         if not args.controller:
             ctl = fleet.start_controller()
             args.controller = fleet.controller_addr
+        procs: list[mp.Process] = []
         try:
-            ctl_ps = psutil.Process(ctl.popen.pid) if ctl else None
+            pid = ctl.popen.pid if ctl else args.controller_pid
+            ctl_ps = psutil.Process(pid) if pid else None
             t0 = time.time()
             # every agent connected and past its first report (which also writes its deployments)
             t_measure = t0 + WARMUP_S + 2 * args.interval_s
             t_end = t_measure + args.duration_s
-            q: mp.Queue = mp.Queue()
+            q: Any = mp.Queue()
             ids = list(range(args.agents))
-            procs = [mp.Process(target=_worker, args=(args, w, ids[w::args.workers], t_end, t_measure, q))
+            procs = [mp.Process(target=_worker,
+                                args=(args, ids[w::args.workers], t_end, t_measure, q))
                      for w in range(args.workers)]
             for pr in procs:
                 pr.start()
@@ -158,19 +208,21 @@ def main() -> int:
             time.sleep(max(0.0, t_end - time.time()))
             cpu1 = sum(ctl_ps.cpu_times()[:2]) if ctl_ps else 0.0
             rss_mb = ctl_ps.memory_info().rss / 1e6 if ctl_ps else 0.0
-            stats = [q.get(timeout=args.interval_s + 120) for _ in procs]
+            stats = [q.get(timeout=args.interval_s + ACK_GRACE_S + 120) for _ in procs]
             for pr in procs:
                 pr.join(10)
         finally:
+            for pr in procs:
+                if pr.is_alive():
+                    pr.terminate()
             fleet.stop()
     acks = sorted(a for s in stats for a in s["acks"])
     sent = sum(s["sent"] for s in stats)
-    lost = sum(s["lost"] for s in stats)
 
     def pct(q: float) -> float:
         return round(acks[min(len(acks) - 1, int(q * len(acks)))], 3) if acks else float("nan")
 
-    out = {
+    out: dict[str, Any] = {
         "agents": args.agents,
         "interval_s": args.interval_s,
         "reports_per_s": round(sent / args.duration_s, 1),
@@ -179,11 +231,12 @@ def main() -> int:
         "controller_cpu_s_per_1k_reports": round((cpu1 - cpu0) / max(1, sent) * 1000, 3),
         "controller_cores": round((cpu1 - cpu0) / args.duration_s, 3),
         "controller_rss_mb": round(rss_mb, 1),
-        "lost_reports": lost,
+        "lost_reports": sum(s["lost"] for s in stats),
     }
-    errors = [e for s in stats for e in s.get("errors", [])]
-    if errors:
-        out["agent_errors"] = errors
+    failed = sum(s["failed"] for s in stats)
+    if failed:
+        out["agents_failed"] = failed
+        out["agent_errors"] = [e for s in stats for e in s["errors"]][:5]
     print(json.dumps(out))
     return 0
 

@@ -187,7 +187,9 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             self.metrics.deployment_samples.inc(len(report.deployments))
             if self._on_report is not None:
                 self._on_report(host_id, entry, report, self.fleet.now())
-        conn.send(agent_pb2.ControllerMessage(ack=agent_pb2.Ack(seq=report.seq)))
+        ack = agent_pb2.ControllerMessage()
+        ack.ack.seq = report.seq
+        conn.send(ack)
         self.metrics.report_seconds.observe(time.perf_counter() - t0)
 
     def send_command(self, host_id: str, command: agent_pb2.Command) -> bool:

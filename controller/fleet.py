@@ -7,13 +7,20 @@ to people and never, by itself, triggers any action (DESIGN §1, fail static).
 
 The routing table for gateways is derived from the ready deployments; its
 version increases whenever the set of endpoints or weights changes.
+
+A report costs O(the host's deployments): it compares their shape (ids,
+endpoints, phases, models, engines) with the previous report's, and only a
+changed shape updates the per-model index, the counts per engine and phase and
+the routes of the models concerned. Views over the whole fleet are produced
+lazily (`deployments`) or kept up to date (`deployment_counts`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from gearshift.v1 import agent_pb2, control_pb2
@@ -21,8 +28,19 @@ from gearshift.v1 import agent_pb2, control_pb2
 UNREACHABLE_AFTER_INTERVALS = 3
 # Route changes arriving together (a fleet reconnecting) are coalesced into one recomputation.
 ROUTE_DEBOUNCE_S = 0.05
+# Recomputations are spaced at least this many times their own cost apart (<= ~10% of a core).
+ROUTE_REFRESH_COST_FACTOR = 10.0
 
 Ready = agent_pb2.DEPLOYMENT_PHASE_READY
+Draining = agent_pb2.DEPLOYMENT_PHASE_DRAINING
+
+# (deployment_id, endpoint, phase, model, engine, served_model_name)
+DeploymentShape = tuple[str, str, int, str, str, str]
+
+
+def _shape(deps: Iterable[agent_pb2.DeploymentReport]) -> tuple[DeploymentShape, ...]:
+    return tuple((d.deployment_id, d.endpoint, d.phase, d.model, d.engine, d.served_model_name)
+                 for d in deps)
 
 
 @dataclass
@@ -39,14 +57,15 @@ class HostEntry:
     gpus: list[agent_pb2.GpuInfo] = field(default_factory=list)
     deployments: dict[str, agent_pb2.DeploymentReport] = field(default_factory=dict)
     deployment_ts: dict[str, float] = field(default_factory=dict)
+    # route_key() of `deployments`, kept so a report compares against it without rebuilding it
+    shape: tuple[DeploymentShape, ...] = ()
 
     def models(self) -> set[str]:
         return {d.model for d in self.deployments.values()}
 
-    def route_key(self) -> tuple[tuple[str, str, int, str], ...]:
-        """What of this host's deployments matters to the routing table."""
-        return tuple((d.deployment_id, d.endpoint, d.phase, d.model)
-                     for d in self.deployments.values())
+    def route_key(self) -> tuple[DeploymentShape, ...]:
+        """What of this host's deployments matters to the routing table and the counts."""
+        return _shape(self.deployments.values())
 
     def state(self, now: float) -> int:
         if self.connected and not self.reported:
@@ -77,16 +96,20 @@ class FleetState:
         self.reports_total = 0
         self.started = clock()
         self._route_version = 0
-        self._route_table = control_pb2.RoutingTable()
+        self._route_table: control_pb2.RoutingTable | None = None  # None: build on first read
         self._route_watchers: set[asyncio.Queue[control_pb2.RoutingTable]] = set()
         self.route_override: RouteOverride | None = None
         self.gateway_stats: dict[str, dict[str, control_pb2.GatewayDeploymentStats]] = {}
         self._routes_dirty = False
         self._routes_timer: asyncio.TimerHandle | None = None
         self._dirty_models: set[str] | None = set()
-        self._routes: dict[str, list[control_pb2.RouteEndpoint]] = {}
         self._route_keys: dict[str, tuple[object, ...]] = {}
+        self._route_bytes: dict[str, bytes] = {}  # model -> its serialized `models` entry
+        self._refresh_cost_s = 0.0
         self._hosts_by_model: dict[str, set[str]] = {}
+        # model -> host -> shapes of its routable (ready or draining, with endpoint) deployments
+        self._routable: dict[str, dict[str, list[DeploymentShape]]] = {}
+        self._counts: Counter[tuple[str, int]] = Counter()  # (engine, phase) -> deployments
 
     # -- agents -----------------------------------------------------------------
 
@@ -98,6 +121,7 @@ class FleetState:
             # Keep the last known deployments until the first report replaces them.
             entry.deployments = prior.deployments
             entry.deployment_ts = prior.deployment_ts
+            entry.shape = prior.shape
             entry.reports = prior.reports
             entry.last_seq = 0
         self.hosts[hello.host_id] = entry  # its deployments, and so the routes, are unchanged
@@ -116,15 +140,16 @@ class FleetState:
         self.reports_total += 1
         if report.gpus:
             entry.gpus = list(report.gpus)
-        routed_before = entry.route_key()
-        models_before = entry.models()
         fresh = {dep.deployment_id: dep for dep in report.deployments}
         entry.deployments = fresh
         entry.deployment_ts = dict.fromkeys(fresh, now)
-        if entry.route_key() != routed_before:
-            models_after = entry.models()
-            self._index_host(host_id, models_before, models_after)
-            self._routes_changed(models_before | models_after)
+        shape = _shape(fresh.values())
+        if shape != entry.shape:
+            # Rare (a deployment came, went or changed phase): the steady state skips all this.
+            before, entry.shape = entry.shape, shape
+            self._counts.subtract((s[4], s[2]) for s in before)
+            self._counts.update((s[4], s[2]) for s in shape)
+            self._routes_changed(self._index_host(host_id, before, shape))
         return True
 
     def disconnected(self, host_id: str, entry: HostEntry) -> None:
@@ -139,12 +164,33 @@ class FleetState:
     def host_state(self, host_id: str) -> int:
         return self.hosts[host_id].state(self._clock())
 
-    def deployments(self) -> list[tuple[str, agent_pb2.DeploymentReport, float]]:
-        out = []
+    def deployments(self) -> Iterator[tuple[str, agent_pb2.DeploymentReport, float]]:
+        """(host_id, deployment, time of its last report) of every deployment: O(fleet),
+        produced one at a time (a fleet-sized list would be garbage-collector work)."""
         for host_id, entry in self.hosts.items():
+            stamps = entry.deployment_ts
             for dep_id, dep in entry.deployments.items():
-                out.append((host_id, dep, entry.deployment_ts.get(dep_id, 0.0)))
+                yield host_id, dep, stamps.get(dep_id, 0.0)
+
+    def deployments_of(self, model: str) -> list[tuple[str, agent_pb2.DeploymentReport, float]]:
+        """Like `deployments`, for one model only: O(hosts serving the model)."""
+        out: list[tuple[str, agent_pb2.DeploymentReport, float]] = []
+        for host_id in sorted(self._hosts_by_model.get(model, ())):
+            entry = self.hosts[host_id]
+            out.extend((host_id, dep, entry.deployment_ts.get(dep_id, 0.0))
+                       for dep_id, dep in entry.deployments.items() if dep.model == model)
         return out
+
+    def deployment_counts(self) -> dict[tuple[str, int], int]:
+        """How many deployments there are per (engine, phase), kept up to date by reports
+        (for gauges: no walk over the fleet)."""
+        return {k: n for k, n in self._counts.items() if n > 0}
+
+    def host_state_counts(self) -> dict[int, int]:
+        """How many hosts are in each `HostState` now."""
+        now = self._clock()
+        counts: Counter[int] = Counter(e.state(now) for e in self.hosts.values())
+        return dict(counts)
 
     def models(self) -> list[control_pb2.ModelSummary]:
         by_model: dict[str, control_pb2.ModelSummary] = {}
@@ -167,10 +213,27 @@ class FleetState:
         return [by_model[k] for k in sorted(by_model)]
 
     # -- routing ----------------------------------------------------------------
+    #
+    # Routes are recomputed per changed model (O(its endpoints)), soon after a change but no
+    # more often than ROUTE_REFRESH_COST_FACTOR times the last recomputation took, so a fleet
+    # (re)connecting at once cannot hold the event loop. The table is assembled from each
+    # model's serialized entry, and only when someone reads it.
+
+    @property
+    def route_version(self) -> int:
+        """Version of the routing table (without building it)."""
+        if self._routes_dirty:
+            self._refresh_routes()
+        return self._route_version
 
     def routing_table(self) -> control_pb2.RoutingTable:
         if self._routes_dirty:
             self._refresh_routes()
+        if self._route_table is None:
+            table = control_pb2.RoutingTable(version=self._route_version)
+            table.generated.FromSeconds(int(self._clock()))
+            table.MergeFromString(b"".join(self._route_bytes[m] for m in sorted(self._route_bytes)))
+            self._route_table = table
         return self._route_table
 
     def _routes_changed(self, models: set[str] | None = None) -> None:
@@ -186,23 +249,15 @@ class FleetState:
             self._refresh_routes()
             return
         if self._routes_timer is None:
-            self._routes_timer = loop.call_later(ROUTE_DEBOUNCE_S, self._refresh_routes)
+            delay_s = max(ROUTE_DEBOUNCE_S, self._refresh_cost_s * ROUTE_REFRESH_COST_FACTOR)
+            self._routes_timer = loop.call_later(delay_s, self._refresh_routes)
 
     def _compute_model_routes(self, model: str) -> list[control_pb2.RouteEndpoint]:
-        eps = []
-        for host_id in sorted(self._hosts_by_model.get(model, ())):
-            entry = self.hosts.get(host_id)
-            if entry is None:
-                continue
-            for dep in entry.deployments.values():
-                if dep.model != model or not dep.endpoint or dep.phase not in (
-                        Ready, agent_pb2.DEPLOYMENT_PHASE_DRAINING):
-                    continue
-                eps.append(control_pb2.RouteEndpoint(
-                    deployment_id=dep.deployment_id, host_id=host_id, endpoint=dep.endpoint,
-                    engine=dep.engine, weight=1.0, served_model_name=dep.served_model_name,
-                    leaving=dep.phase == agent_pb2.DEPLOYMENT_PHASE_DRAINING))
-        eps.sort(key=lambda e: e.deployment_id)
+        found = sorted((s[0], host_id, s) for host_id, shapes in self._routable.get(model, {}).items()
+                       for s in shapes)
+        eps = [control_pb2.RouteEndpoint(
+            deployment_id=dep_id, host_id=host_id, endpoint=s[1], engine=s[4], weight=1.0,
+            served_model_name=s[5], leaving=s[2] == Draining) for dep_id, host_id, s in found]
         if eps and self.route_override is not None:
             eps = list(self.route_override(model, eps))
         active = [e for e in eps if not e.leaving and e.weight > 0]
@@ -212,11 +267,12 @@ class FleetState:
         return eps
 
     def _refresh_routes(self) -> None:
+        started = time.perf_counter()
         self._routes_dirty = False
         if self._routes_timer is not None:
             self._routes_timer.cancel()
             self._routes_timer = None
-        dirty = set(self._hosts_by_model) | set(self._routes) if self._dirty_models is None \
+        dirty = set(self._hosts_by_model) | set(self._route_keys) if self._dirty_models is None \
             else self._dirty_models
         self._dirty_models = set()
         changed = False
@@ -224,42 +280,53 @@ class FleetState:
             eps = self._compute_model_routes(model)
             key = tuple((e.deployment_id, e.endpoint, round(e.weight, 6), e.leaving,
                          e.served_model_name) for e in eps)
-            if self._route_keys.get(model) == key:
+            if self._route_keys.get(model, ()) == key:  # () : not in the table
                 continue
             changed = True
             if eps:
-                self._routes[model] = eps
                 self._route_keys[model] = key
+                self._route_bytes[model] = control_pb2.RoutingTable(
+                    models=[control_pb2.ModelRoute(model=model, endpoints=eps)]).SerializeToString()
             else:
-                self._routes.pop(model, None)
                 self._route_keys.pop(model, None)
-        if not changed:
-            return
-        self._route_version += 1
-        table = control_pb2.RoutingTable(version=self._route_version)
-        table.generated.FromSeconds(int(self._clock()))
-        for model in sorted(self._routes):
-            table.models.add(model=model, endpoints=self._routes[model])
-        self._route_table = table
-        for q in list(self._route_watchers):
-            if q.full():
-                q.get_nowait()  # a slow watcher only needs the newest table
-            q.put_nowait(table)
+                self._route_bytes.pop(model, None)
+        if changed:
+            self._route_version += 1
+            self._route_table = None
+            if self._route_watchers:
+                table = self.routing_table()
+                for q in list(self._route_watchers):
+                    if q.full():
+                        q.get_nowait()  # a slow watcher only needs the newest table
+                    q.put_nowait(table)
+        self._refresh_cost_s = time.perf_counter() - started
 
     def refresh_routes(self, models: set[str] | None = None) -> None:
         """Recompute the routing table now (after a route override changed)."""
         self._routes_changed(models)
         self._refresh_routes()
 
-    def _index_host(self, host_id: str, before: set[str], after: set[str]) -> None:
-        for m in before - after:
+    def _index_host(self, host_id: str, before: tuple[DeploymentShape, ...],
+                    after: tuple[DeploymentShape, ...]) -> set[str]:
+        """Re-index a host whose deployments changed; returns the models it had or has."""
+        models_before = {s[3] for s in before}
+        models_after = {s[3] for s in after}
+        for m in models_before - models_after:
             hosts = self._hosts_by_model.get(m)
             if hosts is not None:
                 hosts.discard(host_id)
                 if not hosts:
                     del self._hosts_by_model[m]
-        for m in after - before:
+        for m in models_after - models_before:
             self._hosts_by_model.setdefault(m, set()).add(host_id)
+        for m in models_before:
+            routable = self._routable.get(m)
+            if routable is not None and routable.pop(host_id, None) is not None and not routable:
+                del self._routable[m]
+        for s in after:
+            if s[1] and s[2] in (Ready, Draining):
+                self._routable.setdefault(s[3], {}).setdefault(host_id, []).append(s)
+        return models_before | models_after
 
     def watch_routes(self) -> asyncio.Queue[control_pb2.RoutingTable]:
         q: asyncio.Queue[control_pb2.RoutingTable] = asyncio.Queue(maxsize=1)

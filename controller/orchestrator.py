@@ -151,8 +151,8 @@ class MigrationOrchestrator:
         if active:
             raise FailedPrecondition(f"model {model!r} already has an active migration "
                                      f"{active[0].id} ({active[0].phase.value})")
-        sources = [(h, d) for h, d, _ts in self._fleet.deployments()
-                   if d.model == model and d.engine == from_engine and d.phase == READY
+        sources = [(h, d) for h, d, _ts in self._fleet.deployments_of(model)
+                   if d.engine == from_engine and d.phase == READY
                    and (kind == "engine_switch" or d.revision != target_revision)]
         if not sources:
             raise InvalidArgument(f"model {model!r} has no ready deployment on {from_engine}"
@@ -509,7 +509,7 @@ class MigrationOrchestrator:
     def _analyze(self, row: MigrationRow, cands: builtins.list[tuple[str, Any]]) -> None:
         s = self.settings
         sources = set(row.source_deployment_ids)
-        baseline = [d for _h, d, _ts in self._fleet.deployments()
+        baseline = [d for _h, d, _ts in self._fleet.deployments_of(row.model)
                     if d.deployment_id in sources and d.phase == READY]
         interval = max(self._fleet.hosts[h].interval_s for h, _d in cands)
         verdict = analyze([d for _h, d in cands], baseline, s.sla_for(row.model), s.tolerance,

@@ -2,9 +2,11 @@
 
 Hot state stays in memory (`FleetState`); this adapter turns it into rows for
 the one batching writer: hosts on hello and then every few seconds, a
-deployment when its phase, revision or endpoint changes, and the per-minute
-rollups when a minute completes. The report hot path only updates the rollup
-aggregator and compares a few fields.
+deployment when its phase, revision or endpoint changes (and the revision it
+reports, the first time it is seen), and the per-minute rollups when a minute
+completes. The report hot path only updates the rollup aggregator and compares
+a few fields; rows are plain dicts of column values (no SQLModel objects on the
+event loop).
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from gearshift.controller.fleet import FleetState, HostEntry
 from gearshift.controller.rollup import RollupAggregator
 from gearshift.controller.store import Store, default_sqlite_url
-from gearshift.controller.tables import SETTING_PAUSED, DeploymentRow, HostRow, RollupRow
+from gearshift.controller.tables import SETTING_PAUSED, RollupRow
 from gearshift.controller.writer import BatchingWriter
 from gearshift.v1 import agent_pb2
 
@@ -29,7 +32,7 @@ log = logging.getLogger(__name__)
 # spread over ticks (at most HOSTS_SAVED_PER_TICK rows) so a large fleet never
 # stalls the event loop building thousands of rows at once.
 HOST_SAVE_INTERVAL_S = 300.0
-HOSTS_SAVED_PER_TICK = 50
+HOSTS_SAVED_PER_TICK = 200
 
 
 def _dt(ts: float) -> datetime:
@@ -40,12 +43,16 @@ def _phase_name(phase: int) -> str:
     return agent_pb2.DeploymentPhase.Name(phase).removeprefix("DEPLOYMENT_PHASE_").lower()
 
 
+_PHASE_NAMES = {v: _phase_name(v) for v in agent_pb2.DeploymentPhase.values()}
+
+
 class Persistence:
     def __init__(self, store: Store, writer: BatchingWriter) -> None:
         self.store = store
         self.writer = writer
         self.rollups = RollupAggregator()
-        self._deployment_keys: dict[str, tuple[str, str, str, str]] = {}
+        self._deployment_keys: dict[str, tuple[str, str, str, int]] = {}
+        self._revisions: set[tuple[str, str]] = set()  # (model, revision) already submitted
         self._hosts_saved_at: dict[str, float] = {}
         self._paused_cache: bool | None = None
         self.on_rollups: Callable[[list[RollupRow]], None] | None = None
@@ -77,16 +84,17 @@ class Persistence:
         self.store.set_setting(SETTING_PAUSED, value)
         self._paused_cache = value
 
-    def _host_row(self, entry: HostEntry) -> HostRow:
+    def _host_row(self, entry: HostEntry) -> dict[str, Any]:
         h = entry.hello
-        return HostRow(
-            host_id=h.host_id, labels=dict(h.labels), agent_version=h.agent_version,
-            gpus=[{"index": g.index, "uuid": g.uuid, "model": g.model,
-                   "memory_total_bytes": g.memory_total_bytes} for g in entry.gpus],
-            engines=[{"engine": e.engine, "version": e.version, "executable": e.executable}
-                     for e in h.engines],
-            last_seen=_dt(entry.last_report_ts),
-            last_report_seq=entry.last_seq or None)
+        return {
+            "host_id": h.host_id, "labels": dict(h.labels), "agent_version": h.agent_version,
+            "gpus": [{"index": g.index, "uuid": g.uuid, "model": g.model,
+                      "memory_total_bytes": g.memory_total_bytes} for g in entry.gpus],
+            "engines": [{"engine": e.engine, "version": e.version, "executable": e.executable}
+                        for e in h.engines],
+            "last_seen": _dt(entry.last_report_ts),
+            "last_report_seq": entry.last_seq or None,
+        }
 
     def host_seen(self, entry: HostEntry) -> None:
         self.writer.submit_host(self._host_row(entry))
@@ -94,18 +102,28 @@ class Persistence:
 
     def report(self, host_id: str, entry: HostEntry, report: agent_pb2.Report, ts: float) -> None:
         gpu_model = entry.gpus[0].model if entry.gpus else ""
-        changed = []
+        add = self.rollups.add
+        known = self._deployment_keys
+        changed: list[dict[str, Any]] = []
         for dep in report.deployments:
-            self.rollups.add(host_id, dep, ts, gpu_model)
-            key = (host_id, dep.revision, dep.endpoint, _phase_name(dep.phase))
-            if self._deployment_keys.get(dep.deployment_id) != key:
-                self._deployment_keys[dep.deployment_id] = key
-                changed.append(DeploymentRow(
-                    deployment_id=dep.deployment_id, host_id=host_id, model=dep.model,
-                    engine=dep.engine, engine_version=dep.engine_version, revision=dep.revision,
-                    phase=key[3], endpoint=dep.endpoint, updated=_dt(ts)))
-        for row in changed:
-            self.writer.submit_deployment(row)
+            add(host_id, dep, ts, gpu_model)
+            key = (host_id, dep.revision, dep.endpoint, dep.phase)
+            if known.get(dep.deployment_id) != key:
+                changed.append(self._deployment_changed(host_id, dep, key, ts))
+        if changed:
+            self.writer.submit_deployments(changed)
+
+    def _deployment_changed(self, host_id: str, dep: agent_pb2.DeploymentReport,
+                            key: tuple[str, str, str, int], ts: float) -> dict[str, Any]:
+        self._deployment_keys[dep.deployment_id] = key
+        if dep.revision and (dep.model, dep.revision) not in self._revisions:
+            # A revision an agent reports counts toward the model's churn.
+            self._revisions.add((dep.model, dep.revision))
+            self.writer.submit_revision(dep.model, dep.revision, _dt(ts), "agent")
+        return {"deployment_id": dep.deployment_id, "host_id": host_id, "model": dep.model,
+                "engine": dep.engine, "engine_version": dep.engine_version,
+                "revision": dep.revision, "phase": _PHASE_NAMES.get(dep.phase, str(dep.phase)),
+                "endpoint": dep.endpoint, "updated": _dt(ts)}
 
     def tick(self, fleet: FleetState, now: float) -> None:
         rows = self.rollups.flush_completed(now)

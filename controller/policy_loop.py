@@ -187,8 +187,8 @@ class PolicyLoop:
                    itl_p99_s=p.sla_itl_p99_ms / 1000 if p.sla_itl_p99_ms else None)
 
     def _ready(self, model: str) -> list[tuple[str, agent_pb2.DeploymentReport]]:
-        return [(h, d) for h, d, _ in self.fleet.deployments()
-                if d.model == model and d.phase == agent_pb2.DEPLOYMENT_PHASE_READY]
+        return [(h, d) for h, d, _ in self.fleet.deployments_of(model)
+                if d.phase == agent_pb2.DEPLOYMENT_PHASE_READY]
 
     def model_facts(self, model: str, policy: Policy) -> ModelFacts | None:
         ready = self._ready(model)

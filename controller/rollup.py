@@ -29,7 +29,8 @@ reports, hence the hand-written fold):
 - `errors` sums per-deployment deltas of ``errors_total``; a drop of the counter
   means the engine restarted, and the new value is the delta. A deployment's
   first report gives no delta (nothing to subtract). Baselines survive minute
-  boundaries and are forgotten after `BASELINE_TTL_S` without reports.
+  boundaries and are forgotten after `BASELINE_TTL_S` without reports (checked
+  every `BASELINE_SWEEP_S`).
 - `engine_version` and `gpu_model` are the last non-empty values seen.
 """
 
@@ -48,6 +49,7 @@ from gearshift.v1 import agent_pb2
 MINUTE_S = 60
 LATENESS_S = 5.0  # reports may arrive this long after their minute ended
 BASELINE_TTL_S = 600.0  # forget a deployment's errors_total baseline after this long unseen
+BASELINE_SWEEP_S = 60.0  # look for such baselines at most this often
 P99_TAIL_FRACTION = 0.01
 
 
@@ -129,6 +131,7 @@ class RollupAggregator:
         self._buckets: dict[tuple[str, str, int], _Bucket] = {}
         self._errors_baseline: dict[str, tuple[int, float]] = {}  # id -> (errors_total, ts)
         self._watermark = -math.inf  # minutes starting before this were handed back
+        self._baselines_swept = -math.inf
         self.late_reports = 0
 
     def add(self, host_id: str, report: agent_pb2.DeploymentReport, ts: float,
@@ -198,10 +201,12 @@ class RollupAggregator:
         done = sorted((k for k in self._buckets if k[2] + MINUTE_S <= watermark),
                       key=lambda k: k[2])
         popped = [(k, self._buckets.pop(k)) for k in done]
-        stale = [d for d, (_, seen) in self._errors_baseline.items()
-                 if seen < now - BASELINE_TTL_S]
-        for dep_id in stale:
-            del self._errors_baseline[dep_id]
+        if now - self._baselines_swept >= BASELINE_SWEEP_S:  # a fleet-sized walk: not every call
+            self._baselines_swept = now
+            stale = [d for d, (_, seen) in self._errors_baseline.items()
+                     if seen < now - BASELINE_TTL_S]
+            for dep_id in stale:
+                del self._errors_baseline[dep_id]
         return popped
 
     def flush_all(self) -> list[RollupRow]:

@@ -14,7 +14,6 @@ import os
 import signal
 import socket
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from gearshift.controller.agent_service import AgentService
 from gearshift.controller.control_service import ControlService
 from gearshift.controller.errors import ConfigError, NotFound
 from gearshift.controller.fleet import FleetState, HostEntry
+from gearshift.controller.gc_policy import GcPolicy
 from gearshift.controller.ha import LeaderGate, Leadership
 from gearshift.controller.interceptors import ErrorInterceptor
 from gearshift.controller.leader import LeaderElector
@@ -146,7 +146,6 @@ class Controller:
         self._leader_tasks: list[asyncio.Task[None]] = []
         self._led = False  # led at least once: owns what it learned
         self.scheduler: AsyncIOScheduler | None = None
-        self._known_revisions: set[tuple[str, str]] = set()
         self.server: aio.Server | None = None
         self.port = 0
         self.metrics_port: int | None = None
@@ -219,13 +218,7 @@ class Controller:
         self.persistence.host_seen(entry)
 
     def _on_report(self, host_id: str, entry: HostEntry, report: agent_pb2.Report, ts: float) -> None:
-        self.persistence.report(host_id, entry, report, ts)
-        for dep in report.deployments:
-            key = (dep.model, dep.revision)
-            if dep.revision and key not in self._known_revisions:
-                # A revision an agent reports counts toward the model's churn.
-                self._known_revisions.add(key)
-                self.persistence.store.add_revision(dep.model, dep.revision, source="agent")
+        self.persistence.report(host_id, entry, report, ts)  # new revisions too (churn)
 
     def _on_rollups(self, rows: list[RollupRow]) -> None:
         self.learner.observe(rows)  # stored by housekeeping, off the event loop
@@ -240,9 +233,8 @@ class Controller:
     def publish_revision(self, model: str, revision: str, source: str) -> tuple[MigrationRow | None, str]:
         """Record a new revision and roll it out on the engine that serves the model."""
         added = self.persistence.store.add_revision(model, revision, source=source or "cli")
-        self._known_revisions.add((model, revision))
-        ready = [d for _h, d, _ts in self.fleet.deployments()
-                 if d.model == model and d.phase == agent_pb2.DEPLOYMENT_PHASE_READY]
+        ready = [d for _h, d, _ts in self.fleet.deployments_of(model)
+                 if d.phase == agent_pb2.DEPLOYMENT_PHASE_READY]
         if not ready:
             raise NotFound(f"model {model!r} has no ready deployment to roll revision {revision} onto")
         if all(d.revision == revision for d in ready):
@@ -396,23 +388,18 @@ class Controller:
                 log.exception("housekeeping failed")
 
     def _update_gauges(self) -> None:
-        now = self.fleet.now()
-        counts = {s: 0 for s in ("connected", "joining", "unreachable", "disconnected")}
         names = {control_pb2.HOST_STATE_CONNECTED: "connected",
                  control_pb2.HOST_STATE_JOINING: "joining",
                  control_pb2.HOST_STATE_UNREACHABLE: "unreachable",
                  control_pb2.HOST_STATE_DISCONNECTED: "disconnected"}
-        for entry in self.fleet.hosts.values():
-            counts[names[entry.state(now)]] += 1
-        for state, n in counts.items():
-            self.metrics.hosts.labels(state).set(n)
-        by_engine_phase: Counter[tuple[str, int]] = Counter(
-            (dep.engine, dep.phase) for _h, dep, _ts in self.fleet.deployments())
+        by_state = self.fleet.host_state_counts()  # kept by the fleet: no walk over it
+        for value, state in names.items():
+            self.metrics.hosts.labels(state).set(by_state.get(value, 0))
         self.metrics.deployments.clear()
-        for (engine, phase_value), n in by_engine_phase.items():
+        for (engine, phase_value), n in self.fleet.deployment_counts().items():
             phase = agent_pb2.DeploymentPhase.Name(phase_value).removeprefix("DEPLOYMENT_PHASE_")
             self.metrics.deployments.labels(engine, phase.lower()).set(n)
-        self.metrics.route_version.set(self.fleet.routing_table().version)
+        self.metrics.route_version.set(self.fleet.route_version)
 
     async def stop(self, grace_s: float = 2.0) -> None:
         led_to_the_end = self.leading and self._led
@@ -444,6 +431,11 @@ class Controller:
 async def run_controller(config: ControllerConfig, *, ready_file: Path | None = None) -> None:
     controller = Controller(config)
     await controller.start()
+    # The process's collector settings (not the Controller's: tests run several in one
+    # process): no allocation-driven full collections stalling acks; see gc_policy.
+    gc_policy = GcPolicy(controller.metrics.registry)
+    gc_policy.install()
+    gc_task = asyncio.create_task(gc_policy.run())
     if ready_file is not None:
         ready_file.write_text(f"{controller.port} {controller.metrics_port or 0}\n")
     stop = asyncio.Event()
@@ -455,5 +447,7 @@ async def run_controller(config: ControllerConfig, *, ready_file: Path | None = 
           flush=True)
     await stop.wait()
     log.info("shutting down")
+    gc_task.cancel()
+    gc_policy.uninstall()
     await controller.stop()
 

@@ -55,6 +55,9 @@ SUPPORTED_URLS = "sqlite:///PATH, postgresql+psycopg://USER@HOST:PORT/DB"
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 
 
+MIGRATION_LOCK_KEY = 0x6765617273  # advisory lock held while the schema is migrated
+
+
 def default_sqlite_url(data_dir: Path) -> str:
     """``sqlite:///<data_dir>/gearshift.db``, creating `data_dir` if needed."""
     data_dir = Path(data_dir).expanduser()
@@ -148,6 +151,11 @@ class Store:
         engine = _create_engine(parsed)
         try:
             with engine.begin() as conn:
+                if engine.dialect.name == "postgresql":
+                    # Controllers of one HA group may start together: one migrates, the
+                    # others wait here (the lock ends with this transaction).
+                    conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"),
+                                 {"key": MIGRATION_LOCK_KEY})
                 command.upgrade(alembic_config(conn), "head")
         except sa.exc.OperationalError as err:
             engine.dispose()

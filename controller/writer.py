@@ -3,8 +3,11 @@
 The asyncio loop hands writes to `BatchingWriter.submit_*`, which never block
 on the database: they coalesce the row into a pending set keyed by the row's
 identity (last write wins, so a host reporting 500 times between two flushes is
-written once). A background thread commits the whole pending set in one
-transaction (`Store.write_batch`) every `flush_interval_s`, or sooner once
+written once). Rows are SQLModel objects or, on hot paths, plain dicts of
+column values (see `gearshift.controller.upserts`); either way the writer keeps
+a shallow copy of the values: do not mutate their JSON values afterwards. A
+background thread commits the whole pending set in one transaction, one Core
+``INSERT … ON CONFLICT`` per table, every `flush_interval_s`, or sooner once
 `max_batch` keys are pending. A failed commit is logged and counted; its rows
 go back under anything submitted since, and the next round retries them.
 
@@ -14,8 +17,7 @@ reason="full"}`` (an update of a key already pending is always accepted). When
 the database refuses the batch because of the rows themselves (a constraint or
 a value it cannot store), the writer commits them one by one and drops, logs
 and counts (reason="rejected") only the rows refused on their own, so one bad
-row cannot block every later write. Submitted rows are
-copied (shallowly): do not mutate their JSON values afterwards.
+row cannot block every later write.
 """
 
 from __future__ import annotations
@@ -23,15 +25,26 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterable, Iterator, Mapping
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeAlias
 
 import sqlalchemy as sa
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from sqlmodel import SQLModel
 
-from gearshift.controller.store import Store, WriteBatch
+from gearshift.controller.store import Store
 from gearshift.controller.tables import CommandLogRow, DeploymentRow, HostRow, RollupRow
+from gearshift.controller.upserts import (
+    COMMANDS,
+    DEPLOYMENTS,
+    HOSTS,
+    REVISIONS,
+    ROLLUPS,
+    SPECS,
+    TableSpec,
+    Values,
+)
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +53,10 @@ MAX_BATCH = 1000
 MAX_PENDING = 100_000
 CLOSE_TIMEOUT_S = 30.0
 
-K = TypeVar("K")
-V = TypeVar("V")
+HostValues: TypeAlias = HostRow | Mapping[str, Any]
+DeploymentValues: TypeAlias = DeploymentRow | Mapping[str, Any]
+RollupValues: TypeAlias = RollupRow | Mapping[str, Any]
+CommandValues: TypeAlias = CommandLogRow | Mapping[str, Any]
 
 
 class WriterMetrics:
@@ -67,44 +82,47 @@ class WriterMetrics:
 
 
 class _Pending:
-    """Pending rows keyed by identity; a deployment mapped to None is to be deleted."""
+    """Pending rows (column values) per table, keyed by identity; None: delete that row."""
 
     def __init__(self) -> None:
-        self.hosts: dict[str, HostRow] = {}
-        self.deployments: dict[str, DeploymentRow | None] = {}
-        self.rollups: dict[tuple[str, str, datetime], RollupRow] = {}
-        self.commands: dict[str, CommandLogRow] = {}
+        self.rows: dict[TableSpec, dict[Hashable, Values | None]] = {spec: {} for spec in SPECS}
+        self.count = 0
 
     def __len__(self) -> int:
-        return len(self.hosts) + len(self.deployments) + len(self.rollups) + len(self.commands)
+        return self.count
 
-    def batch(self) -> WriteBatch:
-        return WriteBatch(
-            hosts=list(self.hosts.values()),
-            deployments=[d for d in self.deployments.values() if d is not None],
-            deleted_deployments=[k for k, d in self.deployments.items() if d is None],
-            rollups=list(self.rollups.values()),
-            commands=list(self.commands.values()),
-        )
+    def put(self, spec: TableSpec, key: Hashable, values: Values | None) -> None:
+        rows = self.rows[spec]
+        if key not in rows:
+            self.count += 1
+        rows[key] = values
 
-    def singles(self) -> Iterator[tuple[str, object, _Pending]]:
+    def has(self, spec: TableSpec, key: Hashable) -> bool:
+        return key in self.rows[spec]
+
+    def write(self, conn: sa.Connection) -> None:
+        """Everything, in one transaction the caller owns."""
+        for spec in SPECS:
+            rows = self.rows[spec]
+            if rows:
+                spec.write(conn, [v for v in rows.values() if v is not None],
+                           [k for k, v in rows.items() if v is None])
+
+    def singles(self) -> Iterator[tuple[str, Hashable, _Pending]]:
         """(kind, key, a set holding only that row) for every pending row."""
-        for kind, name in _KINDS:
-            for key, value in getattr(self, name).items():
+        for spec in SPECS:
+            for key, values in self.rows[spec].items():
                 one = _Pending()
-                getattr(one, name)[key] = value
-                yield kind, key, one
+                one.put(spec, key, values)
+                yield spec.kind, key, one
 
     def restore_under(self, newer: _Pending) -> None:
         """Put this (failed) set back, letting rows submitted since win."""
-        newer.hosts = _under(self.hosts, newer.hosts)
-        newer.deployments = _under(self.deployments, newer.deployments)
-        newer.rollups = _under(self.rollups, newer.rollups)
-        newer.commands = _under(self.commands, newer.commands)
-
-
-_KINDS = (("host", "hosts"), ("deployment", "deployments"), ("rollup", "rollups"),
-          ("command", "commands"))
+        for spec in SPECS:
+            mine, theirs = self.rows[spec], newer.rows[spec]
+            for key, values in mine.items():
+                if key not in theirs:
+                    newer.put(spec, key, values)
 
 
 def _is_bad_data(err: Exception) -> bool:
@@ -114,12 +132,6 @@ def _is_bad_data(err: Exception) -> bool:
     if isinstance(err, sa.exc.IntegrityError | sa.exc.DataError | TypeError | ValueError):
         return True  # TypeError/ValueError: a driver-side adapter could not encode a value
     return isinstance(err, sa.exc.StatementError) and not isinstance(err, sa.exc.DBAPIError)
-
-
-def _under(older: dict[K, V], newer: dict[K, V]) -> dict[K, V]:
-    merged = dict(older)
-    merged.update(newer)
-    return merged
 
 
 class BatchingWriter:
@@ -154,36 +166,60 @@ class BatchingWriter:
 
     # -- submit (non-blocking, thread-safe) ------------------------------------------------
 
-    def submit_host(self, row: HostRow) -> bool:
-        return self._submit("host", "hosts", row.host_id, row.model_copy())
+    def submit_host(self, row: HostValues) -> bool:
+        """Insert or replace a host (an existing host keeps its `first_seen`)."""
+        return self._submit(HOSTS, (row,)) == 1
 
-    def submit_deployment(self, row: DeploymentRow) -> bool:
-        return self._submit("deployment", "deployments", row.deployment_id, row.model_copy())
+    def submit_deployment(self, row: DeploymentValues) -> bool:
+        return self._submit(DEPLOYMENTS, (row,)) == 1
+
+    def submit_deployments(self, rows: Iterable[DeploymentValues]) -> int:
+        """Returns how many of `rows` were accepted."""
+        return self._submit(DEPLOYMENTS, rows)
 
     def submit_deployment_removal(self, deployment_id: str) -> bool:
-        return self._submit("deployment", "deployments", deployment_id, None)
+        return self._put(DEPLOYMENTS, [(deployment_id, None)]) == 1
 
-    def submit_rollups(self, rows: list[RollupRow]) -> int:
+    def submit_rollups(self, rows: Iterable[RollupValues]) -> int:
         """Returns how many of `rows` were accepted."""
-        return sum(self._submit("rollup", "rollups", (r.model, r.engine, r.minute),
-                                r.model_copy()) for r in rows)
+        return self._submit(ROLLUPS, rows)
 
-    def submit_command(self, row: CommandLogRow) -> bool:
+    def submit_command(self, row: CommandValues) -> bool:
         """Insert a command, or update the phase and message of one already logged."""
-        return self._submit("command", "commands", row.command_id, row.model_copy())
+        return self._submit(COMMANDS, (row,)) == 1
 
-    def _submit(self, kind: str, field: str, key: object, value: object) -> bool:
+    def submit_revision(self, model: str, revision: str, published_at: datetime,
+                        source: str) -> bool:
+        """Record a published revision unless (model, revision) is already stored."""
+        return self._put(REVISIONS, [((model, revision), {
+            "model": model, "revision": revision, "published_at": published_at,
+            "source": source})]) == 1
+
+    def _submit(self, spec: TableSpec, rows: Iterable[SQLModel | Mapping[str, Any]]) -> int:
+        """Rows are SQLModel objects or dicts of column values (cheaper to build on a hot
+        path); a dict with unknown or missing required columns raises ValueError."""
+        items = []
+        for row in rows:
+            values = spec.values(row)
+            items.append((spec.key(values), values))
+        return self._put(spec, items)
+
+    def _put(self, spec: TableSpec, items: list[tuple[Hashable, Values | None]]) -> int:
+        accepted = 0
         with self._lock:
-            # The pending set is swapped on every flush: look the dict up under the lock.
-            pending: dict[object, object] = getattr(self._pending, field)
-            if self._closed or (key not in pending and len(self._pending) >= self._max_pending):
-                self.metrics.dropped.labels(kind, "closed" if self._closed else "full").inc()
-                return False
-            pending[key] = value
-            self._accepted += 1
-            if len(self._pending) >= self._max_batch:
+            pending = self._pending  # swapped on every flush: read it under the lock
+            for key, values in items:
+                if self._closed or (len(pending) >= self._max_pending
+                                    and not pending.has(spec, key)):
+                    self.metrics.dropped.labels(
+                        spec.kind, "closed" if self._closed else "full").inc()
+                    continue
+                pending.put(spec, key, values)
+                accepted += 1
+            self._accepted += accepted
+            if len(pending) >= self._max_batch:
                 self._wake.set()
-            return True
+        return accepted
 
     # -- durability ---------------------------------------------------------------------
 
@@ -244,7 +280,7 @@ class BatchingWriter:
             target = self._accepted
         started = time.perf_counter()
         try:
-            self._store.write_batch(taken.batch())
+            self._commit(taken)
         except Exception as err:  # any database error: keep the rows and retry
             self.metrics.write_errors.inc()
             if _is_bad_data(err):
@@ -264,13 +300,17 @@ class BatchingWriter:
             self._durable = max(self._durable, target)
             self._durable_cv.notify_all()
 
+    def _commit(self, rows: _Pending) -> None:
+        with self._store.engine.begin() as conn:
+            rows.write(conn)
+
     def _salvage(self, taken: _Pending) -> _Pending:
         """Commit rows one at a time; drop (log, count) those the database refuses on
         their own. Returns the rows to retry later (the database failed otherwise)."""
         retry = _Pending()
         for kind, key, one in taken.singles():
             try:
-                self._store.write_batch(one.batch())
+                self._commit(one)
             except Exception as err:
                 if not _is_bad_data(err):
                     one.restore_under(retry)

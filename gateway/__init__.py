@@ -1,7 +1,9 @@
 """gearshift gateway: a stateless OpenAI-compatible router in front of every model's deployments.
 
 Modules: `routes` (routing table, weighted choice, static routes files), `proxy`
-(the aiohttp router: forwarding, streaming, retries before the first byte),
+(the router: forwarding, streaming, retries before the first byte), `listener`
+(client-facing HTTP/1.1 server), `upstream` and `upstream_pool` (kept-alive
+connections to the engines), `http11` (HTTP/1.1 parsing and framing),
 `controller_link` (WatchRoutes with backoff, ReportGateway), `metrics`
 (Prometheus), `server` (`Gateway`, `GatewayConfig`, `serve`), `cli` (`gearshift gateway`).
 """

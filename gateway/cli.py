@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import click
 
 from gearshift.controller.errors import GearshiftError
-from gearshift.gateway.server import GatewayConfig, serve
+from gearshift.gateway.server import GatewayConfig, run_event_loop, serve
 
 
 def _host_port(value: str, option: str) -> tuple[str, int]:
@@ -45,7 +44,7 @@ def gateway(controller: str | None, listen: str, metrics_port: int | None,
                            routes_file=routes_file, metrics_port=metrics_port,
                            gateway_id=gateway_id, report_interval_s=report_interval_s)
     try:
-        asyncio.run(serve(config))
+        run_event_loop(serve(config))
     except GearshiftError as err:
         raise click.ClickException(err.message) from None
     except KeyboardInterrupt:

@@ -1,10 +1,11 @@
 """The OpenAI-compatible router: one HTTP endpoint in front of every model's deployments.
 
-`Router` owns the current `RoutingTable`, one pooled aiohttp `ClientSession` to the
-upstreams, and per-deployment counters reported to the controller. Requests are
-routed by the JSON body's `model`; the answer is passed through as-is:
-non-streaming bodies whole (status, body, content type), streams chunk by chunk as
-they arrive, never buffered.
+`Router` owns the current `RoutingTable`, the pool of kept-alive upstream
+connections, and per-deployment counters reported to the controller. Requests
+are routed by the JSON body's `model`; the answer is passed through as-is:
+non-streaming bodies whole (status, body, content type), streams chunk by chunk
+as they arrive, never buffered. Request bodies are forwarded byte for byte,
+except where an engine serves the model under another name.
 
 Retries: a request moves to another endpoint only while nothing has been sent to
 the client (connection refused or reset, an upstream 5xx, the stream ending before
@@ -15,7 +16,6 @@ retried.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import random
@@ -24,30 +24,32 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from gearshift.gateway.listener import Request, openai_error_body
 from gearshift.gateway.metrics import GatewayMetrics
-from gearshift.gateway.routes import EMPTY_TABLE, Endpoint, RoutingTable
+from gearshift.gateway.routes import EMPTY_TABLE, FORWARDED_PATHS, Endpoint, RoutingTable
+from gearshift.gateway.upstream import UpstreamConnectError, UpstreamConnection, UpstreamError
+from gearshift.gateway.upstream_pool import UpstreamPool
 
 log = logging.getLogger(__name__)
 
-# Keep-alive connections to all upstreams together; requests beyond wait for one.
+# Kept-alive connections to all upstreams together; requests beyond wait for one.
 UPSTREAM_CONNECTIONS_LIMIT = 1024
 UPSTREAM_CONNECT_TIMEOUT_S = 5.0
 UPSTREAM_READ_TIMEOUT_S = 600.0  # long non-streaming generations are normal
-CLIENT_MAX_BODY_BYTES = 64 * 1024 * 1024
+UPSTREAM_IDLE_TIMEOUT_S = 15.0  # a pooled connection unused this long is closed
 MAX_ATTEMPTS = 3
 
-# Request headers that belong to one hop, or that aiohttp sets itself.
+# Request headers that belong to one hop, or that the gateway sets itself.
 _HOP_HEADERS = frozenset({
-    "host", "content-length", "connection", "keep-alive", "proxy-connection",
-    "transfer-encoding", "te", "trailer", "upgrade", "proxy-authorization",
-    "proxy-authenticate", "expect",
+    b"host", b"content-length", b"connection", b"keep-alive", b"proxy-connection",
+    b"transfer-encoding", b"te", b"trailer", b"upgrade", b"proxy-authorization",
+    b"proxy-authenticate", b"expect",
 })
-_RETRYABLE_ERRORS = (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError)
 UNKNOWN_MODEL_LABEL = "unknown"  # metric label for requests without a routed model
 NO_DEPLOYMENT_LABEL = "none"
+_METRICS_HEADERS = b"Content-Type: " + CONTENT_TYPE_LATEST.encode() + b"\r\n"
 
 
 @dataclass(slots=True)
@@ -60,20 +62,39 @@ class DeploymentStats:
     errors_total: int = 0
 
 
-class _Retry(Exception):
-    """An attempt failed before the first byte; `response` is a 5xx to pass on if nothing else works."""
+@dataclass(slots=True)
+class _Answer:
+    """A whole response kept to pass on if no other endpoint does better."""
 
-    def __init__(self, reason: str, response: web.Response | None = None) -> None:
+    status: int
+    headers: bytes
+    body: bytes
+
+
+class _Retry(Exception):
+    """An attempt failed before the first byte; `answer` is a 5xx to pass on if nothing else works."""
+
+    def __init__(self, reason: str, answer: _Answer | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
-        self.response = response
+        self.answer = answer
 
 
-def openai_error(status: int, message: str, err_type: str, code: str,
-                 param: str | None = None) -> web.Response:
-    """An error response in the OpenAI shape: {"error": {message, type, param, code}}."""
-    body = {"error": {"message": message, "type": err_type, "param": param, "code": code}}
-    return web.json_response(body, status=status)
+def _error(request: Request, status: int, message: str, err_type: str, code: str,
+           param: str | None = None) -> None:
+    request.respond(status, openai_error_body(message, err_type, code, param))
+
+
+def forwarded_headers(headers: list[tuple[bytes, bytes]]) -> bytes:
+    """The request headers to pass upstream, as a header block (hop-by-hop ones dropped)."""
+    hop: frozenset[bytes] | set[bytes] = _HOP_HEADERS
+    for name, value in headers:
+        if name.lower() == b"connection":  # it may name more hop-by-hop headers
+            named = {t.strip().lower() for t in value.split(b",")} - {b"close", b"keep-alive", b""}
+            if named:
+                hop = _HOP_HEADERS | named
+    return b"".join([b"%s: %s\r\n" % (name, value) for name, value in headers
+                     if name.lower() not in hop])
 
 
 class Router:
@@ -90,9 +111,13 @@ class Router:
         self.table = EMPTY_TABLE if table is None else table
         self.table_loaded = table is not None
         self._rng = rng or random.Random().random
-        self._connections_limit = connections_limit
         self._stats: dict[str, DeploymentStats] = {}
-        self._session: aiohttp.ClientSession | None = None
+        self._pool = UpstreamPool(limit=connections_limit,
+                                  connect_timeout_s=UPSTREAM_CONNECT_TIMEOUT_S,
+                                  read_timeout_s=UPSTREAM_READ_TIMEOUT_S,
+                                  idle_timeout_s=UPSTREAM_IDLE_TIMEOUT_S)
+        self._pages: dict[str, Callable[[Request], None]] = {
+            "/v1/models": self._models, "/health": self._health, "/metrics": self._metrics}
 
     # -- table and counters -------------------------------------------------------
 
@@ -112,82 +137,78 @@ class Router:
             s = self._stats[deployment_id] = DeploymentStats(deployment_id)
         return s
 
-    # -- aiohttp wiring -----------------------------------------------------------
+    def close(self) -> None:
+        """Close the upstream connections (after the listeners stopped)."""
+        self._pool.close()
 
-    def make_app(self, metrics_route: bool = True) -> web.Application:
-        """The gateway's web application; the upstream session lives with the app."""
-        app = web.Application(client_max_size=CLIENT_MAX_BODY_BYTES)
-        app.router.add_post("/v1/completions", self._completions)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/health", self._health)
-        if metrics_route:
-            app.router.add_get("/metrics", self.metrics_handler)
-        app.on_startup.append(self._open)
-        app.on_cleanup.append(self._close)
-        return app
+    # -- dispatch -----------------------------------------------------------------
 
-    async def _open(self, _app: web.Application) -> None:
-        connector = aiohttp.TCPConnector(limit=self._connections_limit, limit_per_host=0,
-                                         ttl_dns_cache=300)
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            cookie_jar=aiohttp.DummyCookieJar(),
-            auto_decompress=False,
-            skip_auto_headers=("User-Agent", "Accept-Encoding"),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=UPSTREAM_CONNECT_TIMEOUT_S,
-                                          sock_read=UPSTREAM_READ_TIMEOUT_S),
-        )
+    async def handle(self, request: Request) -> None:
+        """The listener's handler: forwarded POSTs, the small GET pages, 404/405 otherwise."""
+        path = request.path
+        if path in FORWARDED_PATHS:
+            if request.method != b"POST":
+                _error(request, 405, f"{path} takes POST, not {request.method.decode()}.",
+                       "invalid_request_error", "method_not_allowed")
+                return
+            await self._forward(request, path)
+            return
+        page = self._pages.get(path)
+        if page is None:
+            _error(request, 404, f"No route for {path}; the gateway serves "
+                   f"{', '.join(FORWARDED_PATHS)}, {', '.join(self._pages)}.",
+                   "invalid_request_error", "not_found")
+        elif request.method not in (b"GET", b"HEAD"):
+            _error(request, 405, f"{path} takes GET, not {request.method.decode()}.",
+                   "invalid_request_error", "method_not_allowed")
+        else:
+            page(request)
 
-    async def _close(self, _app: web.Application) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+    async def handle_metrics(self, request: Request) -> None:
+        """Handler for a metrics-only listener: GET /metrics."""
+        if request.path != "/metrics":
+            _error(request, 404, f"No route for {request.path}; this port serves /metrics.",
+                   "invalid_request_error", "not_found")
+        elif request.method not in (b"GET", b"HEAD"):
+            _error(request, 405, f"/metrics takes GET, not {request.method.decode()}.",
+                   "invalid_request_error", "method_not_allowed")
+        else:
+            self._metrics(request)
 
-    async def metrics_handler(self, _request: web.Request) -> web.Response:
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+    # -- small pages --------------------------------------------------------------
 
-        return web.Response(body=generate_latest(self.metrics.registry),
-                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+    def _metrics(self, request: Request) -> None:
+        request.respond(200, generate_latest(self.metrics.registry), _METRICS_HEADERS)
 
-    # -- small endpoints ----------------------------------------------------------
-
-    async def _models(self, _request: web.Request) -> web.Response:
+    def _models(self, request: Request) -> None:
         data = [{"id": m, "object": "model", "created": 0, "owned_by": "gearshift"}
                 for m in self.table.model_names()]
-        return web.json_response({"object": "list", "data": data})
+        request.respond(200, json.dumps({"object": "list", "data": data}).encode())
 
-    async def _health(self, _request: web.Request) -> web.Response:
+    def _health(self, request: Request) -> None:
         body = {"status": "ok" if self.table_loaded else "no routing table yet",
                 "routes_version": self.table.version, "routes_source": self.table.source,
                 "models": len(self.table.models)}
-        return web.json_response(body, status=200 if self.table_loaded else 503)
+        request.respond(200 if self.table_loaded else 503, json.dumps(body).encode())
 
     # -- forwarding -----------------------------------------------------------------
 
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._forward(request, "/v1/completions")
-
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._forward(request, "/v1/chat/completions")
-
-    async def _forward(self, request: web.Request, path: str) -> web.StreamResponse:
+    async def _forward(self, request: Request, path: str) -> None:
         t0 = time.perf_counter()
-        body = await request.read()
-        model, bad = self._model_of(body)
-        if bad is not None:
-            self.metrics.error(UNKNOWN_MODEL_LABEL, "bad_request")
-            self.metrics.request_done(UNKNOWN_MODEL_LABEL, NO_DEPLOYMENT_LABEL, bad.status)
-            return bad
+        body = request.body
+        model = self._model_of(request, body)
+        if model is None:
+            return
         table = self.table
         if model not in table.models:
             known = ", ".join(table.model_names()) or "(none)"
             self.metrics.error(UNKNOWN_MODEL_LABEL, "unknown_model")
             self.metrics.request_done(UNKNOWN_MODEL_LABEL, NO_DEPLOYMENT_LABEL, 404)
-            return openai_error(404, f"The model `{model}` does not exist on this gateway. "
-                                f"Known models: {known}.", "invalid_request_error",
-                                "model_not_found", "model")
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
+            _error(request, 404, f"The model `{model}` does not exist on this gateway. "
+                   f"Known models: {known}.", "invalid_request_error", "model_not_found",
+                   "model")
+            return
+        headers = forwarded_headers(request.head.headers)
         tried: list[Endpoint] = []
         last: _Retry | None = None
         while len(tried) < MAX_ATTEMPTS:
@@ -198,7 +219,8 @@ class Router:
                 self.metrics.retry(model)
             tried.append(ep)
             try:
-                return await self._attempt(request, ep, path, body, headers, model, t0)
+                await self._attempt(request, ep, path, body, headers, model, t0)
+                return
             except _Retry as retry:
                 last = retry
                 log.debug("model %s: %s failed before the first byte (%s); trying another",
@@ -206,40 +228,45 @@ class Router:
         if last is None:
             self.metrics.error(model, "no_endpoint")
             self.metrics.request_done(model, NO_DEPLOYMENT_LABEL, 503)
-            return openai_error(503, f"No healthy endpoint for model `{model}` right now.",
-                                "service_unavailable", "no_endpoint", "model")
-        if last.response is not None:
+            _error(request, 503, f"No healthy endpoint for model `{model}` right now.",
+                   "service_unavailable", "no_endpoint", "model")
+            return
+        if last.answer is not None:
             self.metrics.error(model, "upstream_5xx")
-            self.metrics.request_done(model, tried[-1].deployment_id, last.response.status)
+            self.metrics.request_done(model, tried[-1].deployment_id, last.answer.status)
             self.metrics.first_byte(model, time.perf_counter() - t0)
-            return last.response
+            request.respond(last.answer.status, last.answer.body, last.answer.headers)
+            return
         self.metrics.error(model, "upstream_unavailable")
         self.metrics.request_done(model, tried[-1].deployment_id, 502)
-        return openai_error(502, f"Every endpoint tried for model `{model}` failed "
-                            f"({len(tried)} tried; last: {last.reason}).", "upstream_error",
-                            "upstream_unavailable", "model")
+        _error(request, 502, f"Every endpoint tried for model `{model}` failed "
+               f"({len(tried)} tried; last: {last.reason}).", "upstream_error",
+               "upstream_unavailable", "model")
 
-    @staticmethod
-    def _model_of(body: bytes) -> tuple[str, web.Response | None]:
+    def _model_of(self, request: Request, body: bytes) -> str | None:
+        """The body's `model`, or None after answering 400."""
+        message, code = "", "invalid_json"
         try:
             payload: Any = json.loads(body)
         except ValueError as err:
-            return "", openai_error(400, f"Request body is not valid JSON: {err}.",
-                                    "invalid_request_error", "invalid_json")
-        if not isinstance(payload, dict):
-            return "", openai_error(400, "Request body must be a JSON object, got "
-                                    f"{type(payload).__name__}.", "invalid_request_error",
-                                    "invalid_json")
-        model = payload.get("model")
-        if not isinstance(model, str) or not model:
-            return "", openai_error(400, "Request body needs a `model` string naming the "
-                                    "model to use.", "invalid_request_error", "missing_model",
-                                    "model")
-        return model, None
+            message = f"Request body is not valid JSON: {err}."
+        else:
+            if not isinstance(payload, dict):
+                message = f"Request body must be a JSON object, got {type(payload).__name__}."
+            else:
+                model = payload.get("model")
+                if isinstance(model, str) and model:
+                    return model
+                message = "Request body needs a `model` string naming the model to use."
+                code = "missing_model"
+        self.metrics.error(UNKNOWN_MODEL_LABEL, "bad_request")
+        self.metrics.request_done(UNKNOWN_MODEL_LABEL, NO_DEPLOYMENT_LABEL, 400)
+        _error(request, 400, message, "invalid_request_error", code,
+               "model" if code == "missing_model" else None)
+        return None
 
-    async def _attempt(self, request: web.Request, ep: Endpoint, path: str, body: bytes,
-                       headers: dict[str, str], model: str, t0: float) -> web.StreamResponse:
-        assert self._session is not None, "router app not started"
+    async def _attempt(self, request: Request, ep: Endpoint, path: str, body: bytes,
+                       headers: bytes, model: str, t0: float) -> None:
         stat = self._stat(ep.deployment_id)
         gauge = self.metrics.in_flight_gauge(model, ep.deployment_id)
         stat.in_flight += 1
@@ -251,99 +278,97 @@ class Router:
             payload = json.loads(body)
             payload["model"] = ep.served_model_name
             body = json.dumps(payload).encode()
-            headers = {k: v for k, v in headers.items() if k.lower() != "content-length"}
+        data = b"%s%sContent-Length: %d\r\n\r\n%s" % (ep.request_starts[path], headers,
+                                                      len(body), body)
         try:
             try:
-                upstream = await self._session.post(ep.urls[path], data=body, headers=headers)
-            except _RETRYABLE_ERRORS as err:
+                upstream = await self._pool.request(ep.upstream_key, data)
+            except UpstreamError as err:
                 stat.errors_total += 1
-                if isinstance(err, aiohttp.ClientConnectorError):
+                if isinstance(err, UpstreamConnectError):
                     ep.eject(time.monotonic())
                 raise _Retry(f"{type(err).__name__}: {err}") from None
             try:
-                return await self._relay(request, upstream, ep, stat, model, t0, rename)
+                await self._relay(request, upstream, ep, stat, model, t0, rename)
             finally:
-                upstream.release()
+                self._pool.release(upstream)
         finally:
             stat.in_flight -= 1
             gauge.dec()
 
-    async def _relay(self, request: web.Request, upstream: aiohttp.ClientResponse,
-                     ep: Endpoint, stat: DeploymentStats, model: str,
-                     t0: float, rename: tuple[bytes, bytes] | None = None) -> web.StreamResponse:
-        ctype = upstream.headers.get("Content-Type", "application/octet-stream")
-        out_headers = {"Content-Type": ctype}
-        encoding = upstream.headers.get("Content-Encoding")
+    async def _relay(self, request: Request, upstream: UpstreamConnection, ep: Endpoint,
+                     stat: DeploymentStats, model: str, t0: float,
+                     rename: tuple[bytes, bytes] | None) -> None:
+        head = upstream.head
+        assert head is not None
+        ctype = head.header(b"content-type") or b"application/octet-stream"
+        out_headers = b"Content-Type: " + ctype + b"\r\n"
+        encoding = head.header(b"content-encoding")
         if encoding:
-            out_headers["Content-Encoding"] = encoding
-        streaming = ctype.startswith("text/event-stream") or upstream.content_length is None
+            out_headers += b"Content-Encoding: " + encoding + b"\r\n"
+        event_stream = ctype.lower().startswith(b"text/event-stream")
+        streaming = event_stream or head.content_length is None
         try:
-            data = await (upstream.content.readany() if streaming else upstream.read())
-        except _RETRYABLE_ERRORS as err:
+            data = await (upstream.readany() if streaming else upstream.read())
+        except UpstreamError as err:
             stat.errors_total += 1
-            upstream.close()
             raise _Retry(f"reading response: {type(err).__name__}: {err}") from None
-        if upstream.status >= 500:
+        if head.status >= 500:
             stat.errors_total += 1
             if streaming:  # collect the (short) error body so it can be passed on whole
                 try:
                     data += await upstream.read()
-                except _RETRYABLE_ERRORS:
+                except UpstreamError:
                     upstream.close()
-            raise _Retry(f"HTTP {upstream.status}",
-                         web.Response(body=data, status=upstream.status, headers=out_headers))
-        if streaming and not data and upstream.content.at_eof() and upstream.status == 200 \
-                and ctype.startswith("text/event-stream"):
+            raise _Retry(f"HTTP {head.status}", _Answer(head.status, out_headers, data))
+        if streaming and not data and upstream.at_eof and head.status == 200 and event_stream:
             stat.errors_total += 1
             raise _Retry("stream ended before its first chunk")
         stat.requests_total += 1
-        self.metrics.request_done(model, ep.deployment_id, upstream.status)
+        self.metrics.request_done(model, ep.deployment_id, head.status)
         if rename is not None:
             data = data.replace(*rename)
         if not streaming:
             self.metrics.first_byte(model, time.perf_counter() - t0)
-            return web.Response(body=data, status=upstream.status, headers=out_headers)
-        return await self._stream(request, upstream, data, out_headers, stat, model, t0, rename)
+            request.respond(head.status, data, out_headers)
+            return
+        await self._stream(request, upstream, head.status, data,
+                           out_headers + b"Cache-Control: no-cache\r\n", stat, model, t0, rename)
 
-    async def _stream(self, request: web.Request, upstream: aiohttp.ClientResponse,
-                      first: bytes, headers: dict[str, str], stat: DeploymentStats,
-                      model: str, t0: float,
-                      rename: tuple[bytes, bytes] | None = None) -> web.StreamResponse:
-        out = web.StreamResponse(status=upstream.status, headers=headers)
-        out.headers["Cache-Control"] = "no-cache"
+    async def _stream(self, request: Request, upstream: UpstreamConnection, status: int,
+                      first: bytes, headers: bytes, stat: DeploymentStats, model: str,
+                      t0: float, rename: tuple[bytes, bytes] | None) -> None:
         try:
-            await out.prepare(request)
+            request.start_stream(status, headers)
             self.metrics.first_byte(model, time.perf_counter() - t0)
-            if first:
-                await out.write(first)
+            await request.write(first)
         except ConnectionError:
             self.metrics.error(model, "client_disconnected")
             upstream.close()
-            return out
+            return
         while True:
             try:
-                chunk = await upstream.content.readany()
-            except _RETRYABLE_ERRORS as err:
+                chunk = await upstream.readany()
+            except UpstreamError as err:
                 stat.errors_total += 1
                 self.metrics.error(model, "truncated")
-                log.warning("model %s: stream from %s broke after the first byte (%s: %s); "
-                            "ending the client's response", model, _origin(upstream),
-                            type(err).__name__, err)
+                log.warning("model %s: stream from %s:%d broke after the first byte (%s: %s); "
+                            "ending the client's response", model, upstream.key[0],
+                            upstream.key[1], type(err).__name__, err)
                 upstream.close()
-                if request.transport is not None:  # no clean end: the client must see it
-                    request.transport.close()
-                return out
+                request.abort()  # no clean end: the client must see it
+                return
             if not chunk:
                 break
             if rename is not None:
                 chunk = chunk.replace(*rename)
             try:
-                await out.write(chunk)
+                await request.write(chunk)
             except ConnectionError:
                 self.metrics.error(model, "client_disconnected")
                 upstream.close()
-                return out
-        return out
+                return
+        request.end_stream()
 
 
 def _rename(model: str, served: str) -> tuple[bytes, bytes] | None:
@@ -351,7 +376,3 @@ def _rename(model: str, served: str) -> tuple[bytes, bytes] | None:
     if not served or served == model:
         return None
     return json.dumps(served).encode(), json.dumps(model).encode()
-
-
-def _origin(upstream: aiohttp.ClientResponse) -> str:
-    return f"{upstream.url.scheme}://{upstream.url.host}:{upstream.url.port}"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ EJECT_S = 2.0
 
 # The OpenAI paths the gateway forwards; each endpoint precomputes its URLs for them.
 FORWARDED_PATHS = ("/v1/completions", "/v1/chat/completions")
+_HOST = re.compile(rb"[!-~]+")  # printable ASCII, no spaces: safe in a Host header
 
 
 @dataclass(eq=False)
@@ -48,10 +50,25 @@ class Endpoint:
     served_model_name: str = ""  # the engine's own name for the model, when it differs
     urls: dict[str, URL] = field(default_factory=dict, repr=False)
     ejected_until: float = field(default=0.0, repr=False)
+    # Where to connect (host, port, tls), and per forwarded path the request line and
+    # Host header that start every request to this endpoint.
+    upstream_key: tuple[str, int, bool] = field(default=("", 0, False), repr=False)
+    request_starts: dict[str, bytes] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         base = self.endpoint.rstrip("/")
         self.urls = {p: URL(base + p, encoded=True) for p in FORWARDED_PATHS}
+        try:
+            url = URL(base)
+            host = (url.host_port_subcomponent or "").encode("ascii")
+        except (ValueError, UnicodeError):
+            url, host = URL(), b""
+        if not _HOST.fullmatch(host):  # never let a bad endpoint write into a request head
+            url, host = URL(), b""
+        self.upstream_key = (url.raw_host or "", url.port or 0, url.scheme == "https")
+        self.request_starts = {
+            p: b"POST " + u.raw_path.encode() + b" HTTP/1.1\r\nHost: " + host + b"\r\n"
+            for p, u in self.urls.items()}
 
     @property
     def eligible(self) -> bool:
@@ -86,7 +103,7 @@ class RoutingTable:
         Raises KeyError when the model is not in the table at all.
         """
         endpoints = self.models[model]
-        excluded = set(map(id, exclude))
+        excluded = set(map(id, exclude)) if exclude else ()
         candidates = [e for e in endpoints if e.eligible and id(e) not in excluded]
         if not candidates and excluded:
             # Every weighted endpoint failed before its first byte: a standby that takes

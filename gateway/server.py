@@ -14,27 +14,30 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
-import grpc
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gearshift.controller.credentials import TlsFiles, load_token, secure_channel
+from gearshift.controller.endpoints import parse_controllers
 from gearshift.controller.errors import ConfigError
 from gearshift.gateway.controller_link import (
     BACKOFF_INITIAL_S,
     BACKOFF_MAX_S,
     REPORT_INTERVAL_S,
+    ControllerLink,
     report_loop,
     watch_routes,
 )
+from gearshift.gateway.listener import Handler, HttpListener
 from gearshift.gateway.metrics import GatewayMetrics
 from gearshift.gateway.proxy import UPSTREAM_CONNECTIONS_LIMIT, Router
 from gearshift.gateway.routes import RoutingTable, load_routes_file
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Seconds in-flight requests get to finish when the gateway stops.
 SHUTDOWN_GRACE_S = 10.0
@@ -66,10 +69,10 @@ class GatewayConfig:
             raise ConfigError("gateway: give --controller HOST:PORT (or GEARSHIFT_CONTROLLER) "
                               "or --routes FILE, so it knows where to send requests")
         if self.controller is not None:
-            host, sep, cport = self.controller.rpartition(":")
-            if not sep or not host or not cport.isdigit():
-                raise ConfigError(f"gateway: --controller must be HOST:PORT, "
-                                  f"got {self.controller!r}")
+            try:
+                parse_controllers(self.controller)
+            except ConfigError as err:
+                raise ConfigError(f"gateway: {err.message}") from None
         ports: list[tuple[str, int | None]] = [("--listen", self.listen_port),
                                                ("--metrics-port", self.metrics_port)]
         for name, port in ports:
@@ -92,9 +95,9 @@ class Gateway:
             table = load_routes_file(config.routes_file)
         self.router = Router(self.metrics, table=table, rng=rng,
                              connections_limit=config.connections_limit)
-        self._runners: list[web.AppRunner] = []
+        self._listeners: list[HttpListener] = []
         self._tasks: list[asyncio.Task[None]] = []
-        self._channel: grpc.aio.Channel | None = None
+        self._link: ControllerLink | None = None
         self.port = 0
         self.metrics_port: int | None = None
 
@@ -110,37 +113,36 @@ class Gateway:
             raise
 
     async def _start(self) -> None:
-        app = self.router.make_app()
-        self.port = await self._listen(app, self.config.listen_host, self.config.listen_port)
+        self.port = await self._listen(self.router.handle, self.config.listen_host,
+                                       self.config.listen_port)
         if self.config.metrics_port is not None:
-            mapp = web.Application()
-            mapp.router.add_get("/metrics", self.router.metrics_handler)
             self.metrics_port = await self._listen(
-                mapp, self.config.metrics_host or self.config.listen_host, self.config.metrics_port)
+                self.router.handle_metrics, self.config.metrics_host or self.config.listen_host,
+                self.config.metrics_port)
         if self.config.controller:
             # TLS files from $GEARSHIFT_TLS_*, token from $GEARSHIFT_TOKEN(_FILE): never argv.
-            self._channel = secure_channel(self.config.controller, TlsFiles.from_env(),
-                                           load_token(), aio=True)
+            tls, token = TlsFiles.from_env(), load_token()
+            self._link = ControllerLink(
+                self.config.controller,
+                lambda addr: secure_channel(addr, tls, token, aio=True))
             self._tasks.append(asyncio.create_task(watch_routes(
-                self._channel, self.gateway_id, self.router.set_table,
+                self._link, self.gateway_id, self.router.set_table,
                 backoff_initial_s=self.config.backoff_initial_s,
                 backoff_max_s=self.config.backoff_max_s)))
             self._tasks.append(asyncio.create_task(report_loop(
-                self._channel, self.router, self.gateway_id, self.config.report_interval_s)))
+                self._link, self.router, self.gateway_id, self.config.report_interval_s)))
         log.info("gateway %s listening on %s (routes from %s)", self.gateway_id, self.url,
                  self.config.controller or self.router.table.source)
 
-    async def _listen(self, app: web.Application, host: str, port: int) -> int:
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
-        await runner.setup()
-        self._runners.append(runner)
-        site = web.TCPSite(runner, host, port, backlog=1024)
+    async def _listen(self, handler: Handler, host: str, port: int) -> int:
+        listener = HttpListener(handler)
         try:
-            await site.start()
+            bound = await listener.start(host, port, backlog=1024)
         except OSError as err:
             raise ConfigError(f"gateway: cannot listen on {host}:{port}: "
                               f"{err.strerror or err}") from None
-        return int(runner.addresses[-1][1])
+        self._listeners.append(listener)
+        return bound
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -149,12 +151,22 @@ class Gateway:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
-        for runner in reversed(self._runners):
-            await runner.cleanup()
-        self._runners.clear()
-        if self._channel is not None:
-            await self._channel.close()
-            self._channel = None
+        for listener in self._listeners:
+            await listener.stop(SHUTDOWN_GRACE_S)
+        self._listeners.clear()
+        self.router.close()
+        if self._link is not None:
+            await self._link.close()
+            self._link = None
+
+
+def run_event_loop(main: Coroutine[Any, Any, T]) -> T:
+    """Run `main` on uvloop when it is installed (less CPU per request), else on asyncio's loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)  # type: ignore[no-any-return]
 
 
 async def serve(config: GatewayConfig) -> None:

@@ -118,3 +118,6 @@ class EmulatorOptions:
     trtllm_prefixed_names: bool = True     # False: 1.2.x unprefixed Prometheus names
     build_s: float = 0.0                   # `build` stand-in duration
     faults: Faults = field(default_factory=Faults)
+    # "uvloop" spends less CPU per request, but its timers have millisecond steps, which
+    # makes emulated token latencies lumpy: only for loads that emulate no latency.
+    event_loop: str = "asyncio"

@@ -15,6 +15,8 @@ import contextlib
 import os
 import signal
 import sys
+from collections.abc import Coroutine
+from typing import Any
 
 from aiohttp import web
 
@@ -180,8 +182,17 @@ async def run_server(args: EngineArgs, options: EmulatorOptions) -> int:
     return 0
 
 
+def _run_loop(main: Coroutine[Any, Any, int], event_loop: str) -> int:
+    """Run `main` on asyncio's loop, or on uvloop (see `EmulatorOptions.event_loop`)."""
+    if event_loop == "uvloop":
+        import uvloop
+
+        return uvloop.run(main)  # type: ignore[no-any-return]
+    return asyncio.run(main)
+
+
 def run(args: EngineArgs, options: EmulatorOptions) -> int:
     """Entry point used by the CLI: run the server or the build stand-in."""
     if args.command == "build":
-        return asyncio.run(run_build(args, options))
-    return asyncio.run(run_server(args, options))
+        return _run_loop(run_build(args, options), options.event_loop)
+    return _run_loop(run_server(args, options), options.event_loop)

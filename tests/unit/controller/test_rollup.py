@@ -140,3 +140,20 @@ def test_non_finite_values_are_refused_and_change_nothing(bad: dict) -> None:
         agg.add("h9", rep("d1"), math.inf)
     row = only(agg.flush_all())
     assert row.reports == 1 and row.request_rate_mean == 1.0
+
+
+def test_an_errors_baseline_is_forgotten_after_a_long_silence() -> None:
+    from gearshift.controller.rollup import BASELINE_SWEEP_S, BASELINE_TTL_S
+
+    agg = RollupAggregator()
+    agg.add("h1", rep("d1", errors_total=10), M)
+    agg.add("h2", rep("d2", errors_total=10), M)
+    agg.flush_completed(M + 120)
+    # d2 keeps reporting; d1 is silent for longer than the TTL plus one sweep period
+    t2 = M + BASELINE_TTL_S + BASELINE_SWEEP_S
+    agg.add("h2", rep("d2", errors_total=12), t2)
+    assert only(agg.flush_completed(t2 + 120)).errors == 2
+    t3 = t2 + 180
+    agg.add("h1", rep("d1", errors_total=15), t3)
+    agg.add("h2", rep("d2", errors_total=13), t3)
+    assert only(agg.flush_completed(t3 + 120)).errors == 1  # d1 starts afresh; d2: 13 - 12

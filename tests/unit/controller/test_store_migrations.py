@@ -17,7 +17,7 @@ from gearshift.controller.errors import ConfigError, Unavailable
 from gearshift.controller.store import Store, alembic_config, default_sqlite_url
 from gearshift.controller.tables import HostRow
 
-from .conftest import pg_reset
+from .conftest import PG_URL_TEMPLATE, pg_reset
 
 TABLES = {"hosts", "deployments", "rollups", "command_log", "policy_versions", "settings",
           "decisions", "revisions"}
@@ -123,3 +123,22 @@ def test_unreachable_postgres_is_unavailable_without_password() -> None:
         Store.open("postgresql+psycopg://postgres:s3cret@127.0.0.1:1/nodb?connect_timeout=2")
     assert "127.0.0.1:1/nodb" in err.value.message
     assert "s3cret" not in err.value.message
+
+
+@pytest.mark.postgres
+def test_controllers_starting_together_migrate_once(pg_database: str) -> None:
+    """Several controllers of one HA group open a fresh database at the same moment:
+    one migrates while the others wait, and every one ends up at head."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pg_reset(pg_database, drop_schema=True)
+    url = PG_URL_TEMPLATE.format(db=pg_database)
+    with ThreadPoolExecutor(4) as pool:
+        stores = list(pool.map(lambda _i: Store.open(url), range(4)))
+    try:
+        with _engine(url).connect() as conn:
+            assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalars() \
+                .all() == [_head()]
+    finally:
+        for s in stores:
+            s.close()

@@ -183,3 +183,58 @@ def test_submits_from_many_threads_all_land(open_store) -> None:  # type: ignore
 def test_bad_settings_are_refused(store: Store) -> None:
     with pytest.raises(ValueError, match="flush_interval_s > 0"):
         BatchingWriter(store, flush_interval_s=0)
+
+
+def test_dict_rows_land_with_their_defaults(open_store) -> None:  # type: ignore[no-untyped-def]
+    writer = BatchingWriter(open_store(), flush_interval_s=3600, registry=CollectorRegistry())
+    try:
+        assert writer.submit_host({"host_id": "h1", "labels": {"zone": "a"}, "last_seen": T0})
+        assert writer.submit_deployments([
+            {"deployment_id": f"d{i}", "host_id": "h1", "model": "llama", "engine": "vllm",
+             "phase": "ready"} for i in range(3)]) == 3
+        assert writer.submit_rollups([{"model": "llama", "engine": "vllm", "minute": T0,
+                                       "reports": 2, "ttft_p99_s": 0.5}]) == 1
+        assert writer.submit_command({"command_id": "c1", "host_id": "h1", "epoch": 3,
+                                      "kind": "start", "payload": {"model": "llama"}})
+        assert writer.flush() is True
+        other = open_store()
+        host = other.get_host("h1")
+        assert host is not None and host.labels == {"zone": "a"} and host.last_seen == T0
+        assert host.gpus == [] and host.agent_version == "" and host.first_seen is not None
+        assert [(d.deployment_id, d.phase) for d in other.list_deployments()] == [
+            ("d0", "ready"), ("d1", "ready"), ("d2", "ready")]
+        (rollup,) = other.rollups()
+        assert (rollup.reports, rollup.ttft_p99_s, rollup.itl_p99_s) == (2, 0.5, None)
+        cmd = other.get_command("c1")
+        assert cmd is not None and (cmd.epoch, cmd.payload, cmd.phase) == (
+            3, {"model": "llama"}, "pending")
+    finally:
+        writer.close()
+
+
+def test_a_dict_row_with_wrong_columns_is_refused_at_once(store: Store) -> None:
+    writer = BatchingWriter(store, flush_interval_s=3600, registry=CollectorRegistry())
+    try:
+        with pytest.raises(ValueError, match=r"deployment row .*unknown columns \['modle'\], "
+                                             r"missing columns \['model'\]"):
+            writer.submit_deployment({"deployment_id": "d1", "host_id": "h1", "modle": "llama",
+                                      "engine": "vllm"})
+        assert writer.pending == 0
+    finally:
+        writer.close()
+
+
+def test_a_revision_is_stored_once_and_keeps_its_first_time(open_store) -> None:  # type: ignore[no-untyped-def]
+    writer = BatchingWriter(open_store(), flush_interval_s=3600, registry=CollectorRegistry())
+    other = open_store()
+    try:
+        assert writer.submit_revision("llama", "r1", T0, "agent")
+        assert writer.submit_revision("llama", "r2", T0 + timedelta(minutes=1), "agent")
+        assert writer.flush() is True
+        assert writer.submit_revision("llama", "r1", T0 + timedelta(hours=1), "agent")
+        assert writer.flush() is True
+        assert other.add_revision("llama", "r2") is False  # the writer stored it already
+        assert [(r.revision, r.published_at, r.source) for r in other.list_revisions("llama")] == [
+            ("r1", T0, "agent"), ("r2", T0 + timedelta(minutes=1), "agent")]
+    finally:
+        writer.close()

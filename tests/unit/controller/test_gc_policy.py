@@ -1,0 +1,61 @@
+"""GcPolicy: settings applied and restored, pauses observed, scheduled full collections."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gearshift.controller.gc_policy import NO_AUTOMATIC_FULL, GcPolicy
+
+WAIT_LIMIT_S = 30.0  # generous bound for waiting on the loop (never asserted as a duration)
+
+
+def _pauses(registry: CollectorRegistry, generation: int) -> float:
+    return registry.get_sample_value("gearshift_controller_gc_pause_seconds_count",
+                                     {"generation": str(generation)}) or 0.0
+
+
+@pytest.fixture
+def registry() -> Iterator[CollectorRegistry]:
+    before = gc.get_threshold()
+    yield CollectorRegistry()
+    assert gc.get_threshold() == before  # every test leaves the process as it found it
+
+
+def test_install_freezes_and_stops_automatic_full_collections(registry: CollectorRegistry) -> None:
+    before = gc.get_threshold()
+    policy = GcPolicy(registry)
+    policy.install()
+    try:
+        assert gc.get_threshold() == (before[0], before[1], NO_AUTOMATIC_FULL)
+        assert gc.get_freeze_count() > 0
+        gc.collect(0)
+        assert _pauses(registry, 0) >= 1
+    finally:
+        policy.uninstall()
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+    seen = _pauses(registry, 0)
+    gc.collect(0)
+    assert _pauses(registry, 0) == seen  # no longer observed
+
+
+async def test_run_collects_everything_on_schedule(registry: CollectorRegistry) -> None:
+    policy = GcPolicy(registry, full_interval_s=0.01)
+    policy.install()
+    task = asyncio.create_task(policy.run())
+    try:
+        async with asyncio.timeout(WAIT_LIMIT_S):
+            while _pauses(registry, 2) < 2:
+                await asyncio.sleep(0.01)
+    finally:
+        task.cancel()
+        policy.uninstall()
+
+
+def test_bad_interval_is_refused() -> None:
+    with pytest.raises(ValueError, match="full_interval_s must be > 0, got 0"):
+        GcPolicy(full_interval_s=0)

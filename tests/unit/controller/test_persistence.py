@@ -1,0 +1,96 @@
+"""Persistence: what the report and hello paths write, seen through another store."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gearshift.controller.fleet import FleetState, HostEntry
+from gearshift.controller.persistence import Persistence
+from gearshift.controller.store import Store
+from gearshift.controller.writer import BatchingWriter
+from gearshift.v1 import agent_pb2
+
+T0 = datetime(2026, 3, 2, 12, 0, tzinfo=UTC).timestamp()
+READY = agent_pb2.DEPLOYMENT_PHASE_READY
+DRAINING = agent_pb2.DEPLOYMENT_PHASE_DRAINING
+
+
+@pytest.fixture
+def persistence(open_store: Callable[[], Store]) -> Iterator[Persistence]:
+    store = open_store()
+    p = Persistence(store, BatchingWriter(store, flush_interval_s=3600,
+                                          registry=CollectorRegistry()))
+    yield p
+    p.writer.close()
+
+
+def _connect(fleet: FleetState, host: str) -> HostEntry:
+    hello = agent_pb2.Hello(host_id=host, agent_version="1.2", labels={"zone": "z1"},
+                            protocol_version=agent_pb2.PROTOCOL_VERSION_1)
+    hello.gpus.add(index=0, uuid="GPU-0", model="NVIDIA H100", memory_total_bytes=80 << 30)
+    hello.engines.add(engine="vllm", version="0.11.0", executable="vllm")
+    return fleet.hello(hello, 10.0)
+
+
+def _report(seq: int, *deps: tuple[str, str, str, int]) -> agent_pb2.Report:
+    r = agent_pb2.Report(seq=seq)
+    for dep_id, model, revision, phase in deps:
+        r.deployments.add(deployment_id=dep_id, model=model, revision=revision, phase=phase,
+                          engine="vllm", engine_version="0.11.0", endpoint="http://h:8000",
+                          metrics_present=True, request_rate=2.0)
+    return r
+
+
+def test_hello_writes_the_host(persistence: Persistence, open_store: Callable[[], Store]) -> None:
+    fleet = FleetState(clock=lambda: T0)
+    persistence.host_seen(_connect(fleet, "h1"))
+    assert persistence.writer.flush() is True
+    host = open_store().get_host("h1")
+    assert host is not None
+    assert (host.agent_version, host.labels, host.last_seen.timestamp()) == ("1.2", {"zone": "z1"}, T0)
+    assert host.gpus == [{"index": 0, "uuid": "GPU-0", "model": "NVIDIA H100",
+                          "memory_total_bytes": 80 << 30}]
+    assert host.engines == [{"engine": "vllm", "version": "0.11.0", "executable": "vllm"}]
+
+
+def test_deployments_and_revisions_are_written_when_they_change_only(
+        persistence: Persistence, open_store: Callable[[], Store]) -> None:
+    fleet = FleetState(clock=lambda: T0)
+    entry = _connect(fleet, "h1")
+    other = open_store()
+    persistence.report("h1", entry, _report(1, ("d1", "llama", "r1", READY),
+                                            ("d2", "qwen", "", READY)), T0)
+    assert persistence.writer.flush() is True
+    assert [(d.deployment_id, d.phase, d.revision, d.updated.timestamp())
+            for d in other.list_deployments()] == [("d1", "ready", "r1", T0), ("d2", "ready", "", T0)]
+    assert [r.revision for r in other.list_revisions("llama")] == ["r1"]
+
+    persistence.report("h1", entry, _report(2, ("d1", "llama", "r1", READY),
+                                            ("d2", "qwen", "", READY)), T0 + 10)
+    assert persistence.writer.pending == 0  # nothing that is stored changed
+
+    persistence.report("h1", entry, _report(3, ("d1", "llama", "r2", DRAINING),
+                                            ("d2", "qwen", "", READY)), T0 + 20)
+    assert persistence.writer.pending == 2  # d1's row and its new revision
+    assert persistence.writer.flush() is True
+    d1 = next(d for d in other.list_deployments() if d.deployment_id == "d1")
+    assert (d1.phase, d1.revision, d1.updated.timestamp()) == ("draining", "r2", T0 + 20)
+    assert [(r.revision, r.source) for r in other.list_revisions("llama")] == [
+        ("r1", "agent"), ("r2", "agent")]
+
+
+def test_reports_feed_the_minute_rollups(persistence: Persistence,
+                                         open_store: Callable[[], Store]) -> None:
+    fleet = FleetState(clock=lambda: T0)
+    entry = _connect(fleet, "h1")
+    for i in range(3):
+        persistence.report("h1", entry, _report(i + 1, ("d1", "llama", "r1", READY)), T0 + 10 * i)
+    persistence.tick(fleet, T0 + 120)
+    assert persistence.writer.flush() is True
+    (row,) = open_store().rollups(model="llama")
+    assert (row.reports, row.replicas, row.request_rate_mean, row.gpu_model) == (
+        3, 1, 2.0, "NVIDIA H100")
