@@ -151,14 +151,15 @@ def check_plaintext(addr: str, *, role: str = "gRPC to", hint: str = CLIENT_TLS_
         raise ConfigError(
             f"plaintext {role} {addr} refused: only loopback addresses may go without TLS; "
             f"{hint}")
-    if (role, addr) in _WARNED:
-        return  # loud once per address, not at every reconnect
-    _WARNED.add((role, addr))
+    if role == "gRPC to":  # a client: loud once per address, not at every reconnect
+        if addr in _WARNED:
+            return
+        _WARNED.add(addr)
     log.warning("PLAINTEXT %s %s: for loopback development only (no TLS, no client "
                 "certificate, tokens travel unencrypted)", role, addr)
 
 
-_WARNED: set[tuple[str, str]] = set()
+_WARNED: set[str] = set()
 
 
 class _MetadataAdder:

@@ -185,6 +185,11 @@ def test_plaintext_refused_off_loopback_and_loud_on_it(caplog: pytest.LogCapture
         check_plaintext_listen("127.0.0.1:0")
     assert "PLAINTEXT gRPC to 127.0.0.1:50051: for loopback development only" in caplog.text
     assert "PLAINTEXT gRPC listening on 127.0.0.1:0" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):  # a client reconnecting is not warned again
+        for _ in range(3):
+            check_plaintext("127.0.0.1:50052")
+    assert caplog.text.count("PLAINTEXT gRPC to 127.0.0.1:50052") == 1
     with pytest.raises(ConfigError, match=r"listening on 0\.0\.0\.0:50051 refused.*--tls-cert"):
         check_plaintext_listen("0.0.0.0:50051")
 
