@@ -1,14 +1,15 @@
 """Leader election of HA controllers: a lease row in PostgreSQL with a fencing epoch.
 
 Several controllers share one PostgreSQL database; the one holding the lease row
-(`LeaderLeaseRow`, table ``leader_lease``) leads. `LeaderElector` talks to the
-database over its own dedicated, unpooled connection (NullPool; never the
-store's pool, so a busy pool cannot delay a renewal), with a statement timeout
-well under the TTL. One `try_acquire_or_renew()` is one transaction that locks
-the row (``SELECT … FOR UPDATE``) and then either renews it (same holder, same
-epoch, not expired), takes it over (expired or released: the epoch becomes one
-more than both the lease's and the store's ``settings.epoch``, which is kept in
-step so nothing that reads it ever sees the epoch go back), or leaves it alone.
+(`LeaderLeaseRow`, table ``leader_lease``; it and its SQL are in
+`controller.lease_table`) leads. `LeaderElector` talks to the database over its
+own dedicated, unpooled connection (NullPool; never the store's pool, so a busy
+pool cannot delay a renewal), with a statement timeout well under the TTL. One
+`try_acquire_or_renew()` is one transaction that locks the row (``SELECT … FOR
+UPDATE``) and then either renews it (same holder, same epoch, not expired), takes
+it over (expired or released: the epoch becomes one more than both the lease's
+and the store's ``settings.epoch``, which is kept in step so nothing that reads
+it ever sees the epoch go back), or leaves it alone.
 Every time, ``renewed_at`` and ``expires_at`` come from the DATABASE clock
 (``now()``), never from Python, so controllers need no synchronised clocks.
 
@@ -27,14 +28,13 @@ for anything beyond that.
 
 SQLite has a single controller: `LeaderElector.for_url` on a ``sqlite:`` URL gives
 a `SingleControllerLeader` (always leader, epoch from `Store.bump_epoch`) with the
-same interface, and logs that HA needs PostgreSQL.
+same interface (`Elector`, in `controller.elector`), and logs that HA needs PostgreSQL.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import math
 import os
@@ -42,19 +42,27 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
-from datetime import datetime
-from typing import Any, Protocol
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.pool import NullPool
-from sqlmodel import Field, SQLModel
 
+from gearshift.controller import lease_table
+from gearshift.controller.elector import (
+    Elector,
+    LeaseState,
+    OnElected,
+    OnLost,
+    SingleControllerLeader,
+    call_back,
+)
 from gearshift.controller.errors import ConfigError, GearshiftError, Unavailable
+from gearshift.controller.lease_table import LeaderLeaseRow
 from gearshift.controller.store import SUPPORTED_URLS, Store
-from gearshift.controller.tables import SETTING_EPOCH, UTCDateTime
+from gearshift.controller.tables import SETTING_EPOCH
 
 log = logging.getLogger(__name__)
 
@@ -65,70 +73,10 @@ STEP_DOWN_MARGIN_FRACTION = 0.25  # default margin = this share of the TTL
 MIN_CONNECT_TIMEOUT_S = 2  # libpq treats anything lower as 2 s
 RELEASE_WAIT_S = 5.0  # how long run() waits to release the lease when it stops
 
-OnElected = Callable[[int], Awaitable[None] | None]
-OnLost = Callable[[], Awaitable[None] | None]
-
-
-class LeaderLeaseRow(SQLModel, table=True):
-    """One lease per name; NULL holder = never held. Times are set by the database."""
-
-    __tablename__ = "leader_lease"
-
-    name: str = Field(primary_key=True)
-    holder: str | None = Field(default=None, nullable=True)  # controller id
-    address: str | None = Field(default=None, nullable=True)  # where the holder serves gRPC
-    epoch: int = Field(default=0, sa_type=sa.BigInteger, nullable=False)  # fencing epoch
-    acquired_at: datetime | None = Field(default=None, sa_type=UTCDateTime, nullable=True)
-    renewed_at: datetime | None = Field(default=None, sa_type=UTCDateTime, nullable=True)
-    expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime, nullable=True)
-
-
-@dataclass(frozen=True)
-class LeaseState:
-    """What one read of the lease showed (ages by the database clock)."""
-
-    is_leader: bool  # this elector holds the lease for its current term
-    holder: str | None  # controller id of the (last) holder; None = never held
-    address: str | None  # the holder's gRPC address, for pointing clients at it
-    epoch: int  # fencing epoch of the holder's term; 0 = never held
-    lease_age_s: float | None  # seconds since the last renewal
-    expires_in_s: float | None  # seconds until expiry; <= 0 when expired or released
-    leader_for_s: float | None = None  # seconds since the holder's term began
-
-    @property
-    def live(self) -> bool:
-        """True while somebody holds an unexpired lease."""
-        return self.holder is not None and self.expires_in_s is not None and self.expires_in_s > 0
-
-
-class Elector(Protocol):
-    """What the controller needs of leader election, for either store backend."""
-
-    controller_id: str
-    address: str
-
-    @property
-    def leading_epoch(self) -> int | None: ...
-    @property
-    def last_state(self) -> LeaseState | None: ...
-    def may_lead(self) -> bool: ...
-    def try_acquire_or_renew(self) -> LeaseState: ...
-    def current(self) -> LeaseState: ...
-    def step_down(self) -> bool: ...
-    async def run(self, on_elected: OnElected, on_lost: OnLost) -> None: ...
-    def stop(self) -> None: ...
-    def close(self) -> None: ...
-
 
 def default_controller_id() -> str:
     """``<hostname>-<pid>-<random>``: unique per controller process."""
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-
-
-async def _call(callback: Callable[..., Any], *args: Any) -> None:
-    result = callback(*args)
-    if inspect.isawaitable(result):
-        await result
 
 
 def _backend(url: str) -> sa.URL:
@@ -151,33 +99,6 @@ def _positive(name: str, value: float) -> float:
         raise ConfigError(f"leader election: {name} must be a positive number of seconds, "
                           f"got {value!r}")
     return float(value)
-
-
-_ENSURE = sa.text("INSERT INTO leader_lease (name, epoch) VALUES (:name, 0) "
-                  "ON CONFLICT (name) DO NOTHING")
-_LOCK = sa.text("SELECT holder, epoch, coalesce(expires_at > now(), false) AS live "
-                "FROM leader_lease WHERE name = :name FOR UPDATE")
-_RENEW = sa.text("UPDATE leader_lease SET renewed_at = now(), "
-                 "expires_at = now() + make_interval(secs => :ttl) WHERE name = :name")
-_TAKE = sa.text("UPDATE leader_lease SET holder = :me, address = :address, epoch = :epoch, "
-                "acquired_at = now(), renewed_at = now(), "
-                "expires_at = now() + make_interval(secs => :ttl) WHERE name = :name")
-_STORE_EPOCH = sa.text("SELECT value FROM settings WHERE key = :key FOR UPDATE")
-_SAVE_EPOCH = sa.text("INSERT INTO settings (key, value, updated) "
-                      "VALUES (:key, to_json(CAST(:epoch AS bigint)), now()) "
-                      "ON CONFLICT (key) DO UPDATE SET value = excluded.value, "
-                      "updated = excluded.updated")
-_READ = sa.text("SELECT holder, address, epoch, "
-                "extract(epoch FROM now() - renewed_at) AS age_s, "
-                "extract(epoch FROM expires_at - now()) AS left_s, "
-                "extract(epoch FROM now() - acquired_at) AS held_s "
-                "FROM leader_lease WHERE name = :name")
-_RELEASE = sa.text("UPDATE leader_lease SET expires_at = now() WHERE name = :name "
-                   "AND holder = :me AND epoch = :epoch AND expires_at > now()")
-
-
-def _seconds(value: Any) -> float | None:
-    return None if value is None else float(value)
 
 
 class LeaderElector:
@@ -296,23 +217,6 @@ class LeaderElector:
         detail = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
         return Unavailable(f"leader lease {self.name!r} on {self.url}: {what} failed: {detail}")
 
-    def _read(self, conn: Connection, won: bool) -> LeaseState:
-        row = conn.execute(_READ, {"name": self.name}).first()
-        if row is None:
-            return LeaseState(False, None, None, 0, None, None)
-        return LeaseState(is_leader=won, holder=row.holder, address=row.address,
-                          epoch=int(row.epoch), lease_age_s=_seconds(row.age_s),
-                          expires_in_s=_seconds(row.left_s), leader_for_s=_seconds(row.held_s))
-
-    def _store_epoch(self, conn: Connection) -> int:
-        value = conn.execute(_STORE_EPOCH, {"key": SETTING_EPOCH}).scalar()
-        if isinstance(value, bool) or not isinstance(value, int):
-            if value is not None:
-                log.warning("settings %r holds %r, not an integer; ignoring it", SETTING_EPOCH,
-                            value)
-            return 0
-        return value
-
     def try_acquire_or_renew(self) -> LeaseState:
         """Renew our lease, or take over an expired/released one, in one transaction.
 
@@ -327,21 +231,22 @@ class LeaderElector:
                 conn = self._connection()
                 with conn.begin():
                     if held_off:
-                        return self._read(conn, False)
-                    conn.execute(_ENSURE, {"name": self.name})
-                    row = conn.execute(_LOCK, {"name": self.name}).one()
+                        return lease_table.read_lease(conn, self.name, False)
+                    conn.execute(lease_table.ENSURE, {"name": self.name})
+                    row = conn.execute(lease_table.LOCK, {"name": self.name}).one()
                     mine = row.holder == self.controller_id
                     epoch: int | None = None
                     if mine and row.live and renew is not None and row.epoch == renew:
-                        conn.execute(_RENEW, {"name": self.name, "ttl": self.ttl_s})
+                        conn.execute(lease_table.RENEW, {"name": self.name, "ttl": self.ttl_s})
                         epoch = renew
                     elif not row.live or (mine and own is not None and row.epoch == own):
-                        epoch = max(int(row.epoch), self._store_epoch(conn)) + 1
-                        conn.execute(_TAKE, {"name": self.name, "me": self.controller_id,
-                                             "address": self.address, "epoch": epoch,
-                                             "ttl": self.ttl_s})
-                        conn.execute(_SAVE_EPOCH, {"key": SETTING_EPOCH, "epoch": epoch})
-                    state = self._read(conn, epoch is not None)
+                        epoch = max(int(row.epoch), lease_table.store_epoch(conn)) + 1
+                        conn.execute(lease_table.TAKE, {
+                            "name": self.name, "me": self.controller_id,
+                            "address": self.address, "epoch": epoch, "ttl": self.ttl_s})
+                        conn.execute(lease_table.SAVE_EPOCH,
+                                     {"key": SETTING_EPOCH, "epoch": epoch})
+                    state = lease_table.read_lease(conn, self.name, epoch is not None)
             except sa.exc.SQLAlchemyError as err:
                 raise self._unavailable("renewal", err) from None
             if epoch is None:
@@ -364,7 +269,7 @@ class LeaderElector:
             try:
                 conn = self._connection()
                 with conn.begin():
-                    state = self._read(conn, False)
+                    state = lease_table.read_lease(conn, self.name, False)
             except sa.exc.SQLAlchemyError as err:
                 raise self._unavailable("reading the lease", err) from None
         with self._state_lock:
@@ -386,8 +291,8 @@ class LeaderElector:
             try:
                 conn = self._connection()
                 with conn.begin():
-                    res = conn.execute(_RELEASE, {"name": self.name, "me": self.controller_id,
-                                                  "epoch": epoch})
+                    res = conn.execute(lease_table.RELEASE, {
+                        "name": self.name, "me": self.controller_id, "epoch": epoch})
             except sa.exc.SQLAlchemyError as err:
                 log.warning("%s", self._unavailable("releasing the lease", err).message)
                 return False
@@ -423,7 +328,7 @@ class LeaderElector:
         self.last_loss_reason = reason
         log.warning("controller %s stops leading (epoch %s): %s", self.controller_id, epoch,
                     reason)
-        await _call(on_lost)
+        await call_back(on_lost)
 
     async def _settle(self, attempt: asyncio.Future[LeaseState], sent_at: float,
                       on_elected: OnElected, on_lost: OnLost) -> None:
@@ -444,7 +349,7 @@ class LeaderElector:
         self._deadline = sent_at + self.ttl_s - self.step_down_margin_s
         if self._leading is None:
             self._leading = state.epoch
-            await _call(on_elected, state.epoch)
+            await call_back(on_elected, state.epoch)
 
     async def run(self, on_elected: OnElected, on_lost: OnLost) -> None:
         """Renew every `renew_every_s` until `stop()` or cancellation.
@@ -480,7 +385,9 @@ class LeaderElector:
                                    return_when=asyncio.FIRST_COMPLETED)
                 if attempt is not None and attempt.done():
                     done, attempt = attempt, None
-                    next_at = sent_at + self.renew_every_s
+                    # A follower asks twice as often: it takes over sooner after expiry.
+                    next_at = sent_at + (self.renew_every_s if self._leading is not None
+                                         else self.renew_every_s / 2)
                     await self._settle(done, sent_at, on_elected, on_lost)
         finally:
             stopping.cancel()
@@ -495,73 +402,7 @@ class LeaderElector:
                                            RELEASE_WAIT_S)
 
 
-class SingleControllerLeader:
-    """SQLite: one controller, always the leader; the epoch comes from `Store.bump_epoch`."""
-
-    def __init__(self, store: Store, controller_id: str, address: str, *,
-                 owns_store: bool = False) -> None:
-        self.store = store
-        self.controller_id = controller_id
-        self.address = address
-        self._owns_store = owns_store
-        self._epoch: int | None = None
-        self._stop_event: asyncio.Event | None = None
-        self._stop_requested = False
-        log.info("store %s is SQLite: single controller, always the leader; "
-                 "HA with several controllers needs PostgreSQL (postgresql+psycopg://…)",
-                 store.url)
-
-    @property
-    def leading_epoch(self) -> int | None:
-        return self._epoch
-
-    @property
-    def last_state(self) -> LeaseState | None:
-        return self._state()
-
-    def may_lead(self) -> bool:
-        return self._epoch is not None
-
-    def _state(self) -> LeaseState:
-        if self._epoch is None:
-            return LeaseState(False, None, None, 0, None, None)
-        # never expires: expires_in_s is infinity
-        return LeaseState(True, self.controller_id, self.address, self._epoch, 0.0, math.inf)
-
-    def try_acquire_or_renew(self) -> LeaseState:
-        """Leader at once; the first call of a term bumps the store's epoch."""
-        if self._epoch is None:
-            self._epoch = self.store.bump_epoch()
-        return self._state()
-
-    def current(self) -> LeaseState:
-        return self._state()
-
-    def step_down(self) -> bool:
-        """End the term; the next `try_acquire_or_renew` starts one with a new epoch."""
-        released, self._epoch = self._epoch is not None, None
-        return released
-
-    def stop(self) -> None:
-        self._stop_requested = True
-        if self._stop_event is not None:
-            self._stop_event.set()
-
-    async def run(self, on_elected: OnElected, on_lost: OnLost) -> None:
-        """Lead at once and until `stop()` or cancellation."""
-        self._stop_event = stop = asyncio.Event()
-        if self._stop_requested:
-            stop.set()
-        state = await asyncio.to_thread(self.try_acquire_or_renew)
-        try:
-            await _call(on_elected, state.epoch)
-            await stop.wait()
-        finally:
-            self._stop_event = None
-            self._stop_requested = False
-            self.step_down()
-            await _call(on_lost)
-
-    def close(self) -> None:
-        if self._owns_store:
-            self.store.close()
+__all__ = ["DEFAULT_LEASE_NAME", "DEFAULT_RENEW_EVERY_S", "DEFAULT_TTL_S", "MIN_CONNECT_TIMEOUT_S",
+           "RELEASE_WAIT_S", "STEP_DOWN_MARGIN_FRACTION", "Elector", "LeaderElector",
+           "LeaderLeaseRow", "LeaseState", "OnElected", "OnLost", "SingleControllerLeader",
+           "default_controller_id"]

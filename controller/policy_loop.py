@@ -9,14 +9,15 @@ measured, else the policy's priors or the default ratio), calls `decide`, stores
 the decisions with their reasons and those figures' sources, and applies the policy's
 mode: `dry-run` records, `approve` waits for a person, `auto` hands the
 decision to the migration orchestrator. Policy versions are applied here,
-atomically: an invalid policy never replaces the active one.
+atomically: an invalid policy never replaces the active one. A model's facts and
+its rate forecast are built by `controller.policy_facts`; the rate samples are
+kept by `controller.rate_history.RateHistory`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -30,7 +31,8 @@ from gearshift.controller.errors import (
     NotFound,
 )
 from gearshift.controller.fleet import FleetState
-from gearshift.controller.learning import live_capacities
+from gearshift.controller.policy_facts import model_facts, rate_forecast
+from gearshift.controller.rate_history import RateHistory
 from gearshift.controller.store import Store
 from gearshift.controller.tables import (
     SETTING_ACTIVE_POLICY_VERSION,
@@ -42,66 +44,22 @@ from gearshift.policies.core import ModelState, decide
 from gearshift.policies.loader import Policy, load_policy
 from gearshift.policies.priors import priors_for
 from gearshift.policies.schema import ModelPriors
-from gearshift.policies.signals import EngineFacts, ModelFacts, ModelHistory, compute_signals
+from gearshift.policies.signals import ModelFacts, ModelHistory, compute_signals
 from gearshift.v1 import agent_pb2
 
 if TYPE_CHECKING:
     from gearshift.controller.learning import CapacityLearner, Forecaster
     from gearshift.controller.migration_store import MigrationPhase, MigrationRow
     from gearshift.controller.orchestrator import MigrationOrchestrator
-    from gearshift.policies.forecast import Forecast
 
 log = logging.getLogger(__name__)
 
-ENGINES = ("vllm", "tensorrt-llm")
 OPEN_STATUSES = (DecisionStatus.PROPOSED, DecisionStatus.APPROVED, DecisionStatus.EXECUTING)
-HISTORY_RETENTION_S = 8 * 24 * 3600.0
 TRIAL_PREFIX = "trial/"
 
 
 def _utc(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, UTC)
-
-
-class RateHistory:
-    """Per-model request-rate samples at a fixed resolution, in memory and bounded."""
-
-    def __init__(self, resolution_s: float, retention_s: float = HISTORY_RETENTION_S) -> None:
-        self.resolution_s = resolution_s
-        self._max = max(10, int(retention_s / resolution_s))
-        self._samples: dict[str, deque[tuple[float, float]]] = {}
-        self._last_sample = 0.0
-
-    def due(self, now: float) -> bool:
-        return now - self._last_sample >= self.resolution_s * 0.999
-
-    def sample(self, now: float, rates: dict[str, float]) -> None:
-        self._last_sample = now
-        for model, rps in rates.items():
-            q = self._samples.setdefault(model, deque(maxlen=self._max))
-            if q and now - q[-1][0] < self.resolution_s * 0.5:
-                continue
-            q.append((now, rps))
-
-    def seed(self, store: Store, now: float) -> None:
-        """Start from the stored per-minute rollups (a restarted controller keeps its memory)."""
-        since = _utc(now - self._max * self.resolution_s)
-        per_minute: dict[str, dict[float, float]] = {}
-        for r in store.rollups(since=since):
-            ts = r.minute.timestamp() + 60.0
-            bucket = per_minute.setdefault(r.model, {})
-            bucket[ts] = bucket.get(ts, 0.0) + r.request_rate_mean
-        for model, points in per_minute.items():
-            q = self._samples.setdefault(model, deque(maxlen=self._max))
-            for ts in sorted(points):
-                q.append((ts, points[ts]))
-
-    def models(self) -> list[str]:
-        return sorted(self._samples)
-
-    def arrays(self, model: str) -> tuple[list[float], list[float]]:
-        q = self._samples.get(model, deque())
-        return [t for t, _ in q], [r for _, r in q]
 
 
 @dataclass
@@ -194,42 +152,8 @@ class PolicyLoop:
         ready = self._ready(model)
         if not ready:
             return None
-        p = self.priors(model)
-        gpus_per_replica = p.gpus_per_replica or max(
-            (d.tensor_parallel_size or len(d.gpu_indices) or 1) for _, d in ready)
-        gpu_models = sorted({g.model for h, _ in ready for g in self.fleet.hosts[h].gpus})
-        measured_ttft: dict[str, float] = {}
-        measured_itl: dict[str, float] = {}
-        for _, d in ready:
-            if d.ttft.present:
-                measured_ttft[d.engine] = max(measured_ttft.get(d.engine, 0.0), d.ttft.p99_s * 1000)
-            if d.itl.present:
-                measured_itl[d.engine] = max(measured_itl.get(d.engine, 0.0), d.itl.p99_s * 1000)
-        caps, cite = live_capacities(self.learner, model, gpu_models[0] if gpu_models else None, p)
-        engines = {}
-        for e in ENGINES:
-            prior = p.engines.get(e)  # type: ignore[call-overload]
-            trial = self.trial_result(model, e)
-            if trial is not None:
-                cite[f"trial.{e}"] = f"{trial['migration']} {trial['outcome']}: {trial['reason']}"
-                for k in ("candidate_ttft_p99_s", "candidate_itl_p99_s"):
-                    if isinstance(trial.get("figures"), dict) and k in trial["figures"]:
-                        cite[f"trial_{k}.{e}"] = trial["figures"][k]
-            engines[e] = EngineFacts(
-                capacity_rps=caps[e].capacity_rps,
-                ttft_p99_ms=measured_ttft.get(e, prior.ttft_p99_ms if prior else None),
-                itl_p99_ms=measured_itl.get(e, prior.itl_p99_ms if prior else None),
-                cold_start_s=prior.cold_start if prior else None,
-                build_s=prior.build if prior else None,
-                build_overhead_usd=policy.doc.spec.cost.build_overhead_usd.get(e))  # type: ignore[call-overload]
-        labels: dict[str, str] = {}
-        for h, _ in ready:
-            labels.update(self.fleet.hosts[h].hello.labels)
-        return ModelFacts(
-            gpus_per_replica=gpus_per_replica, min_replicas=p.min_replicas, headroom=p.headroom,
-            sla_ttft_p99_ms=p.sla_ttft_p99_ms, sla_itl_p99_ms=p.sla_itl_p99_ms, engines=engines,
-            nvidia=any(m.upper().startswith("NVIDIA") for m in gpu_models) if gpu_models else None,
-            gpu_model=gpu_models[0] if gpu_models else None, labels=labels, citations=cite)
+        return model_facts(self.fleet, ready, model, self.priors(model), policy, self.learner,
+                           self.trial_result)
 
     def model_state(self, model: str, now: float) -> ModelState | None:
         ready = self._ready(model)
@@ -290,7 +214,7 @@ class PolicyLoop:
             revs = [r.published_at.timestamp() for r in self.store.list_revisions(model)]
             hist = ModelHistory.of(ts, rps, sorted(revs), self.history.resolution_s)
             signals[model] = compute_signals(model, hist, facts, now, policy.signal_settings,
-                                             self._forecast(model, policy, now))
+                                             rate_forecast(self.forecaster, model, policy, now))
             states[model] = state
         stored = []
         for d in decide(policy, signals, states, now):
@@ -298,15 +222,6 @@ class PolicyLoop:
             if row is not None:
                 stored.append(row)
         return stored
-
-    def _forecast(self, model: str, policy: Policy, now: float) -> Forecast | None:
-        """The rate forecast over the policy's horizon at its sustained quantile (it sets
-        the traffic level of the savings estimate; `policies.economics`)."""
-        if self.forecaster is None:
-            return None
-        spec = policy.doc.spec
-        return self.forecaster.forecast(model, now, horizon_s=spec.cost.horizon,
-                                        quantile=spec.signals.sustained_quantile)
 
     def _store_decision(self, d: dict[str, Any], version: int, mode: str, now: float) -> DecisionRow | None:
         for open_row in self.store.list_decisions(model=d["model"], limit=20):
@@ -448,3 +363,6 @@ class PolicyLoop:
                                               expected_from=DecisionStatus.EXECUTING)
         except GearshiftError as exc:
             log.warning("decision %s: %s", row.decision_id, exc.message)
+
+
+__all__ = ["OPEN_STATUSES", "TRIAL_PREFIX", "PolicyLoop", "RateHistory"]

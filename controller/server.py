@@ -1,8 +1,10 @@
 """The controller process: gRPC services, the store, and periodic housekeeping.
 
 `Controller` wires the in-memory fleet state, the durable store (through one
-batching writer), the agent and control services, gRPC health and reflection,
-and the Prometheus `/metrics` endpoint. `run_controller` is the CLI's entry.
+batching writer), the agent and control services, gRPC health and reflection
+(assembled by `controller.grpc_server`), and the Prometheus `/metrics` endpoint.
+Its settings are a `ControllerConfig` (`controller.config`). `run_controller` is
+the CLI's entry.
 """
 
 from __future__ import annotations
@@ -10,28 +12,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import socket
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 from grpc import aio
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from gearshift.controller.agent_service import AgentService
+from gearshift.controller.config import ControllerConfig
 from gearshift.controller.control_service import ControlService
-from gearshift.controller.errors import ConfigError, NotFound
+from gearshift.controller.errors import NotFound
 from gearshift.controller.fleet import FleetState, HostEntry
 from gearshift.controller.gc_policy import GcPolicy
-from gearshift.controller.ha import LeaderGate, Leadership
-from gearshift.controller.interceptors import ErrorInterceptor
+from gearshift.controller.grpc_server import build_server
+from gearshift.controller.ha import Leadership
 from gearshift.controller.leader import LeaderElector
 from gearshift.controller.learning import CapacityLearner, Forecaster
 from gearshift.controller.metrics import ControllerMetrics
@@ -40,78 +38,17 @@ from gearshift.controller.orchestrator import MigrationOrchestrator, Orchestrato
 from gearshift.controller.persistence import Persistence
 from gearshift.controller.policy_loop import PolicyLoop, RateHistory
 from gearshift.controller.rollup import to_rows
-from gearshift.controller.security import (
-    AuthInterceptor,
-    TokenStore,
-    check_plaintext_listen,
-    server_credentials,
-)
 from gearshift.controller.tables import RollupRow
-from gearshift.v1 import agent_pb2, agent_pb2_grpc, control_pb2, control_pb2_grpc
+from gearshift.v1 import agent_pb2, control_pb2
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 HOUSEKEEPING_INTERVAL_S = 5.0
-DEFAULT_REPORT_INTERVAL_S = 10.0
 # How long a new controller waits, at most, for the hosts it knew to report again
 # before it serves routing tables to gateways; hosts seen within RECENT_HOST_S count.
 ROUTES_WARMUP_INTERVALS = 3
 ROUTES_WARMUP_MIN_S = 30.0
 RECENT_HOST_S = 600.0
-
-
-@dataclass
-class ControllerConfig:
-    listen: str = "127.0.0.1:50051"
-    db_url: str = ""                       # empty: SQLite under data_dir
-    data_dir: Path = field(default_factory=lambda: Path("./data"))
-    metrics_port: int | None = None        # None: no /metrics; 0: pick a free port
-    report_interval_s: float = DEFAULT_REPORT_INTERVAL_S
-    history_resolution_s: float = 60.0     # request-rate samples kept for the policy
-    canary_steps: tuple[float, ...] = (0.1, 0.25, 0.5)
-    analysis_intervals: int = 3            # good report intervals per canary step
-    tls_cert: Path | None = None           # server certificate (PEM); None: plaintext, loopback only
-    tls_key: Path | None = None
-    tls_ca: Path | None = None             # with TLS: clients (agents, gateway, CLI) must present
-                                           # a certificate from this CA (mutual TLS)
-    tokens_file: Path | None = None        # bearer tokens (read/admin); else $GEARSHIFT_TOKENS
-    controller_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
-    advertise: str = ""                    # HOST:PORT clients reach this controller at;
-                                           # empty: the listen address (its bound port)
-    lease_ttl_s: float = 10.0              # HA on PostgreSQL: leadership lease
-
-    @property
-    def tls(self) -> bool:
-        return self.tls_cert is not None
-
-    def validate(self) -> None:
-        if (self.tls_cert is None) != (self.tls_key is None):
-            raise ConfigError("--tls-cert and --tls-key: give both or neither")
-        if self.tls_ca is not None and self.tls_cert is None:
-            raise ConfigError("--tls-ca needs --tls-cert and --tls-key")
-        host, sep, port = self.listen.rpartition(":")
-        if not sep or not host or not port.isdigit() or int(port) > 65535:
-            raise ConfigError(f"--listen: expected HOST:PORT, found {self.listen!r}")
-        if not (0.1 <= self.report_interval_s <= 3600):
-            raise ConfigError(
-                f"--report-interval: expected 0.1..3600 seconds, found {self.report_interval_s}")
-        if not (0.1 <= self.history_resolution_s <= 3600):
-            raise ConfigError(
-                f"--history-resolution: expected 0.1..3600 seconds, found {self.history_resolution_s}")
-        if not self.canary_steps or any(not (0 < s < 1) for s in self.canary_steps) \
-                or list(self.canary_steps) != sorted(self.canary_steps):
-            raise ConfigError(
-                f"--canary-steps: expected increasing traffic shares between 0 and 1, "
-                f"found {','.join(str(s) for s in self.canary_steps)}")
-        if self.advertise:
-            a_host, a_sep, a_port = self.advertise.rpartition(":")
-            if not a_sep or not a_host or not a_port.isdigit() or not 0 < int(a_port) <= 65535:
-                raise ConfigError(f"--advertise: expected HOST:PORT, found {self.advertise!r}")
-        if not (1.0 <= self.lease_ttl_s <= 300):
-            raise ConfigError(f"--lease-ttl: expected 1..300 seconds, found {self.lease_ttl_s}")
-        if self.metrics_port is not None and not (0 <= self.metrics_port <= 65535):
-            raise ConfigError(f"--metrics-port: expected 0..65535, found {self.metrics_port}")
 
 
 class Controller:
@@ -274,54 +211,14 @@ class Controller:
             except Exception:  # level-triggered: the next tick retries
                 log.exception("orchestrator tick failed")
 
-    def _tokens(self) -> TokenStore | None:
-        if self.config.tokens_file is not None:
-            return TokenStore.from_file(self.config.tokens_file)
-        if os.environ.get("GEARSHIFT_TOKENS"):
-            return TokenStore.from_env("GEARSHIFT_TOKENS")
-        return None
-
     async def start(self) -> None:
-        tokens = self._tokens()
-        interceptors: list[aio.ServerInterceptor] = [
-            LeaderGate(lambda: self.leadership), ErrorInterceptor()]
-        if tokens is not None:
-            interceptors.insert(0, AuthInterceptor(tokens))  # refuse before any handler runs
-            log.info("bearer tokens required on the control API (%s)", tokens.describe())
-        server = aio.server(
-            interceptors=interceptors,
-            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                     ("grpc.keepalive_time_ms", 20_000),
-                     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-                     ("grpc.keepalive_permit_without_calls", 1)])
-        agent_pb2_grpc.add_AgentServiceServicer_to_server(self.agents, server)
-        control_pb2_grpc.add_ControlServiceServicer_to_server(self.control, server)
-        health = HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health, server)
-        names = (
-            agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
-            control_pb2.DESCRIPTOR.services_by_name["ControlService"].full_name,
-            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-            reflection.SERVICE_NAME,
-        )
-        reflection.enable_server_reflection(names, server)
-        cfg = self.config
-        if cfg.tls_cert is not None and cfg.tls_key is not None:
-            creds = server_credentials(cfg.tls_cert, cfg.tls_key, cfg.tls_ca,
-                                       require_client_cert=cfg.tls_ca is not None)
-            self.port = server.add_secure_port(cfg.listen, creds)
-        else:
-            check_plaintext_listen(cfg.listen)
-            self.port = server.add_insecure_port(cfg.listen)
-        if self.port == 0:
-            raise ConfigError(f"--listen: cannot bind {self.config.listen}")
+        grpc_server = build_server(self.config, self.agents, self.control,
+                                   lambda: self.leadership)
+        self.port = grpc_server.port
         self._start_elector()
-        await server.start()
-        for name in names[:2]:
-            await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        await health.set("", health_pb2.HealthCheckResponse.SERVING)
-        self.server = server
+        await grpc_server.server.start()
+        await grpc_server.serving()
+        self.server = grpc_server.server
         if self.config.metrics_port is not None:
             httpd, _thread = start_http_server(
                 self.config.metrics_port, addr="127.0.0.1", registry=self.metrics.registry)
@@ -451,3 +348,6 @@ async def run_controller(config: ControllerConfig, *, ready_file: Path | None = 
     gc_policy.uninstall()
     await controller.stop()
 
+
+__all__ = ["HOUSEKEEPING_INTERVAL_S", "RECENT_HOST_S", "ROUTES_WARMUP_INTERVALS",
+           "ROUTES_WARMUP_MIN_S", "Controller", "ControllerConfig", "run_controller"]

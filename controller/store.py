@@ -6,12 +6,12 @@ the Alembic Config is built here, no alembic.ini). Sessions stay inside: callers
 pass and get the SQLModel rows of `gearshift.controller.tables`, detached and
 fully loaded. Upserts use each dialect's ``INSERT … ON CONFLICT`` so a batch is
 one statement per table. `write_batch` is the one-transaction entry point of the
-`BatchingWriter`.
+`BatchingWriter`. Decisions, revisions and policy versions are queried by the
+`DecisionQueries` mixin (`controller.decision_store`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -22,28 +22,18 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import StaticPool
-from sqlmodel import Session, SQLModel, col, select
+from sqlmodel import SQLModel, col, select
 
-from gearshift.controller.errors import (
-    AlreadyExists,
-    ConfigError,
-    InvalidArgument,
-    NotFound,
-    Unavailable,
-)
+from gearshift.controller.decision_store import DecisionQueries, dialect_insert, positive_limit
+from gearshift.controller.errors import ConfigError, InvalidArgument, Unavailable
 from gearshift.controller.tables import (
     SETTING_EPOCH,
     SETTING_TYPES,
     CommandLogRow,
-    DecisionRow,
-    DecisionStatus,
     DeploymentRow,
     HostRow,
-    PolicyVersionRow,
-    RevisionRow,
     RollupRow,
     SettingRow,
     utcnow,
@@ -113,10 +103,6 @@ def _create_engine(url: sa.URL) -> Engine:
     return sa.create_engine(url, pool_pre_ping=True)
 
 
-def _insert(dialect: str, table: sa.Table) -> Any:
-    return (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
-
-
 def _dump(rows: Iterable[SQLModel]) -> list[dict[str, Any]]:
     return [row.model_dump() for row in rows]
 
@@ -136,8 +122,10 @@ class WriteBatch:
                 + len(self.rollups) + len(self.commands))
 
 
-class Store:
-    """Typed access to the controller's tables. Thread-safe (a pool of connections)."""
+class Store(DecisionQueries):
+    """Typed access to the controller's tables. Thread-safe (a pool of connections).
+
+    Decisions, revisions and policy versions come from `DecisionQueries`."""
 
     def __init__(self, engine: Engine, safe_url: str) -> None:
         self._engine = engine
@@ -175,16 +163,13 @@ class Store:
     def close(self) -> None:
         self._engine.dispose()
 
-    def _session(self) -> Session:
-        return Session(self._engine, expire_on_commit=False)
-
     def _upsert(self, conn: Connection, model: type[SQLModel], rows: list[dict[str, Any]],
                 keys: Sequence[str], keep: Sequence[str] = ()) -> None:
         """INSERT rows, or on a key conflict update every column but `keys` and `keep`."""
         if not rows:
             return
         table: sa.Table = model.__table__  # type: ignore[attr-defined]
-        stmt = _insert(self.dialect, table)
+        stmt = dialect_insert(self.dialect, table)
         update = {c.name: stmt.excluded[c.name] for c in table.columns
                   if c.name not in keys and c.name not in keep}
         conn.execute(stmt.on_conflict_do_update(index_elements=list(keys), set_=update), rows)
@@ -267,7 +252,7 @@ class Store:
         """Record a command sent to an agent; logging the same id again changes nothing."""
         row = CommandLogRow(command_id=command_id, host_id=host_id, epoch=epoch, kind=kind,
                             payload=payload, phase=phase, message=message)
-        stmt = _insert(self.dialect, CommandLogRow.__table__)  # type: ignore[attr-defined]
+        stmt = dialect_insert(self.dialect, CommandLogRow.__table__)  # type: ignore[attr-defined]
         with self._engine.begin() as conn:
             conn.execute(stmt.on_conflict_do_nothing(index_elements=["command_id"]),
                          [row.model_dump()])
@@ -289,35 +274,14 @@ class Store:
 
     def list_commands(self, host_id: str | None = None, limit: int = 100) -> list[CommandLogRow]:
         """Newest first."""
-        q = select(CommandLogRow).order_by(col(CommandLogRow.created).desc()).limit(_limit(limit))
+        q = (select(CommandLogRow).order_by(col(CommandLogRow.created).desc())
+             .limit(positive_limit(limit)))
         if host_id is not None:
             q = q.where(CommandLogRow.host_id == host_id)
         with self._session() as s:
             return list(s.exec(q).all())
 
-    # -- policy versions and settings ----------------------------------------------------
-
-    def add_policy_version(self, name: str, yaml_text: str, applied_by: str,
-                           comment: str = "") -> int:
-        """Store an applied policy document; returns its new version number."""
-        digest = hashlib.sha256(yaml_text.encode()).hexdigest()
-        row = PolicyVersionRow(name=name, yaml_text=yaml_text, digest=digest,
-                               applied_by=applied_by, comment=comment)
-        with self._session() as s:
-            s.add(row)
-            s.commit()
-            assert row.version is not None
-            return row.version
-
-    def get_policy_version(self, version: int) -> PolicyVersionRow | None:
-        with self._session() as s:
-            return s.get(PolicyVersionRow, version)
-
-    def list_policy_versions(self) -> list[PolicyVersionRow]:
-        """Newest first."""
-        with self._session() as s:
-            q = select(PolicyVersionRow).order_by(col(PolicyVersionRow.version).desc())
-            return list(s.exec(q).all())
+    # -- settings ----------------------------------------------------------------------
 
     def get_setting(self, key: str, default: Any = None) -> Any:
         with self._session() as s:
@@ -370,88 +334,3 @@ class Store:
                 row.updated = utcnow()
             s.commit()
             return epoch
-
-    # -- decisions ---------------------------------------------------------------------
-
-    def add_decision(self, row: DecisionRow) -> str:
-        """Store a new decision; returns its id. AlreadyExists if the id is taken."""
-        with self._session() as s:
-            s.add(row)
-            try:
-                s.commit()
-            except sa.exc.IntegrityError:
-                raise AlreadyExists(f"decision {row.id!r} already exists") from None
-            return row.id
-
-    def get_decision(self, decision_id: str) -> DecisionRow | None:
-        with self._session() as s:
-            return s.get(DecisionRow, decision_id)
-
-    def list_decisions(self, model: str | None = None, status: DecisionStatus | None = None,
-                       limit: int = 100) -> list[DecisionRow]:
-        """Newest first."""
-        q = select(DecisionRow).order_by(col(DecisionRow.created_at).desc(),
-                                         col(DecisionRow.id)).limit(_limit(limit))
-        if model is not None:
-            q = q.where(DecisionRow.model == model)
-        if status is not None:
-            q = q.where(DecisionRow.status == _status(status))
-        with self._session() as s:
-            return list(s.exec(q).all())
-
-    def update_decision_status(self, decision_id: str, status: DecisionStatus, reason: str = "",
-                               expected_from: DecisionStatus | None = None) -> bool:
-        """Set a decision's status; with `expected_from`, only if it currently has that
-        status (compare-and-set). Returns False when the compare failed.
-
-        Raises NotFound for an unknown id and InvalidArgument for an unknown status.
-        """
-        new = _status(status)
-        q = sa.update(DecisionRow).where(col(DecisionRow.id) == decision_id)
-        if expected_from is not None:
-            q = q.where(col(DecisionRow.status) == _status(expected_from))
-        with self._engine.begin() as conn:
-            res = conn.execute(q.values(status=new, status_reason=reason, updated_at=utcnow()))
-            if res.rowcount:
-                return True
-            exists = conn.execute(sa.select(col(DecisionRow.id))
-                                  .where(col(DecisionRow.id) == decision_id)).first()
-        if exists is None:
-            raise NotFound(f"decision {decision_id!r} not found")
-        return False
-
-    # -- revisions ---------------------------------------------------------------------
-
-    def add_revision(self, model: str, revision: str, published_at: datetime | None = None,
-                     source: str = "") -> bool:
-        """Record a published revision; False when (model, revision) was already known."""
-        row = RevisionRow(model=model, revision=revision, source=source,
-                          published_at=published_at or utcnow())
-        stmt = _insert(self.dialect, RevisionRow.__table__)  # type: ignore[attr-defined]
-        values = row.model_dump(exclude={"id"})
-        with self._engine.begin() as conn:
-            res = conn.execute(stmt.values(**values).on_conflict_do_nothing(
-                index_elements=["model", "revision"]).returning(col(RevisionRow.id)))
-            return res.first() is not None
-
-    def list_revisions(self, model: str, since: datetime | None = None) -> list[RevisionRow]:
-        """Revisions of `model` published at or after `since`, oldest first."""
-        q = select(RevisionRow).where(RevisionRow.model == model)
-        if since is not None:
-            q = q.where(col(RevisionRow.published_at) >= since)
-        with self._session() as s:
-            return list(s.exec(q.order_by(col(RevisionRow.published_at))).all())
-
-
-def _limit(limit: int) -> int:
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise InvalidArgument(f"limit must be a positive integer, got {limit!r}")
-    return limit
-
-
-def _status(value: DecisionStatus | str) -> DecisionStatus:
-    try:
-        return DecisionStatus(value)
-    except ValueError:
-        known = ", ".join(m.value for m in DecisionStatus)
-        raise InvalidArgument(f"unknown decision status {value!r}; known: {known}") from None

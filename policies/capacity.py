@@ -5,22 +5,14 @@ replica and the p99 TTFT / ITL over that minute. `CapacityModel` keeps them in
 bounded memory (load bins 2% wide on a log scale, the newest `per_bin`
 observations in each, so a long quiet week cannot push out the few busy minutes
 that show where the engine saturates) and serialises to plain JSON.
+Invalid observations (NaN, negative, idle minutes) are refused by `add()` with
+the reason and counted.
 
-`estimate()` fits p99 latency as a non-decreasing function of load (scikit-learn
-`isotonic_regression` over the observations sorted by load, after dropping
-outliers: minutes whose p99 is over 10x the median p99 of every higher load,
-which no monotone curve can produce) and returns the largest load at which the
-fit stays within the SLA, interpolated in log latency between neighbours. The
-uncertainty band is the 5th..95th percentile of the same estimate over
-bootstrap resamples of the observations. When every observed load meets the SLA
-the result is only a lower bound (`status="lower_bound"`, the highest load seen);
-when even the lowest one misses it, an upper bound. Too few points, too narrow
-a load range, or mostly outliers give `status="insufficient_data"` with the
-reason; invalid observations (NaN, negative, idle minutes) are refused by
-`add()` with the reason and counted. Nothing here raises on data.
-
-`gain(a, b)` is the capacity ratio a/b with a confidence interval from the
-ratios of the two estimates' bootstrap draws.
+`estimate()` gives the largest load per replica at which p99 latency stays within
+the SLA, with a bootstrap band; the fit, the bounds and `gain(a, b)` (the capacity
+ratio a/b with a confidence interval) live in `policies.capacity_fit` and are
+re-exported here. `plot_capacity` draws the observations, the fit and the band.
+Nothing here raises on data.
 """
 
 from __future__ import annotations
@@ -31,29 +23,30 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-import numpy.typing as npt
-from sklearn.isotonic import isotonic_regression
 
 from gearshift.controller.errors import InvalidArgument
-
-FloatArray = npt.NDArray[np.float64]
+from gearshift.policies.capacity_fit import (
+    BIN_RATIO,
+    BOOTSTRAP_DRAWS,
+    CapacityEstimate,
+    FloatArray,
+    GainEstimate,
+    Status,
+    bin_medians,
+    combine,
+    estimate_metric,
+    gain,
+    monotone_fit,
+    outlier_mask,
+)
 
 SCHEMA_VERSION = 1
-BIN_RATIO = 1.02                  # width of a load bin (upper / lower bound)
 PER_BIN = 24                      # newest observations kept per load bin
 MAX_BINS = 400                    # bins kept; the emptiest-oldest go first beyond this
-MIN_POINTS = 10                   # observations with the metric needed to estimate
-MIN_LOAD_RANGE = 1.3              # highest / lowest observed load needed
-MIN_LOAD_BINS = 3                 # distinct load bins needed
-OUTLIER_FACTOR = 10.0             # p99 this many times the median at higher loads
-MAX_OUTLIER_SHARE = 0.2           # above this share of outliers: insufficient data
-BOOTSTRAP_DRAWS = 200
-BAND_PERCENTILES = (5.0, 95.0)
 
-Status = Literal["ok", "lower_bound", "upper_bound", "insufficient_data"]
 METRICS = ("ttft", "itl")
 
 
@@ -78,32 +71,6 @@ class LoadObservation:
     rps_per_replica: float
     ttft_p99_s: float | None
     itl_p99_s: float | None
-
-
-@dataclass(frozen=True)
-class CapacityEstimate:
-    """Capacity per replica at the SLA, with a bootstrap band (req/s)."""
-
-    status: Status
-    capacity_rps: float | None
-    low: float | None
-    high: float | None
-    points: int
-    max_observed_rps: float
-    reason: str = ""
-    limited_by: str = ""                 # "ttft" or "itl": the metric that binds
-    draws: tuple[float, ...] = ()        # bootstrap estimates (for gain intervals)
-
-
-@dataclass(frozen=True)
-class GainEstimate:
-    """Capacity ratio a / b with a confidence interval."""
-
-    ratio: float | None
-    low: float | None
-    high: float | None
-    status: Status
-    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -231,11 +198,11 @@ class CapacityModel:
         """Per load bin: median load, median p99 and the monotone fit (outliers removed)."""
         _check_metric(metric)
         loads, lat = self.series(metric)
-        keep = ~_outliers(loads, lat)
+        keep = ~outlier_mask(loads, lat)
         if int(keep.sum()) == 0:
             return []
-        x, y, w = _bin_medians(loads[keep], lat[keep])
-        fitted = np.interp(x, *_fit(loads[keep], lat[keep]))
+        x, y, w = bin_medians(loads[keep], lat[keep])
+        fitted = np.interp(x, *monotone_fit(loads[keep], lat[keep]))
         return [CurvePoint(float(a), float(b), float(c), int(n))
                 for a, b, c, n in zip(x, y, fitted, w, strict=True)]
 
@@ -249,163 +216,14 @@ class CapacityModel:
         if all(sla is None for sla in slas.values()):
             raise InvalidArgument("capacity estimate: give sla_ttft_p99_s or sla_itl_p99_s")
         seed = zlib.crc32(self.key.label().encode())
-        results = [_estimate_metric(metric, *self.series(metric), sla, draws, seed)
+        results = [estimate_metric(metric, *self.series(metric), sla, draws, seed)
                    for metric, sla in slas.items() if sla is not None]
-        return _combine(results)
+        return combine(results)
 
 
 def _check_metric(metric: str) -> None:
     if metric not in METRICS:
         raise InvalidArgument(f"unknown latency metric {metric!r}; known: {', '.join(METRICS)}")
-
-
-def _outliers(loads: FloatArray, lat: FloatArray) -> npt.NDArray[np.bool_]:
-    """p99s far above what every higher load showed: impossible for a monotone curve."""
-    flags = np.zeros(loads.size, dtype=bool)
-    order = np.argsort(loads)
-    for rank, i in enumerate(order):
-        above = lat[order[rank + 1:]]
-        if above.size >= 3 and lat[i] > OUTLIER_FACTOR * max(float(np.median(above)), 1e-6):
-            flags[i] = True
-    return flags
-
-
-def _group_medians(groups: npt.NDArray[np.int64], values: FloatArray
-                   ) -> tuple[npt.NDArray[np.int64], FloatArray, FloatArray]:
-    """(group ids, median of `values` per group, count per group), groups ascending."""
-    order = np.lexsort((values, groups))
-    g, v = groups[order], values[order]
-    starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
-    counts = np.diff(np.r_[starts, g.size])
-    median = (v[starts + (counts - 1) // 2] + v[starts + counts // 2]) / 2
-    return g[starts], median, counts.astype(np.float64)
-
-
-def _bin_medians(loads: FloatArray, lat: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray]:
-    """Per load bin: median load, median p99, count (bins ascending)."""
-    bins = np.floor(np.log(loads) / math.log(BIN_RATIO)).astype(np.int64)
-    _, x, w = _group_medians(bins, loads)
-    _, y, _ = _group_medians(bins, lat)
-    return x, y, w
-
-
-def _fit(loads: FloatArray, lat: FloatArray) -> tuple[FloatArray, FloatArray]:
-    """(loads ascending, the non-decreasing least-squares fit of p99 at each)."""
-    order = np.argsort(loads, kind="stable")
-    y = lat[order]
-    fit = y.copy() if y.size < 2 else isotonic_regression(y, increasing=True)
-    return loads[order], np.asarray(fit, dtype=np.float64)
-
-
-def _crossing(loads: FloatArray, lat: FloatArray, sla: float) -> tuple[float, Status]:
-    x, fit = _fit(loads, lat)
-    above = np.nonzero(fit > sla)[0]
-    if above.size == 0:
-        return float(x[-1]), "lower_bound"
-    j = int(above[0])
-    if j == 0:
-        return float(x[0]), "upper_bound"
-    # Interpolate log latency: queueing curves are convex, a chord in linear space
-    # would cross the SLA early.
-    x0, x1 = x[j - 1], x[j]
-    f0, f1, target = (math.log(max(v, 1e-9)) for v in (fit[j - 1], fit[j], sla))
-    if x1 <= x0:
-        return float(x0), "ok"
-    return float(x0 + (target - f0) / (f1 - f0) * (x1 - x0)), "ok"
-
-
-def _estimate_metric(metric: str, loads: FloatArray, lat: FloatArray, sla: float, draws: int,
-                     seed: int) -> tuple[str, CapacityEstimate]:
-    top = float(loads.max()) if loads.size else 0.0
-
-    def insufficient(reason: str, points: int) -> tuple[str, CapacityEstimate]:
-        return metric, CapacityEstimate("insufficient_data", None, None, None, points, top,
-                                        f"{metric}: insufficient data: {reason}", metric)
-
-    if loads.size < MIN_POINTS:
-        return insufficient(f"{loads.size} observation(s), need {MIN_POINTS}", int(loads.size))
-    outliers = _outliers(loads, lat)
-    share = float(outliers.mean())
-    if share > MAX_OUTLIER_SHARE:
-        return insufficient(f"{share:.0%} of the p99s are outliers (over {OUTLIER_FACTOR:g}x "
-                            f"the latency at higher loads)", int(loads.size))
-    loads, lat = loads[~outliers], lat[~outliers]
-    low_load, high_load = float(loads.min()), float(loads.max())
-    bins = np.unique(np.floor(np.log(loads) / math.log(BIN_RATIO)))
-    if high_load / low_load < MIN_LOAD_RANGE or bins.size < MIN_LOAD_BINS:
-        return insufficient(f"load range {low_load:.3g}..{high_load:.3g} rps is too narrow "
-                            f"(need a ratio of {MIN_LOAD_RANGE} over {MIN_LOAD_BINS} load bins)",
-                            int(loads.size))
-    x, fitted = _fit(loads, lat)
-    expected = np.interp(loads, x, fitted)
-    scatter = np.abs(np.log(np.maximum(lat, 1e-9) / np.maximum(expected, 1e-9)))
-    if (noisy := float(np.mean(scatter > math.log(OUTLIER_FACTOR)))) > MAX_OUTLIER_SHARE:
-        return insufficient(f"too noisy: {noisy:.0%} of the p99s are over {OUTLIER_FACTOR:g}x "
-                            f"off the monotone fit", int(loads.size))
-    value, status = _crossing(loads, lat, sla)
-    rng = np.random.default_rng(seed)
-    samples = []
-    for _ in range(draws):
-        pick = rng.integers(0, loads.size, loads.size)
-        samples.append(_crossing(loads[pick], lat[pick], sla)[0])
-    band = np.percentile(samples, BAND_PERCENTILES) if samples else np.array([value, value])
-    notes = [f"{int(outliers.sum())} outlier p99(s) ignored"] if outliers.any() else []
-    if status == "lower_bound":
-        notes.insert(0, f"{metric} p99 within the SLA {sla:g}s at every observed load; "
-                        f"capacity is at least {value:.3g} rps")
-    elif status == "upper_bound":
-        notes.insert(0, f"{metric} p99 above the SLA {sla:g}s even at the lowest observed load; "
-                        f"capacity is at most {value:.3g} rps")
-    low, high = min(float(band[0]), value), max(float(band[1]), value)
-    return metric, CapacityEstimate(status, value, low, high, int(loads.size), top,
-                                    "; ".join(notes), metric, tuple(samples))
-
-
-def _combine(results: list[tuple[str, CapacityEstimate]]) -> CapacityEstimate:
-    """The binding metric gives the capacity: the lowest one (bounds stay bounds, since a
-    lower bound is the highest load seen and an upper bound the lowest)."""
-    missing = [e for _, e in results if e.status == "insufficient_data"]
-    if missing:
-        return missing[0]
-    estimates = [e for _, e in results]
-    best = min(estimates, key=lambda e: e.capacity_rps or 0.0)
-    if len(estimates) == 1:
-        return best
-    draws = tuple(min(pair) for pair in zip(*(e.draws for e in estimates), strict=True))
-    value = best.capacity_rps or 0.0
-    low, high = np.percentile(draws, BAND_PERCENTILES) if draws else (value, value)
-    return CapacityEstimate(best.status, value, min(float(low), value), max(float(high), value),
-                            best.points, max(e.max_observed_rps for e in estimates),
-                            "; ".join(e.reason for e in estimates if e.reason), best.limited_by,
-                            draws)
-
-
-def gain(a: CapacityEstimate, b: CapacityEstimate) -> GainEstimate:
-    """Capacity of `a` relative to `b` (a / b) with a bootstrap confidence interval."""
-    if (a.status == "insufficient_data" or b.status == "insufficient_data"
-            or not a.capacity_rps or not b.capacity_rps):
-        why = a.reason if a.status == "insufficient_data" else b.reason
-        return GainEstimate(None, None, None, "insufficient_data", why or "no capacity measured")
-    ratio = a.capacity_rps / b.capacity_rps
-    if a.status == "ok" and b.status == "ok":
-        status: Status = "ok"
-    elif a.status in ("ok", "lower_bound") and b.status in ("ok", "upper_bound"):
-        status = "lower_bound"
-    elif a.status in ("ok", "upper_bound") and b.status in ("ok", "lower_bound"):
-        status = "upper_bound"
-    else:
-        return GainEstimate(ratio, None, None, "insufficient_data",
-                            f"both capacities are bounds in the same direction "
-                            f"({a.status}, {b.status}): the ratio is unknown")
-    n = min(len(a.draws), len(b.draws))
-    if n == 0:
-        return GainEstimate(ratio, ratio, ratio, status, "no bootstrap draws")
-    # Independent estimates: pair the draws in a shuffled order.
-    perm = np.random.default_rng(0).permutation(len(b.draws))[:n]
-    ratios = np.asarray(a.draws[:n]) / np.asarray(b.draws)[perm]
-    low, high = np.percentile(ratios, BAND_PERCENTILES)
-    reason = "" if status == "ok" else f"capacities: {a.status} / {b.status}"
-    return GainEstimate(ratio, min(float(low), ratio), max(float(high), ratio), status, reason)
 
 
 def plot_capacity(model: CapacityModel, path: str | Path, *, sla_ttft_p99_s: float | None = None,
@@ -446,3 +264,8 @@ def plot_capacity(model: CapacityModel, path: str | Path, *, sla_ttft_p99_s: flo
     finally:
         plt.close(fig)
     return out
+
+
+__all__ = ["MAX_BINS", "METRICS", "PER_BIN", "SCHEMA_VERSION", "CapacityEstimate", "CapacityKey",
+           "CapacityModel", "CurvePoint", "GainEstimate", "LoadObservation", "Status", "gain",
+           "plot_capacity"]

@@ -405,3 +405,19 @@ def test_revision_rollout_moves_to_the_new_revision(make: Callable[..., Harness]
     (dep,) = h.agents.deps["h1"].values()
     assert (dep.deployment_id, dep.engine, dep.revision) == (
         row.target_deployment_ids[0], "vllm", "r2")
+
+
+@pytest.mark.parametrize("phase,word", [(agent_pb2.DEPLOYMENT_PHASE_STARTING, "starting"),
+                                        (agent_pb2.DEPLOYMENT_PHASE_BUILDING, "building")])
+def test_draining_waits_for_a_target_that_is_not_ready_naming_its_phase(
+        make: Callable[..., Harness], phase: int, word: str) -> None:
+    h = make()
+    mid = h.orch.create("llama", "vllm", "tensorrt-llm").id
+    h.until(phase_is(P.DRAINING), mid)
+    tgt = h.orch.get(mid).target_deployment_ids[0]
+    h.agents.deps["h1"][tgt].phase = phase  # e.g. restarted by its agent meanwhile
+    h.agents.report(h.fleet)
+    h.orch.tick()
+    row = h.orch.get(mid)
+    assert row.phase is P.DRAINING
+    assert f"target {tgt} is {word}; its agent restarts it" in row.status_message

@@ -1,0 +1,71 @@
+"""The controller process's settings (`ControllerConfig`) and their validation.
+
+The CLI (`gearshift controller run`) fills a `ControllerConfig` from its flags;
+`validate()` refuses bad values with a message naming the flag and the value found.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gearshift.controller.errors import ConfigError
+
+DEFAULT_REPORT_INTERVAL_S = 10.0
+
+
+@dataclass
+class ControllerConfig:
+    """How one controller process runs (the CLI's flags); `validate()` checks it."""
+
+    listen: str = "127.0.0.1:50051"
+    db_url: str = ""                       # empty: SQLite under data_dir
+    data_dir: Path = field(default_factory=lambda: Path("./data"))
+    metrics_port: int | None = None        # None: no /metrics; 0: pick a free port
+    report_interval_s: float = DEFAULT_REPORT_INTERVAL_S
+    history_resolution_s: float = 60.0     # request-rate samples kept for the policy
+    canary_steps: tuple[float, ...] = (0.1, 0.25, 0.5)
+    analysis_intervals: int = 3            # good report intervals per canary step
+    tls_cert: Path | None = None           # server certificate (PEM); None: plaintext, loopback only
+    tls_key: Path | None = None
+    tls_ca: Path | None = None             # with TLS: clients (agents, gateway, CLI) must present
+                                           # a certificate from this CA (mutual TLS)
+    tokens_file: Path | None = None        # bearer tokens (read/admin); else $GEARSHIFT_TOKENS
+    controller_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    advertise: str = ""                    # HOST:PORT clients reach this controller at;
+                                           # empty: the listen address (its bound port)
+    lease_ttl_s: float = 10.0              # HA on PostgreSQL: leadership lease
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
+
+    def validate(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("--tls-cert and --tls-key: give both or neither")
+        if self.tls_ca is not None and self.tls_cert is None:
+            raise ConfigError("--tls-ca needs --tls-cert and --tls-key")
+        host, sep, port = self.listen.rpartition(":")
+        if not sep or not host or not port.isdigit() or int(port) > 65535:
+            raise ConfigError(f"--listen: expected HOST:PORT, found {self.listen!r}")
+        if not (0.1 <= self.report_interval_s <= 3600):
+            raise ConfigError(
+                f"--report-interval: expected 0.1..3600 seconds, found {self.report_interval_s}")
+        if not (0.1 <= self.history_resolution_s <= 3600):
+            raise ConfigError(
+                f"--history-resolution: expected 0.1..3600 seconds, found {self.history_resolution_s}")
+        if not self.canary_steps or any(not (0 < s < 1) for s in self.canary_steps) \
+                or list(self.canary_steps) != sorted(self.canary_steps):
+            raise ConfigError(
+                f"--canary-steps: expected increasing traffic shares between 0 and 1, "
+                f"found {','.join(str(s) for s in self.canary_steps)}")
+        if self.advertise:
+            a_host, a_sep, a_port = self.advertise.rpartition(":")
+            if not a_sep or not a_host or not a_port.isdigit() or not 0 < int(a_port) <= 65535:
+                raise ConfigError(f"--advertise: expected HOST:PORT, found {self.advertise!r}")
+        if not (1.0 <= self.lease_ttl_s <= 300):
+            raise ConfigError(f"--lease-ttl: expected 1..300 seconds, found {self.lease_ttl_s}")
+        if self.metrics_port is not None and not (0 <= self.metrics_port <= 65535):
+            raise ConfigError(f"--metrics-port: expected 0..65535, found {self.metrics_port}")

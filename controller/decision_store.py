@@ -1,0 +1,151 @@
+"""Decisions, revisions and policy versions: the queries `Store` gets from `DecisionQueries`.
+
+The mixin holds only queries; `Store` (in `controller.store`) supplies the engine,
+the URL handling and the schema. Sessions stay inside: callers pass and get the
+SQLModel rows of `gearshift.controller.tables`, detached and fully loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col, select
+
+from gearshift.controller.errors import AlreadyExists, InvalidArgument, NotFound
+from gearshift.controller.tables import (
+    DecisionRow,
+    DecisionStatus,
+    PolicyVersionRow,
+    RevisionRow,
+    utcnow,
+)
+
+
+def dialect_insert(dialect: str, table: sa.Table) -> Any:
+    """An ``INSERT`` on `table` with the dialect's ``ON CONFLICT`` clauses."""
+    return (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
+
+
+def positive_limit(limit: int) -> int:
+    """`limit` when it is a positive integer; InvalidArgument otherwise."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InvalidArgument(f"limit must be a positive integer, got {limit!r}")
+    return limit
+
+
+class DecisionQueries:
+    """Policy versions, decisions and revisions; mixed into `Store`, which sets `_engine`."""
+
+    _engine: Engine
+
+    def _session(self) -> Session:
+        return Session(self._engine, expire_on_commit=False)
+
+    # -- policy versions ---------------------------------------------------------------
+
+    def add_policy_version(self, name: str, yaml_text: str, applied_by: str,
+                           comment: str = "") -> int:
+        """Store an applied policy document; returns its new version number."""
+        digest = hashlib.sha256(yaml_text.encode()).hexdigest()
+        row = PolicyVersionRow(name=name, yaml_text=yaml_text, digest=digest,
+                               applied_by=applied_by, comment=comment)
+        with self._session() as s:
+            s.add(row)
+            s.commit()
+            assert row.version is not None
+            return row.version
+
+    def get_policy_version(self, version: int) -> PolicyVersionRow | None:
+        with self._session() as s:
+            return s.get(PolicyVersionRow, version)
+
+    def list_policy_versions(self) -> list[PolicyVersionRow]:
+        """Newest first."""
+        with self._session() as s:
+            q = select(PolicyVersionRow).order_by(col(PolicyVersionRow.version).desc())
+            return list(s.exec(q).all())
+
+    # -- decisions ---------------------------------------------------------------------
+
+    def add_decision(self, row: DecisionRow) -> str:
+        """Store a new decision; returns its id. AlreadyExists if the id is taken."""
+        with self._session() as s:
+            s.add(row)
+            try:
+                s.commit()
+            except sa.exc.IntegrityError:
+                raise AlreadyExists(f"decision {row.id!r} already exists") from None
+            return row.id
+
+    def get_decision(self, decision_id: str) -> DecisionRow | None:
+        with self._session() as s:
+            return s.get(DecisionRow, decision_id)
+
+    def list_decisions(self, model: str | None = None, status: DecisionStatus | None = None,
+                       limit: int = 100) -> list[DecisionRow]:
+        """Newest first."""
+        q = select(DecisionRow).order_by(col(DecisionRow.created_at).desc(),
+                                         col(DecisionRow.id)).limit(positive_limit(limit))
+        if model is not None:
+            q = q.where(DecisionRow.model == model)
+        if status is not None:
+            q = q.where(DecisionRow.status == _status(status))
+        with self._session() as s:
+            return list(s.exec(q).all())
+
+    def update_decision_status(self, decision_id: str, status: DecisionStatus, reason: str = "",
+                               expected_from: DecisionStatus | None = None) -> bool:
+        """Set a decision's status; with `expected_from`, only if it currently has that
+        status (compare-and-set). Returns False when the compare failed.
+
+        Raises NotFound for an unknown id and InvalidArgument for an unknown status.
+        """
+        new = _status(status)
+        q = sa.update(DecisionRow).where(col(DecisionRow.id) == decision_id)
+        if expected_from is not None:
+            q = q.where(col(DecisionRow.status) == _status(expected_from))
+        with self._engine.begin() as conn:
+            res = conn.execute(q.values(status=new, status_reason=reason, updated_at=utcnow()))
+            if res.rowcount:
+                return True
+            exists = conn.execute(sa.select(col(DecisionRow.id))
+                                  .where(col(DecisionRow.id) == decision_id)).first()
+        if exists is None:
+            raise NotFound(f"decision {decision_id!r} not found")
+        return False
+
+    # -- revisions ---------------------------------------------------------------------
+
+    def add_revision(self, model: str, revision: str, published_at: datetime | None = None,
+                     source: str = "") -> bool:
+        """Record a published revision; False when (model, revision) was already known."""
+        row = RevisionRow(model=model, revision=revision, source=source,
+                          published_at=published_at or utcnow())
+        table = RevisionRow.__table__  # type: ignore[attr-defined]
+        stmt = dialect_insert(self._engine.dialect.name, table)
+        values = row.model_dump(exclude={"id"})
+        with self._engine.begin() as conn:
+            res = conn.execute(stmt.values(**values).on_conflict_do_nothing(
+                index_elements=["model", "revision"]).returning(col(RevisionRow.id)))
+            return res.first() is not None
+
+    def list_revisions(self, model: str, since: datetime | None = None) -> list[RevisionRow]:
+        """Revisions of `model` published at or after `since`, oldest first."""
+        q = select(RevisionRow).where(RevisionRow.model == model)
+        if since is not None:
+            q = q.where(col(RevisionRow.published_at) >= since)
+        with self._session() as s:
+            return list(s.exec(q.order_by(col(RevisionRow.published_at))).all())
+
+
+def _status(value: DecisionStatus | str) -> DecisionStatus:
+    try:
+        return DecisionStatus(value)
+    except ValueError:
+        known = ", ".join(m.value for m in DecisionStatus)
+        raise InvalidArgument(f"unknown decision status {value!r}; known: {known}") from None

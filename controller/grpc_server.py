@@ -1,0 +1,101 @@
+"""The controller's gRPC server: interceptors, services, health, reflection and the port.
+
+`build_server` assembles the server the controller serves on, before it starts:
+bearer tokens (``--tokens-file`` or ``$GEARSHIFT_TOKENS``) are checked first, then
+the leader gate and the error mapping; TLS (mutual when a CA is given) or, only
+on loopback, plaintext.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from gearshift.controller.agent_service import AgentService
+from gearshift.controller.config import ControllerConfig
+from gearshift.controller.control_service import ControlService
+from gearshift.controller.errors import ConfigError
+from gearshift.controller.ha import LeaderGate, Leadership
+from gearshift.controller.interceptors import ErrorInterceptor
+from gearshift.controller.security import (
+    AuthInterceptor,
+    TokenStore,
+    check_plaintext_listen,
+    server_credentials,
+)
+from gearshift.v1 import agent_pb2, agent_pb2_grpc, control_pb2, control_pb2_grpc
+
+# Logs under the controller process's logger name, which operators filter on.
+log = logging.getLogger("gearshift.controller.server")
+
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+
+@dataclass
+class GrpcServer:
+    """A bound, not yet started server and its health service."""
+
+    server: aio.Server
+    health: HealthServicer
+    services: tuple[str, ...]  # full names of the agent and control services
+    port: int
+
+    async def serving(self) -> None:
+        """Mark the agent and control services (and the server as a whole) SERVING."""
+        for name in self.services:
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+
+
+def load_tokens(config: ControllerConfig) -> TokenStore | None:
+    """Bearer tokens from ``--tokens-file``, else ``$GEARSHIFT_TOKENS``; None: no tokens."""
+    if config.tokens_file is not None:
+        return TokenStore.from_file(config.tokens_file)
+    if os.environ.get("GEARSHIFT_TOKENS"):
+        return TokenStore.from_env("GEARSHIFT_TOKENS")
+    return None
+
+
+def build_server(config: ControllerConfig, agents: AgentService, control: ControlService,
+                 leadership: Callable[[], Leadership | None]) -> GrpcServer:
+    """The server with its interceptors and services, bound to ``config.listen``."""
+    tokens = load_tokens(config)
+    interceptors: list[aio.ServerInterceptor] = [LeaderGate(leadership), ErrorInterceptor()]
+    if tokens is not None:
+        interceptors.insert(0, AuthInterceptor(tokens))  # refuse before any handler runs
+        log.info("bearer tokens required on the control API (%s)", tokens.describe())
+    server = aio.server(
+        interceptors=interceptors,
+        options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                 ("grpc.keepalive_time_ms", 20_000),
+                 ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+                 ("grpc.keepalive_permit_without_calls", 1)])
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(agents, server)
+    control_pb2_grpc.add_ControlServiceServicer_to_server(control, server)
+    health = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    names = (
+        agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
+        control_pb2.DESCRIPTOR.services_by_name["ControlService"].full_name,
+        health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+        reflection.SERVICE_NAME,
+    )
+    reflection.enable_server_reflection(names, server)
+    if config.tls_cert is not None and config.tls_key is not None:
+        creds = server_credentials(config.tls_cert, config.tls_key, config.tls_ca,
+                                   require_client_cert=config.tls_ca is not None)
+        port = server.add_secure_port(config.listen, creds)
+    else:
+        check_plaintext_listen(config.listen)
+        port = server.add_insecure_port(config.listen)
+    if port == 0:
+        raise ConfigError(f"--listen: cannot bind {config.listen}")
+    return GrpcServer(server, health, names[:2], port)
