@@ -39,8 +39,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import grpc
+
 from gearshift.cli.ha_fleet import HaFleet
 from gearshift.cli.local_pg import LocalPostgres
+from gearshift.v1 import control_pb2, control_pb2_grpc
 
 FAST_ENGINES = {"vllm": {"GEARSHIFT_EMULATOR_LOAD_S": "0.3"},
                 "tensorrt-llm": {"GEARSHIFT_EMULATOR_LOAD_S": "0.3"}}
@@ -65,7 +68,7 @@ END_PHASES = ("done", "rolled_back", "aborted")
 class Load:
     """Clients of the gateway: small completions from a few threads."""
 
-    def __init__(self, url: str, model: str, workers: int = 2) -> None:
+    def __init__(self, url: str, model: str, workers: int = 4) -> None:
         self.url, self.model = url, model
         self.sent = self.failed = 0
         self.errors: list[str] = []
@@ -125,14 +128,15 @@ def wait(fn: Any, timeout_s: float, what: str, interval_s: float = 0.1) -> Any:
 
 
 def agents_on(fleet: HaFleet, name: str, hosts: set[str]) -> bool:
-    proc = fleet.cli("fleet", "hosts", "-o", "json")  # follows the leader
-    if proc.returncode != 0:
-        return False
-    st = fleet.status(name)
-    if st is None or not st.leader:
-        return False
-    seen = {h["host_id"] for h in json.loads(proc.stdout)
-            if h["state"] == "HOST_STATE_CONNECTED" and int(h.get("reports", 0)) > 0}
+    """True when controller `name` leads and every host in `hosts` reports to it."""
+    with grpc.insecure_channel(fleet.addr(name)) as channel:
+        stub = control_pb2_grpc.ControlServiceStub(channel)
+        try:
+            listed = stub.ListHosts(control_pb2.ListHostsRequest(), timeout=2.0)
+        except grpc.RpcError:
+            return False  # not (yet) the leader, or not answering
+    seen = {h.host_id for h in listed.hosts
+            if h.state == control_pb2.HOST_STATE_CONNECTED and h.reports > 0}
     return hosts <= seen
 
 
@@ -179,7 +183,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     killed = time.monotonic()
                     new, _ = fleet.wait_leader(60, not_name=leader, min_epoch=epoch + 1)
                     elections.append(time.monotonic() - killed)
-                    wait(lambda new=new: agents_on(fleet, new, hosts), 60, "agents on the leader")
+                    wait(lambda new=new: agents_on(fleet, new, hosts), 60, "agents on the leader",
+                         interval_s=0.05)
                     takeovers.append(time.monotonic() - killed)
                     fleet.start_controller(("--history-resolution", "1"), leader)
                     wait(lambda mid=mid: cli_json(fleet, "migrations", "show", mid)["phase"]
@@ -189,8 +194,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                 != "proposed":
                             changed.add(did)
                         fleet.cli("decisions", "reject", did, "--reason", "failover bench")
-                    print(f"failover {k}: {leader} -> {new}, takeover "
-                          f"{takeovers[-1]:.1f}s", file=sys.stderr, flush=True)
+                    print(f"failover {k}: {leader} -> {new}, elected after {elections[-1]:.1f}s, "
+                          f"takeover {takeovers[-1]:.1f}s", file=sys.stderr, flush=True)
             now = {d["id"] for d in cli_json(fleet, "decisions", "list", "--limit", "1000")}
             shown = [cli_json(fleet, "migrations", "show", m) for m in rollouts]
             phases = [m["phase"] for m in shown]
