@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -207,6 +208,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             runs = fleet.executions()
         finally:
             fleet.stop()
+            if args.keep_logs:
+                print(f"logs kept in {workdir}", file=sys.stderr)
+            else:
+                shutil.rmtree(workdir, ignore_errors=True)
     return {
         "failovers": len(takeovers),
         "controllers": args.controllers,
@@ -232,6 +237,7 @@ def main() -> None:
     p.add_argument("--lease-ttl", type=float, default=10.0)
     p.add_argument("--agents", type=int, default=3)
     p.add_argument("--report-interval", type=float, default=1.0)
+    p.add_argument("--keep-logs", action="store_true", help="keep the processes' logs")
     print(json.dumps(run(p.parse_args())))
 
 
