@@ -63,10 +63,12 @@ spec:
   interval: 2s
   signals: {{window: 12s, longWindow: 24s, sustainedQuantile: 0.1, revisionWindow: 120s, minHistory: 6s}}
   rules:
+    # The rate is counted over at least a week, so on this timescale the signal is the
+    # number of revisions within the 120 s window: a model's first weights are one.
     - name: vllm-while-weights-churn
       kind: threshold
       prefer: vllm
-      when: [{{signal: revisions_per_week, ge: 1000}}]
+      when: [{{signal: revisions_per_week, ge: 2}}]
     - name: trt-for-heavy-fixed-models
       kind: threshold
       prefer: tensorrt-llm
