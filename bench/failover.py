@@ -43,6 +43,7 @@ from typing import Any
 import grpc
 
 from gearshift.cli.ha_fleet import HaFleet
+from gearshift.cli.local_fleet import wait_for
 from gearshift.cli.local_pg import LocalPostgres
 from gearshift.v1 import control_pb2, control_pb2_grpc
 
@@ -114,20 +115,6 @@ def cli_json(fleet: HaFleet, *args: str) -> Any:
     return json.loads(proc.stdout)
 
 
-def wait(fn: Any, timeout_s: float, what: str, interval_s: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = fn()
-            if value:
-                return value
-        except Exception as exc:  # the thing waited for may not answer yet
-            last = exc
-        time.sleep(interval_s)
-    raise TimeoutError(f"{what}: not within {timeout_s}s (last error: {last})")
-
-
 def agents_on(fleet: HaFleet, name: str, hosts: set[str]) -> bool:
     """True when controller `name` leads and every host in `hosts` reports to it."""
     with grpc.insecure_channel(fleet.addr(name)) as channel:
@@ -159,7 +146,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                           "gpu_indices": [0]}], FAST_ENGINES)
             for i in range(1, args.agents):
                 fleet.start_agent(f"host-{i + 1}", [], FAST_ENGINES)
-            wait(lambda: any(d["report"]["phase"] == "DEPLOYMENT_PHASE_READY"
+            wait_for(lambda: any(d["report"]["phase"] == "DEPLOYMENT_PHASE_READY"
                              for d in cli_json(fleet, "fleet", "deployments")), 60, "m ready")
             fleet.start_gateway()
             policy = workdir / "policy.yaml"
@@ -173,9 +160,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     if not mid:
                         raise RuntimeError(f"publish gave no migration: {out}")
                     rollouts.append(mid)
-                    wait(lambda mid=mid: cli_json(fleet, "migrations", "show", mid)["phase"]
+                    wait_for(lambda mid=mid: cli_json(fleet, "migrations", "show", mid)["phase"]
                          not in ("pending",), 30, "the rollout under way")
-                    proposed = wait(lambda: [d["id"] for d in cli_json(fleet, "decisions", "list")
+                    proposed = wait_for(lambda: [d["id"] for d in cli_json(fleet, "decisions", "list")
                                              if d["status"] == "proposed"
                                              and d["id"] not in listed], 60, "a new decision")
                     listed.update(proposed)
@@ -184,11 +171,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     killed = time.monotonic()
                     new, _ = fleet.wait_leader(60, not_name=leader, min_epoch=epoch + 1)
                     elections.append(time.monotonic() - killed)
-                    wait(lambda new=new: agents_on(fleet, new, hosts), 60, "agents on the leader",
+                    wait_for(lambda new=new: agents_on(fleet, new, hosts), 60, "agents on the leader",
                          interval_s=0.05)
                     takeovers.append(time.monotonic() - killed)
                     fleet.start_controller(("--history-resolution", "1"), leader)
-                    wait(lambda mid=mid: cli_json(fleet, "migrations", "show", mid)["phase"]
+                    wait_for(lambda mid=mid: cli_json(fleet, "migrations", "show", mid)["phase"]
                          in END_PHASES, 180, "the rollout to end")
                     for did in proposed:  # kept, still waiting: then make room for the next
                         if cli_json(fleet, "decisions", "explain", did).get("status") \

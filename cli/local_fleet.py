@@ -15,14 +15,34 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 import yaml
 
 READY_TIMEOUT_S = 30.0
+
+T = TypeVar("T")
+
+
+def wait_for(fn: Callable[[], T | None], timeout_s: float = 30.0, what: str = "condition",
+             interval_s: float = 0.2) -> T:
+    """Poll `fn` until it returns something truthy (an exception counts as not yet)."""
+    deadline = time.monotonic() + timeout_s
+    last_exc: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = fn()
+            if value:
+                return value
+        except Exception as exc:  # the thing waited for may not answer yet
+            last_exc = exc
+        time.sleep(interval_s)
+    raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}; "
+                       f"last error: {last_exc!r}")
 
 
 def free_port() -> int:

@@ -5,33 +5,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
-from gearshift.cli.local_fleet import LocalFleet
+from gearshift.cli.local_fleet import LocalFleet, wait_for
 
-T = TypeVar("T")
+__all__ = ["FAST_ENGINE_ENV", "GatewayLoad", "SteadyLoad", "gearshift", "gearshift_json",
+           "wait_for"]  # wait_for lives with the fleet launcher; tests import it from here
+
 
 FAST_ENGINE_ENV = {
     "vllm": {"GEARSHIFT_EMULATOR_LOAD_S": "0.3"},
     "tensorrt-llm": {"GEARSHIFT_EMULATOR_LOAD_S": "0.3"},
 }
-
-
-def wait_for(fn: Callable[[], T | None], timeout_s: float = 30.0, what: str = "condition",
-             interval_s: float = 0.2) -> T:
-    deadline = time.monotonic() + timeout_s
-    last_exc: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = fn()
-            if value:
-                return value
-        except Exception as exc:  # the thing waited for may not answer yet
-            last_exc = exc
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last error: {last_exc!r}")
 
 
 def gearshift(fleet: LocalFleet, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -33,6 +33,13 @@ def start_moving_fleet(fleet: LocalFleet, controller_args: tuple[str, ...],
     empty; a gateway. `host_a_trt_env` adds emulator settings (faults) to host-a's
     TensorRT-LLM engines."""
     fleet.start_controller(controller_args)
+    start_moving_hosts(fleet, host_a_trt_env)
+    fleet.start_gateway()
+    return fleet
+
+
+def start_moving_hosts(fleet: LocalFleet, host_a_trt_env: dict[str, str] | None = None) -> None:
+    """The agents of `start_moving_fleet`, once m is ready (controllers already up)."""
     env = {**FAST_ENGINE_ENV,
            "tensorrt-llm": {**FAST_ENGINE_ENV["tensorrt-llm"], **(host_a_trt_env or {})}}
     fleet.start_agent("host-a", [{"deployment_id": "m-vllm-0", "model": "m", "engine": "vllm",
@@ -41,8 +48,12 @@ def start_moving_fleet(fleet: LocalFleet, controller_args: tuple[str, ...],
     fleet.start_agent("host-b", [], FAST_ENGINE_ENV)
     wait_for(lambda: any(d["report"]["phase"] == "DEPLOYMENT_PHASE_READY"
                          for d in gearshift_json(fleet, "fleet", "deployments")), 60, "m ready")
-    fleet.start_gateway()
-    return fleet
+
+
+def ended(fleet: LocalFleet, mid: str) -> dict | None:
+    """Migration `mid` once it has ended, else None."""
+    m = gearshift_json(fleet, "migrations", "show", mid)
+    return m if m["phase"] in END_PHASES else None
 
 
 def _apply(fleet: LocalFleet, tmp_path: Path, name: str, mode: str, prefer: str,

@@ -22,7 +22,7 @@ import pytest
 from gearshift.cli.ha_fleet import HaFleet
 from gearshift.cli.local_pg import LocalPostgres
 from integration.helpers import FAST_ENGINE_ENV, GatewayLoad, SteadyLoad, gearshift_json, wait_for
-from integration.moves import END_PHASES, _apply, _engines, _migration_in
+from integration.moves import _apply, _engines, _migration_in, ended, start_moving_hosts
 
 # A longer canary leaves time to inject the fault while it runs.
 ARGS = ("--history-resolution", "0.5", "--canary-steps", "0.5", "--analysis-intervals", "12")
@@ -57,21 +57,6 @@ def ha(tmp_path: Path, pg_server: LocalPostgres) -> Iterator[HaFleet]:
         fleet.stop()
 
 
-def start_hosts(fleet: HaFleet) -> None:
-    """m on vLLM on host-a (free GPUs there too); host-b empty."""
-    fleet.start_agent("host-a", [{"deployment_id": "m-vllm-0", "model": "m", "engine": "vllm",
-                                  "source": "org/m", "revision": "r1", "gpu_indices": [0]}],
-                      FAST_ENGINE_ENV)
-    fleet.start_agent("host-b", [], FAST_ENGINE_ENV)
-    wait_for(lambda: any(d["report"]["phase"] == "DEPLOYMENT_PHASE_READY"
-                         for d in gearshift_json(fleet, "fleet", "deployments")), 60, "m ready")
-
-
-def ended(fleet: HaFleet, mid: str) -> dict | None:
-    m = gearshift_json(fleet, "migrations", "show", mid)
-    return m if m["phase"] in END_PHASES else None
-
-
 def journal(fleet: HaFleet, host: str) -> list[dict]:
     path = fleet.journal(host)
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
@@ -81,7 +66,7 @@ def test_leader_killed_mid_migration_follower_takes_over_and_finishes_once(
         ha: HaFleet, tmp_path: Path) -> None:
     ha.start_all(ARGS)
     leader, epoch = ha.wait_leader()
-    start_hosts(ha)
+    start_moving_hosts(ha)
     ha.start_gateway()
     with GatewayLoad(ha.gateway_url, "m") as load:
         _apply(ha, tmp_path, "to-trt", "auto", "tensorrt-llm")  # sent to the leader by the CLI
@@ -112,7 +97,7 @@ def test_leader_killed_mid_migration_follower_takes_over_and_finishes_once(
 def test_partitioned_agent_is_unreachable_nothing_is_drained_and_it_rejoins(
         ha: HaFleet, tmp_path: Path) -> None:
     ha.start_all(ARGS)
-    start_hosts(ha)
+    start_moving_hosts(ha)
     ha.start_agent("host-c", [{"deployment_id": "n-vllm-0", "model": "n", "engine": "vllm",
                                "gpu_indices": [0]}], FAST_ENGINE_ENV)
     deps = wait_for(lambda: [d for d in gearshift_json(ha, "fleet", "deployments")
@@ -149,7 +134,7 @@ def test_postgres_restart_under_load_loses_no_decision(tmp_path: Path) -> None:
         fleet = make_fleet(tmp_path / "ha", pg.url)
         try:
             fleet.start_all(ARGS)
-            start_hosts(fleet)
+            start_moving_hosts(fleet)
             fleet.start_gateway()
             with GatewayLoad(fleet.gateway_url, "m") as load:
                 _apply(fleet, tmp_path, "to-trt", "approve", "tensorrt-llm")
@@ -184,7 +169,7 @@ def test_postgres_restart_under_load_loses_no_decision(tmp_path: Path) -> None:
 
 def test_stale_leader_resuming_after_a_pause_is_fenced(ha: HaFleet, tmp_path: Path) -> None:
     ha.start_all(ARGS)
-    start_hosts(ha)
+    start_moving_hosts(ha)
     ha.start_gateway()
     with GatewayLoad(ha.gateway_url, "m") as load:
         _apply(ha, tmp_path, "to-trt", "auto", "tensorrt-llm")

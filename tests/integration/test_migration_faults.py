@@ -10,7 +10,7 @@ import pytest
 
 from gearshift.cli.local_fleet import LocalFleet
 from integration.helpers import FAST_ENGINE_ENV, GatewayLoad, gearshift_json, wait_for
-from integration.moves import _apply, _engines, _migration_in, start_moving_fleet
+from integration.moves import _apply, _engines, _migration_in, ended, start_moving_fleet
 
 # A longer canary leaves time to inject the fault while it runs.
 ARGS = ("--history-resolution", "0.5", "--canary-steps", "0.5", "--analysis-intervals", "12")
@@ -21,11 +21,6 @@ def moving_fleet(fleet: LocalFleet) -> LocalFleet:
     return start_moving_fleet(fleet, ARGS)
 
 
-def _ended(fleet: LocalFleet, mid: str) -> dict | None:
-    m = gearshift_json(fleet, "migrations", "show", mid)
-    return m if m["phase"] in ("done", "rolled_back", "aborted") else None
-
-
 def test_engine_crash_during_canary_rolls_back(fleet: LocalFleet, tmp_path: Path) -> None:
     # The target engine crashes by itself a few seconds after it started: in its canary.
     start_moving_fleet(fleet, ARGS, {"GEARSHIFT_EMULATOR_FAULTS": '{"crash_after_s": 6}'})
@@ -33,7 +28,7 @@ def test_engine_crash_during_canary_rolls_back(fleet: LocalFleet, tmp_path: Path
         _apply(fleet, tmp_path, "to-trt", "auto", "tensorrt-llm", cooldown="1h")
         mig = wait_for(lambda: next(iter(gearshift_json(fleet, "migrations", "list")), None),
                        60, "the move to start")
-        end = wait_for(lambda: _ended(fleet, mig["id"]), 60, "the move to end")
+        end = wait_for(lambda: ended(fleet, mig["id"]), 60, "the move to end")
         assert end["phase"] == "rolled_back", end
         assert "restart" in end["reason"] or "crash" in end["reason"], end["reason"]
         wait_for(lambda: _engines(fleet) == {"vllm"}, 30, "m back on vllm only")
@@ -50,7 +45,7 @@ def test_controller_killed_mid_move_resumes_and_finishes(moving_fleet: LocalFlee
         mig = wait_for(lambda: _migration_in(fleet, "canary"), 60, "the canary")
         fleet.procs.pop("controller").kill()  # SIGKILL: no chance to clean up
         fleet.start_controller(ARGS)           # same port, same SQLite file
-        end = wait_for(lambda: _ended(fleet, mig["id"]), 90, "the resumed move to end")
+        end = wait_for(lambda: ended(fleet, mig["id"]), 90, "the resumed move to end")
         assert end["phase"] == "done", [(s["to_phase"], s["message"]) for s in end["steps"]]
         wait_for(lambda: _engines(fleet) == {"tensorrt-llm"}, 30, "m on tensorrt-llm only")
     assert load.failed == 0, load.errors[:5]
@@ -69,7 +64,7 @@ def test_target_agent_killed_mid_move_ends_safely(moving_fleet: LocalFleet, tmp_
         mig = wait_for(lambda: _migration_in(fleet, "canary"), 60, "the canary")
         fleet.procs.pop("host-b").kill()  # its engine runs on, orphaned, as on a real host
         fleet.start_agent("host-b", [], FAST_ENGINE_ENV)
-        end = wait_for(lambda: _ended(fleet, mig["id"]), 90, "the move to end")
+        end = wait_for(lambda: ended(fleet, mig["id"]), 90, "the move to end")
         assert end["phase"] in ("done", "rolled_back"), end
         engines = wait_for(lambda: (e := _engines(fleet)) and len(e) == 1 and e, 30,
                            "m served by one engine")
