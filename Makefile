@@ -24,8 +24,8 @@ proto: $(STAMP)
 	$(BIN)/python scripts/gen_proto.py
 
 lint: $(STAMP)
-	$(BIN)/ruff check controller agents policies cli gateway bench tests scripts
-	$(BIN)/mypy controller agents policies cli gateway
+	$(BIN)/ruff check common controller agents policies cli gateway bench tests scripts
+	$(BIN)/mypy common controller agents policies cli gateway
 
 clean:
 	rm -rf $(VENV) build *.egg-info

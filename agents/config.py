@@ -12,8 +12,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from gearshift.controller.endpoints import parse_controllers
-from gearshift.controller.errors import ConfigError
+from gearshift.common.endpoints import parse_controllers
+from gearshift.common.errors import ConfigError
 
 ENGINE_NAMES = ("vllm", "tensorrt-llm")
 DEFAULT_EXECUTABLES = {"vllm": ["vllm"], "tensorrt-llm": ["trtllm-serve"]}

@@ -30,11 +30,11 @@ from gearshift.agents.metrics import EngineScraper, to_proto
 from gearshift.agents.runtimes import trtllm as _trtllm  # noqa: F401  (registers the runtime)
 from gearshift.agents.runtimes import vllm as _vllm  # noqa: F401  (registers the runtime)
 from gearshift.agents.runtimes.base import get_runtime
-from gearshift.agents.runtimes.spec import DeploymentSpec, Phase
 from gearshift.agents.runtimes.supervisor import EngineSupervisor
-from gearshift.controller.credentials import TlsFiles, secure_channel
-from gearshift.controller.endpoints import ControllerEndpoints, leader_hint
-from gearshift.controller.errors import FailedPrecondition, InvalidArgument
+from gearshift.common.credentials import TlsFiles, secure_channel
+from gearshift.common.endpoints import ControllerEndpoints, leader_hint
+from gearshift.common.errors import FailedPrecondition, InvalidArgument
+from gearshift.common.spec import DeploymentSpec, Phase
 from gearshift.v1 import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger(__name__)

@@ -33,10 +33,9 @@ from typing import Any
 
 import click
 
-from gearshift.controller.errors import ConfigError, FailedPrecondition, GearshiftError
+from gearshift.common.errors import ConfigError, FailedPrecondition, GearshiftError
+from gearshift.common.identity import HOST_URI_PREFIX, SPIFFE_TRUST_DOMAIN
 
-SPIFFE_TRUST_DOMAIN = "gearshift"
-HOST_URI_PREFIX = f"spiffe://{SPIFFE_TRUST_DOMAIN}/host/"
 DEFAULT_CONTROLLER_SANS: tuple[str, ...] = ("127.0.0.1", "localhost")
 DEFAULT_VALIDITY_DAYS = 365
 # Certificates start a little in the past so that small clock skew between hosts

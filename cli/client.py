@@ -10,9 +10,9 @@ from typing import Any, ClassVar, TypeVar
 import click
 import grpc
 
-from gearshift.controller.credentials import TlsFiles, load_token, secure_channel
-from gearshift.controller.endpoints import ControllerEndpoints
-from gearshift.controller.errors import GearshiftError, from_rpc_error
+from gearshift.common.credentials import TlsFiles, load_token, secure_channel
+from gearshift.common.endpoints import ControllerEndpoints
+from gearshift.common.errors import ErrorCode, GearshiftError, error_for
 from gearshift.v1 import control_pb2_grpc
 
 DEFAULT_CONTROLLER = "127.0.0.1:50051"
@@ -24,18 +24,27 @@ T = TypeVar("T")
 class CliError(click.ClickException):
     """A gearshift error shown to a person: message only, exit code by status."""
 
-    EXIT_BY_CODE: ClassVar[dict[grpc.StatusCode, int]] = {
-        grpc.StatusCode.INVALID_ARGUMENT: 2,
-        grpc.StatusCode.NOT_FOUND: 3,
-        grpc.StatusCode.FAILED_PRECONDITION: 4,
-        grpc.StatusCode.UNAVAILABLE: 5,
-        grpc.StatusCode.PERMISSION_DENIED: 6,
-        grpc.StatusCode.UNAUTHENTICATED: 6,
+    EXIT_BY_CODE: ClassVar[dict[ErrorCode, int]] = {
+        ErrorCode.INVALID_ARGUMENT: 2,
+        ErrorCode.NOT_FOUND: 3,
+        ErrorCode.FAILED_PRECONDITION: 4,
+        ErrorCode.UNAVAILABLE: 5,
+        ErrorCode.PERMISSION_DENIED: 6,
+        ErrorCode.UNAUTHENTICATED: 6,
     }
 
     def __init__(self, err: GearshiftError) -> None:
         super().__init__(err.message)
         self.exit_code = self.EXIT_BY_CODE.get(err.code, 1)  # type: ignore[misc]
+
+
+def from_rpc_error(err: grpc.RpcError) -> GearshiftError:
+    """Turn a gRPC error received by the CLI back into the matching gearshift error."""
+    code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
+    details = err.details() if hasattr(err, "details") else str(err)
+    if code == grpc.StatusCode.UNAVAILABLE:
+        details = f"controller unavailable: {details}"
+    return error_for(code.name, details or code.name)
 
 
 def controller_address(ctx: click.Context) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from gearshift.controller.errors import GearshiftError
+from gearshift.common.errors import GearshiftError
 
 
 def setup_logging(level: str) -> None:

@@ -9,8 +9,8 @@ import grpc
 
 from gearshift.cli.client import RPC_TIMEOUT_S, CliError, controller_endpoints
 from gearshift.cli.output import print_json, print_table, to_dict
-from gearshift.controller.credentials import TlsFiles, load_token, secure_channel
-from gearshift.controller.errors import GearshiftError, Unavailable
+from gearshift.common.credentials import TlsFiles, load_token, secure_channel
+from gearshift.common.errors import GearshiftError, Unavailable
 from gearshift.v1 import control_pb2, control_pb2_grpc
 
 STATUS_TIMEOUT_S = min(RPC_TIMEOUT_S, 3.0)

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from gearshift.cli.local_fleet import free_port
-from gearshift.controller.errors import ConfigError
+from gearshift.common.errors import ConfigError
 
 START_TIMEOUT_S = 60
 

@@ -14,7 +14,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from gearshift.controller.errors import GearshiftError
+from gearshift.common.errors import GearshiftError
 from gearshift.policies.backtest import run_backtest
 from gearshift.policies.loader import Policy, load_policy_file, policy_json_schema
 from gearshift.policies.trace import read_trace

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 import grpc
 from grpc import aio
 
-from gearshift.controller.errors import GearshiftError, InvalidArgument
+from gearshift.common.errors import GearshiftError, InvalidArgument
 from gearshift.controller.fleet import FleetState, HostEntry
+from gearshift.controller.interceptors import grpc_status
 from gearshift.controller.metrics import ControllerMetrics
 from gearshift.controller.security import check_peer_host
 from gearshift.controller.validation import check_hello, check_report
@@ -110,7 +111,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             check_peer_host(context, first.hello.host_id, require=self.require_peer_host)
         except GearshiftError as exc:
             self.metrics.rejected.labels("bad_hello").inc()
-            await context.abort(exc.code, exc.message)
+            await context.abort(grpc_status(exc), exc.message)
             return
 
         host_id = first.hello.host_id
@@ -139,7 +140,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 yield msg
             failure = reader.exception() if reader.done() else None
             if isinstance(failure, GearshiftError):
-                await context.abort(failure.code, failure.message)
+                await context.abort(grpc_status(failure), failure.message)
         finally:
             reader.cancel()
             conn.closed = True

@@ -11,7 +11,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gearshift.controller.errors import ConfigError
+from gearshift.common.errors import ConfigError
 
 DEFAULT_REPORT_INTERVAL_S = 10.0
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from google.protobuf import json_format
 from grpc import aio
 
-from gearshift.controller.errors import FailedPrecondition, InvalidArgument, NotFound
+from gearshift.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from gearshift.controller.tables import DecisionRow, DecisionStatus, PolicyVersionRow
 from gearshift.policies.loader import PolicyError
 from gearshift.v1 import control_pb2

@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 from grpc import aio
 
+from gearshift.common.errors import GearshiftError
+from gearshift.common.identity import LEADER_METADATA_KEY
 from gearshift.controller.control_actions import ActionRpcs
-from gearshift.controller.endpoints import LEADER_METADATA_KEY
-from gearshift.controller.errors import GearshiftError
 from gearshift.controller.fleet import FleetState
 from gearshift.controller.ha import Leadership
 from gearshift.v1 import agent_pb2, control_pb2, control_pb2_grpc

@@ -16,7 +16,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from gearshift.controller.errors import AlreadyExists, InvalidArgument, NotFound
+from gearshift.common.errors import AlreadyExists, InvalidArgument, NotFound
 from gearshift.controller.tables import (
     DecisionRow,
     DecisionStatus,

@@ -18,10 +18,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
+from gearshift.common.errors import ConfigError
 from gearshift.controller.agent_service import AgentService
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.control_service import ControlService
-from gearshift.controller.errors import ConfigError
 from gearshift.controller.ha import LeaderGate, Leadership
 from gearshift.controller.interceptors import ErrorInterceptor
 from gearshift.controller.security import (

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import grpc
 from grpc import aio
 
-from gearshift.controller.endpoints import LEADER_METADATA_KEY
+from gearshift.common.identity import LEADER_METADATA_KEY
 from gearshift.controller.leader import Elector, LeaseState
 from gearshift.controller.security import AGENT_SERVICE, CONTROL_SERVICE, denying_handler
 

@@ -1,7 +1,8 @@
 """Map gearshift errors to gRPC statuses, once, for every service.
 
-A handler raises a `GearshiftError`; this interceptor turns it into the status
-that error carries with its message as the details. Anything else is logged
+A handler raises a `GearshiftError`; this interceptor turns the plain code it
+carries into the gRPC status of that name (`grpc_status`), with its message as
+the details. Anything else is logged
 with its traceback and returned as INTERNAL without internals.
 """
 
@@ -14,14 +15,19 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from gearshift.controller.errors import GearshiftError
+from gearshift.common.errors import GearshiftError
 
 log = logging.getLogger(__name__)
 
 
+def grpc_status(err: GearshiftError) -> grpc.StatusCode:
+    """The gRPC status an error's plain code names (the one place codes meet gRPC)."""
+    return grpc.StatusCode[err.code.value]
+
+
 async def _abort(context: aio.ServicerContext, exc: BaseException) -> None:
     if isinstance(exc, GearshiftError):
-        await context.abort(exc.code, exc.message)
+        await context.abort(grpc_status(exc), exc.message)
     log.exception("unhandled error in handler", exc_info=exc)
     await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the controller log")
 

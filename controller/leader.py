@@ -50,6 +50,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.pool import NullPool
 
+from gearshift.common.errors import ConfigError, GearshiftError, Unavailable
 from gearshift.controller import lease_table
 from gearshift.controller.elector import (
     Elector,
@@ -59,7 +60,6 @@ from gearshift.controller.elector import (
     SingleControllerLeader,
     call_back,
 )
-from gearshift.controller.errors import ConfigError, GearshiftError, Unavailable
 from gearshift.controller.lease_table import LeaderLeaseRow
 from gearshift.controller.store import SUPPORTED_URLS, Store
 from gearshift.controller.tables import SETTING_EPOCH

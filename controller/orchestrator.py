@@ -33,8 +33,8 @@ import builtins
 import logging
 from typing import Any
 
-from gearshift.agents.runtimes.spec import ENGINES
-from gearshift.controller.errors import FailedPrecondition, InvalidArgument, NotFound
+from gearshift.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from gearshift.common.spec import ENGINES
 from gearshift.controller.migration_commands import (
     FAILED_COMMAND_PHASES,
     KINDS,

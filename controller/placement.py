@@ -14,7 +14,7 @@ import dataclasses
 import re
 from typing import TYPE_CHECKING, Any
 
-from gearshift.agents.runtimes.spec import DeploymentSpec
+from gearshift.common.spec import DeploymentSpec
 from gearshift.controller.fleet import FleetState
 from gearshift.controller.migration_store import MigrationRow
 from gearshift.v1 import agent_pb2, control_pb2

@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from gearshift.controller.canary import Sla
-from gearshift.controller.errors import (
+from gearshift.common.errors import (
     FailedPrecondition,
     GearshiftError,
     InvalidArgument,
     NotFound,
 )
+from gearshift.controller.canary import Sla
 from gearshift.controller.fleet import FleetState
 from gearshift.controller.policy_facts import model_facts, rate_forecast
 from gearshift.controller.rate_history import RateHistory

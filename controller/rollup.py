@@ -42,7 +42,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 
-from gearshift.controller.errors import InvalidArgument
+from gearshift.common.errors import InvalidArgument
 from gearshift.controller.tables import RollupRow
 from gearshift.v1 import agent_pb2
 

@@ -37,16 +37,14 @@ import grpc
 import yaml
 from grpc import aio
 
-from gearshift.controller.credentials import check_plaintext
-from gearshift.controller.errors import ConfigError, PermissionDenied
+from gearshift.common.credentials import check_plaintext
+from gearshift.common.errors import ConfigError, PermissionDenied
+from gearshift.common.identity import AUTHORIZATION_HEADER, BEARER_PREFIX, HOST_URI_PREFIX
 
 log = logging.getLogger(__name__)
 
-HOST_URI_PREFIX = "spiffe://gearshift/host/"
 CONTROL_SERVICE = "/gearshift.v1.ControlService/"
 AGENT_SERVICE = "/gearshift.v1.AgentService/"
-AUTHORIZATION_HEADER = "authorization"
-BEARER_PREFIX = "bearer "
 TOKEN_MIN_CHARS = 16
 FINGERPRINT_HEX_CHARS = 8
 

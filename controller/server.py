@@ -22,10 +22,10 @@ from apscheduler.triggers.interval import IntervalTrigger
 from grpc import aio
 from prometheus_client import start_http_server
 
+from gearshift.common.errors import NotFound
 from gearshift.controller.agent_service import AgentService
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.control_service import ControlService
-from gearshift.controller.errors import NotFound
 from gearshift.controller.fleet import FleetState, HostEntry
 from gearshift.controller.gc_policy import GcPolicy
 from gearshift.controller.grpc_server import build_server

@@ -26,8 +26,8 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import StaticPool
 from sqlmodel import SQLModel, col, select
 
+from gearshift.common.errors import ConfigError, InvalidArgument, Unavailable
 from gearshift.controller.decision_store import DecisionQueries, dialect_insert, positive_limit
-from gearshift.controller.errors import ConfigError, InvalidArgument, Unavailable
 from gearshift.controller.tables import (
     SETTING_EPOCH,
     SETTING_TYPES,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 
-from gearshift.controller.errors import FailedPrecondition, InvalidArgument
+from gearshift.common.errors import FailedPrecondition, InvalidArgument
 from gearshift.v1 import agent_pb2
 
 HOST_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")

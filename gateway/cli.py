@@ -6,7 +6,7 @@ import logging
 
 import click
 
-from gearshift.controller.errors import GearshiftError
+from gearshift.common.errors import GearshiftError
 from gearshift.gateway.server import GatewayConfig, run_event_loop, serve
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import grpc
 
-from gearshift.controller.endpoints import ControllerEndpoints, leader_hint
+from gearshift.common.endpoints import ControllerEndpoints, leader_hint
 from gearshift.gateway.proxy import Router
 from gearshift.gateway.routes import RoutingTable, table_from_proto
 from gearshift.v1 import control_pb2, control_pb2_grpc

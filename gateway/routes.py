@@ -26,7 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from yarl import URL
 
-from gearshift.controller.errors import ConfigError
+from gearshift.common.errors import ConfigError
 from gearshift.v1 import control_pb2
 
 # How long an endpoint that refused a connection is passed over (seconds).

@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry
 
-from gearshift.controller.credentials import TlsFiles, load_token, secure_channel
-from gearshift.controller.endpoints import parse_controllers
-from gearshift.controller.errors import ConfigError
+from gearshift.common.credentials import TlsFiles, load_token, secure_channel
+from gearshift.common.endpoints import parse_controllers
+from gearshift.common.errors import ConfigError
 from gearshift.gateway.controller_link import (
     BACKOFF_INITIAL_S,
     BACKOFF_MAX_S,

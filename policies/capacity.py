@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from gearshift.controller.errors import InvalidArgument
+from gearshift.common.errors import InvalidArgument
 from gearshift.policies.capacity_fit import (
     BIN_RATIO,
     BOOTSTRAP_DRAWS,

@@ -41,7 +41,7 @@ import numpy.typing as npt
 from sklearn.ensemble import HistGradientBoostingRegressor
 from threadpoolctl import threadpool_limits
 
-from gearshift.controller.errors import InvalidArgument
+from gearshift.common.errors import InvalidArgument
 
 FloatArray = npt.NDArray[np.float64]
 

@@ -25,7 +25,7 @@ import yaml
 from apscheduler.triggers.cron import CronTrigger
 from pydantic import BaseModel, ValidationError
 
-from gearshift.controller.errors import InvalidArgument
+from gearshift.common.errors import InvalidArgument
 from gearshift.policies.rules import (
     EQUALITY_OPERATORS,
     NUMBER_OPERATORS,

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gearshift.controller.errors import InvalidArgument
+from gearshift.common.errors import InvalidArgument
 
 ENGINES: tuple[str, ...] = ("vllm", "tensorrt-llm")
 TRACE_VERSION = 1

@@ -14,7 +14,7 @@ import enum
 import math
 from dataclasses import dataclass, field
 
-from gearshift.controller.errors import InvalidArgument
+from gearshift.common.errors import InvalidArgument
 
 
 class SkipReason(enum.StrEnum):

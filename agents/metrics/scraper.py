@@ -34,7 +34,7 @@ from gearshift.agents.metrics.model import (
 from gearshift.agents.metrics.prometheus_text import parse_prometheus_text
 from gearshift.agents.metrics.rates import RateCalculator
 from gearshift.agents.metrics.trtllm_json import parse_trtllm_json
-from gearshift.controller.errors import InvalidArgument
+from gearshift.common.errors import InvalidArgument
 
 logger = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
 
-from gearshift.agents.runtimes.spec import DeploymentSpec
-from gearshift.controller.errors import InvalidArgument
+from gearshift.common.errors import InvalidArgument
+from gearshift.common.spec import DeploymentSpec
 
 
 class HealthState(StrEnum):

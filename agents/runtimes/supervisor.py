@@ -27,8 +27,8 @@ from pathlib import Path
 import aiohttp
 
 from gearshift.agents.runtimes.base import EngineEndpoints, EngineRuntime, HealthState, LaunchPlan
-from gearshift.agents.runtimes.spec import DeploymentSpec, Phase
-from gearshift.controller.errors import FailedPrecondition
+from gearshift.common.errors import FailedPrecondition
+from gearshift.common.spec import DeploymentSpec, Phase
 
 log = logging.getLogger(__name__)
 

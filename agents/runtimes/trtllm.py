@@ -27,7 +27,7 @@ from gearshift.agents.runtimes.base import (
     cuda_env,
     register,
 )
-from gearshift.agents.runtimes.spec import DeploymentSpec
+from gearshift.common.spec import DeploymentSpec
 
 EXTRA_OPTIONS = {"enable_iter_perf_stats": True, "return_perf_metrics": True}
 

@@ -17,7 +17,7 @@ from gearshift.agents.runtimes.base import (
     cuda_env,
     register,
 )
-from gearshift.agents.runtimes.spec import DeploymentSpec
+from gearshift.common.spec import DeploymentSpec
 
 
 def _number(value: float) -> str:

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from gearshift.agents.emulator.args import parse_engine_argv
 from gearshift.agents.runtimes.base import RUNTIMES, HealthState, get_runtime
-from gearshift.agents.runtimes.spec import DeploymentSpec, Phase
 from gearshift.agents.runtimes.trtllm import TrtllmRuntime
-from gearshift.controller.errors import InvalidArgument
+from gearshift.common.errors import InvalidArgument
+from gearshift.common.spec import DeploymentSpec, Phase
 from gearshift.v1 import agent_pb2
 
 

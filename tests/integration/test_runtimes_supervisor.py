@@ -15,9 +15,9 @@ import aiohttp
 import pytest
 
 from gearshift.agents.runtimes.base import get_runtime
-from gearshift.agents.runtimes.spec import DeploymentSpec, Phase
 from gearshift.agents.runtimes.supervisor import EngineSupervisor
-from gearshift.controller.errors import FailedPrecondition
+from gearshift.common.errors import FailedPrecondition
+from gearshift.common.spec import DeploymentSpec, Phase
 
 READY_TIMEOUT_S = 30.0
 

@@ -21,8 +21,8 @@ from grpc import aio
 pytest.importorskip("cryptography")
 
 from gearshift.cli.certs import init_certs, issue_agent_cert
-from gearshift.controller.credentials import TlsFiles, secure_channel, token_metadata
-from gearshift.controller.errors import PermissionDenied
+from gearshift.common.credentials import TlsFiles, secure_channel, token_metadata
+from gearshift.common.errors import PermissionDenied
 from gearshift.controller.interceptors import ErrorInterceptor
 from gearshift.controller.security import (
     AuthInterceptor,

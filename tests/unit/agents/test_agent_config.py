@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gearshift.agents.config import load_agent_config, parse_agent_config
-from gearshift.controller.errors import ConfigError
+from gearshift.common.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[3]
 

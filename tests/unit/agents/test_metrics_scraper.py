@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from fixture_paths import ENGINE_METRICS
 from gearshift.agents.metrics import EngineScraper, SkipReason
-from gearshift.controller.errors import InvalidArgument
+from gearshift.common.errors import InvalidArgument
 
 VLLM_BEFORE = (
     "# TYPE vllm:request_success_total counter\n"

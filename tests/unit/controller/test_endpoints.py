@@ -9,15 +9,15 @@ import grpc
 import pytest
 from grpc import aio
 
-from gearshift.controller.control_service import ControlService
-from gearshift.controller.endpoints import (
+from gearshift.common.endpoints import (
     DOWN_FOR_S,
     LEADER_METADATA_KEY,
     ControllerEndpoints,
     leader_hint,
     parse_controllers,
 )
-from gearshift.controller.errors import ConfigError
+from gearshift.common.errors import ConfigError
+from gearshift.controller.control_service import ControlService
 from gearshift.controller.fleet import FleetState
 from gearshift.controller.ha import LeaderGate, Leadership
 from gearshift.controller.leader import LeaseState

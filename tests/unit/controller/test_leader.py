@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from gearshift.controller.errors import ConfigError, Unavailable
+from gearshift.common.errors import ConfigError, Unavailable
 from gearshift.controller.leader import (
     LeaderElector,
     LeaseState,

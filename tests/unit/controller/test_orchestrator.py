@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from gearshift.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from gearshift.controller.canary import Sla
-from gearshift.controller.errors import FailedPrecondition, InvalidArgument, NotFound
 from gearshift.controller.fleet import FleetState
 from gearshift.controller.migration_store import MigrationPhase, MigrationRepository, MigrationRow
 from gearshift.controller.orchestrator import MigrationOrchestrator, OrchestratorSettings

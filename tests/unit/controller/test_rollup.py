@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from gearshift.controller.errors import InvalidArgument
+from gearshift.common.errors import InvalidArgument
 from gearshift.controller.rollup import RollupAggregator
 from gearshift.controller.tables import RollupRow
 from gearshift.v1 import agent_pb2

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gearshift.controller.credentials import (
+from gearshift.common.credentials import (
     TlsFiles,
     address_host,
     channel_credentials,
@@ -21,7 +21,7 @@ from gearshift.controller.credentials import (
     load_token,
     secure_channel,
 )
-from gearshift.controller.errors import ConfigError
+from gearshift.common.errors import ConfigError
 from gearshift.controller.security import (
     METHOD_ROLES,
     AuthInterceptor,

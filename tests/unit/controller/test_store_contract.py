@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from gearshift.controller.errors import AlreadyExists, InvalidArgument, NotFound
+from gearshift.common.errors import AlreadyExists, InvalidArgument, NotFound
 from gearshift.controller.store import Store
 from gearshift.controller.tables import (
     SETTING_ACTIVE_POLICY_VERSION,

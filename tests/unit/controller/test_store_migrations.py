@@ -13,7 +13,7 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlmodel import SQLModel
 
-from gearshift.controller.errors import ConfigError, Unavailable
+from gearshift.common.errors import ConfigError, Unavailable
 from gearshift.controller.store import Store, alembic_config, default_sqlite_url
 from gearshift.controller.tables import HostRow
 

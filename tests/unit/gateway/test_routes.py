@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gearshift.controller.errors import ConfigError
+from gearshift.common.errors import ConfigError
 from gearshift.gateway.controller_link import next_backoff_s
 from gearshift.gateway.routes import (
     EJECT_S,

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gearshift.controller.errors import InvalidArgument
+from gearshift.common.errors import InvalidArgument
 from gearshift.policies.capacity import (
     CapacityEstimate,
     CapacityKey,

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gearshift.controller.errors import InvalidArgument
+from gearshift.common.errors import InvalidArgument
 from gearshift.policies.forecast import (
     SECONDS_PER_DAY,
     SECONDS_PER_WEEK,

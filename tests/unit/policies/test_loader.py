@@ -10,7 +10,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gearshift.controller.errors import InvalidArgument
+from gearshift.common.errors import InvalidArgument
 from gearshift.policies.loader import PolicyError, load_policy, load_policy_file, policy_json_schema
 from gearshift.policies.rules import RULE_KINDS
 from gearshift.policies.signals import SIGNALS

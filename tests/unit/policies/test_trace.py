@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gearshift.controller.errors import InvalidArgument
+from gearshift.common.errors import InvalidArgument
 from gearshift.policies.trace import TraceError, parse_trace, read_trace
 
 TRACES = Path(__file__).parent / "traces"

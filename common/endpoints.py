@@ -15,9 +15,9 @@ from typing import Any
 
 import grpc
 
-from gearshift.controller.errors import ConfigError
+from gearshift.common.errors import ConfigError
+from gearshift.common.identity import LEADER_METADATA_KEY
 
-LEADER_METADATA_KEY = "gearshift-leader"
 DOWN_FOR_S = 3.0  # an address that did not answer is passed over this long
 
 

@@ -26,14 +26,16 @@ from typing import Any
 import grpc
 from grpc import aio as grpc_aio
 
-from gearshift.controller.errors import ConfigError
+from gearshift.common.errors import ConfigError
+from gearshift.common.identity import (
+    AUTHORIZATION_HEADER,
+    TLS_ENV_PREFIX,
+    TOKEN_ENV,
+    TOKEN_FILE_ENV,
+)
 
 log = logging.getLogger(__name__)
 
-TOKEN_ENV = "GEARSHIFT_TOKEN"
-TOKEN_FILE_ENV = "GEARSHIFT_TOKEN_FILE"
-TLS_ENV_PREFIX = "GEARSHIFT_TLS"
-AUTHORIZATION_HEADER = "authorization"
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from gearshift.controller.errors import InvalidArgument
+from gearshift.common.errors import InvalidArgument
 from gearshift.v1 import agent_pb2
 
 ENGINES = ("vllm", "tensorrt-llm")
