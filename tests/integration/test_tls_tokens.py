@@ -23,7 +23,7 @@ pytest.importorskip("cryptography")
 from gearshift.cli.certs import init_certs, issue_agent_cert
 from gearshift.common.credentials import TlsFiles, secure_channel, token_metadata
 from gearshift.common.errors import PermissionDenied
-from gearshift.controller.interceptors import ErrorInterceptor
+from gearshift.controller.interceptors import ErrorInterceptor, grpc_status
 from gearshift.controller.security import (
     AuthInterceptor,
     TokenStore,
@@ -60,7 +60,7 @@ class Recorder(control_pb2_grpc.ControlServiceServicer, agent_pb2_grpc.AgentServ
                 try:
                     check_peer_host(context, msg.hello.host_id)
                 except PermissionDenied as exc:
-                    await context.abort(exc.code, exc.message)
+                    await context.abort(grpc_status(exc), exc.message)
                 self.calls.append(f"Hello {msg.hello.host_id}")
                 yield agent_pb2.ControllerMessage(welcome=agent_pb2.Welcome(controller_id="c"))
                 return
