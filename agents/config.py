@@ -10,13 +10,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gearshift.common.endpoints import parse_controllers
+from gearshift.common.engines import ENGINE_NAMES, engine_entry, is_engine
 from gearshift.common.errors import ConfigError
-
-ENGINE_NAMES = ("vllm", "tensorrt-llm")
-DEFAULT_EXECUTABLES = {"vllm": ["vllm"], "tensorrt-llm": ["trtllm-serve"]}
 
 
 class _Strict(BaseModel):
@@ -53,14 +51,30 @@ class DeploymentConfig(_Strict):
     model: str = Field(min_length=1)
     source: str = ""
     revision: str = ""
-    engine: Literal["vllm", "tensorrt-llm"]
-    backend: Literal["", "pytorch", "tensorrt"] = ""
+    engine: str  # a name in the engine catalog
+    backend: str = ""  # one of the engine's backends; "" = its default
     port: int = Field(0, ge=0, le=65535)
     tensor_parallel_size: int = Field(1, ge=1, le=64)
     gpu_memory_fraction: float = Field(0.9, gt=0, le=1)
     gpu_indices: list[int] = Field(default_factory=list)
     shutdown_timeout_s: float = Field(30.0, ge=0)
     extra_args: list[str] = Field(default_factory=list)
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, v: str) -> str:
+        if not is_engine(v):
+            raise ValueError(f"unknown engine {v!r}; known: {', '.join(ENGINE_NAMES)}")
+        return v
+
+    @model_validator(mode="after")
+    def _known_backend(self) -> DeploymentConfig:
+        backends = engine_entry(self.engine).backends
+        if self.backend and self.backend not in backends:
+            raise ValueError(f"backend {self.backend!r} is not one of {', '.join(backends)} "
+                             f"({self.engine})" if backends else
+                             f"backend {self.backend!r}: {self.engine} has no backends")
+        return self
 
 
 class TlsConfig(_Strict):
@@ -90,7 +104,7 @@ class AgentConfig(_Strict):
     @classmethod
     def _known_engines(cls, v: dict[str, EngineConfig]) -> dict[str, EngineConfig]:
         for name in v:
-            if name not in ENGINE_NAMES:
+            if not is_engine(name):
                 raise ValueError(f"unknown engine {name!r}; known: {', '.join(ENGINE_NAMES)}")
         return v
 
@@ -109,7 +123,7 @@ class AgentConfig(_Strict):
     def engine(self, name: str) -> EngineConfig:
         cfg = self.engines.get(name) or EngineConfig()
         if not cfg.executable:
-            cfg = cfg.model_copy(update={"executable": DEFAULT_EXECUTABLES[name]})
+            cfg = cfg.model_copy(update={"executable": list(engine_entry(name).executable)})
         return cfg
 
 

@@ -25,14 +25,14 @@ from grpc import aio
 
 from gearshift.agents.commands import CommandExecutor
 from gearshift.agents.config import AgentConfig, EngineConfig
+from gearshift.agents.engine_version import probe_version
 from gearshift.agents.gpus import EmulatedGpus, GpuSource, open_gpu_source
 from gearshift.agents.metrics import EngineScraper, to_proto
-from gearshift.agents.runtimes import trtllm as _trtllm  # noqa: F401  (registers the runtime)
-from gearshift.agents.runtimes import vllm as _vllm  # noqa: F401  (registers the runtime)
 from gearshift.agents.runtimes.base import get_runtime
 from gearshift.agents.runtimes.supervisor import EngineSupervisor
 from gearshift.common.credentials import TlsFiles, secure_channel
 from gearshift.common.endpoints import ControllerEndpoints, leader_hint
+from gearshift.common.engines import ENGINE_NAMES, engine_entry
 from gearshift.common.errors import FailedPrecondition, InvalidArgument
 from gearshift.common.spec import DeploymentSpec, Phase
 from gearshift.v1 import agent_pb2, agent_pb2_grpc
@@ -80,11 +80,26 @@ class Agent:
             "start": self._cmd_start, "drain": self._cmd_drain, "stop": self._cmd_stop,
             "build": self._cmd_build}, journal=config.command_journal)
         self._stopping = asyncio.Event()
+        # Versions found by each engine's catalog probe, for engines whose config gives none.
+        self.probed_versions: dict[str, str] = {}
 
     # -- engines ----------------------------------------------------------------
 
     def _engine(self, name: str) -> EngineConfig:
         return self.config.engine(name)
+
+    def engine_version(self, name: str) -> str:
+        """The configured version, else what the catalog's probe found ("" = unknown)."""
+        return self._engine(name).version or self.probed_versions.get(name, "")
+
+    async def probe_versions(self) -> None:
+        """Run the catalog's version probe of every engine whose config gives no version."""
+        async def one(name: str) -> None:
+            eng = self._engine(name)
+            found = await probe_version(engine_entry(name).version_probe, env=eng.env)
+            if found:
+                self.probed_versions[name] = found
+        await asyncio.gather(*(one(n) for n in ENGINE_NAMES if not self._engine(n).version))
 
     async def start_deployment(self, spec: DeploymentSpec) -> EngineSupervisor:
         existing = self.supervisors.get(spec.deployment_id)
@@ -134,17 +149,20 @@ class Agent:
         return f"{dep_id} stopped"
 
     async def _cmd_build(self, cmd: agent_pb2.Command, progress) -> str:  # type: ignore[no-untyped-def]
-        """Compile a TensorRT engine (`trtllm-build`) for the `tensorrt` backend."""
+        """Run the engine's build step (catalog `BuildStep`, e.g. `trtllm-build`)."""
         spec = DeploymentSpec.from_proto(cmd.build.spec)
-        if spec.engine != "tensorrt-llm":
-            raise InvalidArgument(f"build: only tensorrt-llm engines are built, not {spec.engine}")
-        eng = self._engine("tensorrt-llm")
+        entry = engine_entry(spec.engine)
+        if entry.build is None or not entry.needs_build(spec.backend):
+            raise InvalidArgument(f"build: {spec.engine} backend {spec.backend!r} has no build "
+                                  "step")
+        eng = self._engine(spec.engine)
         out_dir = Path(self.config.workdir) / "engines" / spec.deployment_id
         out_dir.mkdir(parents=True, exist_ok=True)
-        argv = [*(eng.build_executable or ["trtllm-build"]), "--checkpoint_dir", spec.source,
-                "--output_dir", str(out_dir), "--tp_size", str(spec.tensor_parallel_size)]
+        argv = entry.build.argv(eng.build_executable, source=spec.source,
+                                output_dir=str(out_dir),
+                                tensor_parallel_size=spec.tensor_parallel_size)
         log_path = out_dir / "build.log"
-        progress(0.05, f"building a TensorRT engine for {spec.model} into {out_dir}")
+        progress(0.05, f"building a {entry.display_name} engine for {spec.model} into {out_dir}")
         with log_path.open("ab") as log_file:
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdout=log_file, stderr=asyncio.subprocess.STDOUT, cwd=str(out_dir),
@@ -155,7 +173,7 @@ class Agent:
                 proc.kill()
                 raise
         if code != 0:
-            raise RuntimeError(f"trtllm-build exited with {code}; see {log_path}")
+            raise RuntimeError(f"{argv[0]} exited with {code}; see {log_path}")
         return f"engine for {spec.deployment_id} built in {out_dir}"
 
     # -- reports ----------------------------------------------------------------
@@ -176,7 +194,7 @@ class Agent:
         for (dep_id, sup), sample in zip(sups, samples, strict=True):
             spec = sup.spec
             d = report.deployments.add(
-                deployment_id=dep_id, engine=spec.engine, engine_version=self._engine(spec.engine).version,
+                deployment_id=dep_id, engine=spec.engine, engine_version=self.engine_version(spec.engine),
                 model=spec.model, revision=spec.revision, phase=sup.phase.to_proto(),
                 endpoint=sup.endpoint or "", restarts=sup.restarts, message=sup.last_message or "",
                 backend=spec.backend, served_model_name=sup.served_model_name,
@@ -194,9 +212,10 @@ class Agent:
             protocol_version=agent_pb2.PROTOCOL_VERSION_1, emulated_gpus=self.gpus.emulated)
         hello.labels.update(self.config.labels)
         hello.gpus.extend(self.gpus.read())
-        for name in ("vllm", "tensorrt-llm"):
+        for name in ENGINE_NAMES:
             eng = self._engine(name)
-            hello.engines.add(engine=name, version=eng.version, executable=" ".join(eng.executable))
+            hello.engines.add(engine=name, version=self.engine_version(name),
+                              executable=" ".join(eng.executable))
         return hello
 
     def _emit_result(self, result: agent_pb2.CommandResult) -> None:
@@ -269,12 +288,16 @@ class Agent:
     async def run(self) -> None:
         """Start configured deployments, then stay connected until `stop()`."""
         self._session = aiohttp.ClientSession()
+        probing = asyncio.create_task(self.probe_versions())
         try:
             for dep in self.config.deployments:
                 spec = DeploymentSpec(**dep.model_dump())
                 await self.start_deployment(spec)
             await self._connect_forever()
         finally:
+            probing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await probing
             await self.shutdown()
 
     async def _connect_forever(self) -> None:

@@ -38,7 +38,7 @@ _TRAFFIC_KEYS = ("rps_current", "rps_sustained", "rps_mean", "rps_peak", "bursti
 _FRACTION_WORDS = ("share", "error_rate", "tolerance", "fraction", "usage", "hysteresis",
                    "capacity_gain")
 _LATENCY_WORDS = ("ttft", "itl", "latency", "e2e")
-_CONDITION = re.compile(r"^(?P<signal>[\w.]+)=(?P<value>.+?) (?P<op>>=|<=|==|!=|>|<|in) "
+_CONDITION = re.compile(r"^(?P<signal>[\w.-]+)=(?P<value>.+?) (?P<op>>=|<=|==|!=|>|<|in) "
                         r"(?P<operand>.+)$")
 _REVERSE = {">": "falling to {v} or below", ">=": "falling below {v}",
             "<": "rising to {v} or above", "<=": "rising above {v}",

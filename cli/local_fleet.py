@@ -23,6 +23,9 @@ from typing import Any, TypeVar
 import psutil
 import yaml
 
+from gearshift.agents.emulator.flavors import get_flavor
+from gearshift.common.engines import CATALOG
+
 READY_TIMEOUT_S = 30.0
 
 T = TypeVar("T")
@@ -151,13 +154,16 @@ class LocalFleet:
     def agent_config(self, host_id: str, deployments: list[dict[str, Any]],
                      emulator_env: dict[str, dict[str, str]] | None = None,
                      gpus: int = 4, tls: dict[str, str] | None = None) -> Path:
-        engines = {}
-        for flavor, version in (("vllm", "0.11.0-emulated"), ("tensorrt-llm", "1.2.0-emulated")):
-            engines[flavor] = {"executable": emulator_executable(flavor), "version": version,
+        engines: dict[str, dict[str, Any]] = {}
+        for entry in CATALOG:  # every engine, each served by its emulator flavour
+            flavor = entry.name
+            engines[flavor] = {"executable": emulator_executable(flavor),
+                               "version": f"{get_flavor(flavor).default_version}-emulated",
                                "env": (emulator_env or {}).get(flavor, {})}
-        engines["tensorrt-llm"]["build_executable"] = [
-            sys.executable, "-m", "gearshift.agents.emulator", "--flavor", "tensorrt-llm",
-            "--build-s", "1", "--", "build"]
+            if entry.build is not None:
+                engines[flavor]["build_executable"] = [
+                    sys.executable, "-m", "gearshift.agents.emulator", "--flavor", flavor,
+                    "--build-s", "1", "--", "build"]
         cfg = {
             "host_id": host_id,
             "labels": {"zone": "local"},

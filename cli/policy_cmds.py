@@ -44,6 +44,8 @@ def validate(files: tuple[str, ...]) -> None:
             problems.append(exc.message)
             continue
         click.echo(f"{path}: ok ({p.version}, mode {p.mode}, {len(p.doc.spec.rules)} rules)")
+        for line in p.deprecations:
+            click.echo(f"warning: {line}", err=True)
     if problems:
         raise click.ClickException("\n".join(problems))
 
@@ -93,8 +95,8 @@ def _print_text(r: dict[str, Any]) -> None:
     console.print(f"[bold]{r['policy']}[/bold] on trace [bold]{r['trace']}[/bold]: "
                   f"{_usd(s['cost_usd'])}, {s['flaps']} flaps, revision lag {s['revision_lag_h']} h, "
                   f"SLA violations {s['sla_violation_min']} min")
-    console.print(f"baselines: static-vllm {_usd(b['static-vllm']['cost_usd'])}, "
-                  f"static-tensorrt-llm {_usd(b['static-tensorrt-llm']['cost_usd'])}")
+    console.print("baselines: " + ", ".join(f"{name} {_usd(v['cost_usd'])}"
+                                            for name, v in b.items()))
     table = Table("model", "cost", "GPU-h", "flaps", "rev. lag h", "SLA min", "switches")
     for name, m in r["models"].items():
         switches = ", ".join(f"{w['ts']} → {w['to']} ({w['rule']})" for w in m["switches"]) or "-"

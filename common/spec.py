@@ -1,8 +1,8 @@
 """What to run (DeploymentSpec) and how it is doing (Phase), mirroring `gearshift.v1`.
 
-`DeploymentSpec.from_proto` fills proto3 zero values with the engines'
-defaults (tensor parallel 1, GPU memory fraction 0.9, trtllm backend
-"pytorch") and validates every field; bad specs raise `InvalidArgument`
+`DeploymentSpec.from_proto` fills proto3 zero values with the defaults
+(tensor parallel 1, GPU memory fraction 0.9, the engine's default backend from
+the catalog) and validates every field against the engine catalog; bad specs raise `InvalidArgument`
 naming the field and the value found.
 """
 
@@ -12,11 +12,10 @@ import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from gearshift.common.engines import ENGINE_NAMES, engine_entry, is_engine
 from gearshift.common.errors import InvalidArgument
 from gearshift.v1 import agent_pb2
 
-ENGINES = ("vllm", "tensorrt-llm")
-TRTLLM_BACKENDS = ("pytorch", "tensorrt")
 DEFAULT_GPU_MEMORY_FRACTION = 0.9
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -62,23 +61,23 @@ class DeploymentSpec:
 
     deployment_id: str
     model: str                             # served model name clients use
-    engine: str                            # "vllm" | "tensorrt-llm"
+    engine: str                            # a catalog name: "vllm", "tensorrt-llm", ...
     source: str = ""                       # checkpoint path or hub id ("" = model)
     revision: str = ""
-    backend: str = ""                      # trtllm-serve: "pytorch" | "tensorrt"
+    backend: str = ""                      # one of the entry's backends ("" when it has none)
     port: int = 0                          # 0 = the supervisor picks a free port
     tensor_parallel_size: int = 1
     gpu_memory_fraction: float = DEFAULT_GPU_MEMORY_FRACTION
     gpu_indices: tuple[int, ...] = ()
-    shutdown_timeout_s: float = 0.0        # vLLM --shutdown-timeout; 0 = not passed
+    shutdown_timeout_s: float = 0.0        # the entry's drain timeout flag; 0 = not passed
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
         # Normalize what proto3 leaves empty, then check every field.
         if not self.source:
             object.__setattr__(self, "source", self.model)
-        if self.engine == "tensorrt-llm" and not self.backend:
-            object.__setattr__(self, "backend", "pytorch")
+        if is_engine(self.engine) and not self.backend:
+            object.__setattr__(self, "backend", engine_entry(self.engine).default_backend)
         object.__setattr__(self, "gpu_indices", tuple(self.gpu_indices))
         object.__setattr__(self, "extra_args", tuple(self.extra_args))
         self._validate()
@@ -91,15 +90,17 @@ class DeploymentSpec:
                 "digits, '.', '_' or '-', starting with a letter or digit")
         if not self.model or not self.model.strip():
             raise InvalidArgument(f"{where}: model must not be empty")
-        if self.engine not in ENGINES:
+        if not is_engine(self.engine):
             raise InvalidArgument(
-                f"{where}: engine {self.engine!r} is not one of {', '.join(ENGINES)}")
-        if self.engine == "tensorrt-llm" and self.backend not in TRTLLM_BACKENDS:
+                f"{where}: engine {self.engine!r} is not one of {', '.join(ENGINE_NAMES)}")
+        entry = engine_entry(self.engine)
+        if entry.backends and self.backend not in entry.backends:
             raise InvalidArgument(f"{where}: backend {self.backend!r} is not one of "
-                                  f"{', '.join(TRTLLM_BACKENDS)} (tensorrt-llm)")
-        if self.engine == "vllm" and self.backend:
+                                  f"{', '.join(entry.backends)} ({self.engine})")
+        if not entry.backends and self.backend:
+            with_backends = [n for n in ENGINE_NAMES if engine_entry(n).backends]
             raise InvalidArgument(f"{where}: backend {self.backend!r} applies only to "
-                                  "tensorrt-llm; leave it empty for vllm")
+                                  f"{', '.join(with_backends)}; leave it empty for {self.engine}")
         if not 0 <= self.port <= 65535:
             raise InvalidArgument(f"{where}: port {self.port} is outside 0..65535")
         if self.tensor_parallel_size < 1:

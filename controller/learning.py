@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from gearshift.common.engines import ENGINE_NAMES
 from gearshift.controller.store import Store
 from gearshift.controller.tables import RollupRow
 from gearshift.policies.capacity import (
@@ -39,7 +40,6 @@ from gearshift.policies.priors import (
 )
 from gearshift.policies.schema import ModelPriors
 from gearshift.policies.signals import SignalValue
-from gearshift.policies.trace import ENGINES
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ def live_capacities(learner: CapacityLearner | None, model: str, gpu_model: str 
     itl = priors.sla_itl_p99_ms / 1000 if priors.sla_itl_p99_ms else None
     found: dict[str, Measurement] = {}
     points: dict[str, int] = {}
-    for e in ENGINES:
+    for e in ENGINE_NAMES:
         learned = None if learner is None else learner.best(model, e, gpu_model, ttft, itl)
         found[e] = measurement(learned, e, ttft is not None or itl is not None)
         points[e] = 0 if learned is None else learned.estimate.points

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gearshift.common.engines import engine_entry
 from gearshift.controller.canary import analyze
 from gearshift.controller.migration_commands import (
     BROKEN_PHASES,
@@ -50,7 +51,8 @@ class MigrationSteps(MigrationCommands):
             f"{t['spec']['deployment_id']} on {t['host_id']} "
             + (f"replacing {t['replaces']}" + (" (late)" if t["late"] else "")
                if t["replaces"] else "surge") for t in targets)
-        build = row.to_engine == "tensorrt-llm" and self.settings.trtllm_backend == "tensorrt"
+        target = engine_entry(row.to_engine)
+        build = target.needs_build(target.backend_for(self.settings.trtllm_backend))
         self._go(row, P.BUILDING if build else P.STARTING, f"placed: {summary}")
 
     def _building(self, row: MigrationRow) -> None:

@@ -33,8 +33,8 @@ import builtins
 import logging
 from typing import Any
 
+from gearshift.common.engines import ENGINE_NAMES
 from gearshift.common.errors import FailedPrecondition, InvalidArgument, NotFound
-from gearshift.common.spec import ENGINES
 from gearshift.controller.migration_commands import (
     FAILED_COMMAND_PHASES,
     KINDS,
@@ -65,9 +65,9 @@ class MigrationOrchestrator(MigrationSteps):
         if kind not in KINDS:
             raise InvalidArgument(f"migration kind {kind!r} is not one of {', '.join(KINDS)}")
         for what, engine in (("from_engine", from_engine), ("to_engine", to_engine)):
-            if engine not in ENGINES:
+            if engine not in ENGINE_NAMES:
                 raise InvalidArgument(f"migration {what} {engine!r} is not one of "
-                                      f"{', '.join(ENGINES)}")
+                                      f"{', '.join(ENGINE_NAMES)}")
         if kind in ("engine_switch", "trial") and from_engine == to_engine:
             raise InvalidArgument(f"migration of {model!r}: from_engine and to_engine are both "
                                   f"{from_engine!r}; an engine switch needs two engines")

@@ -14,6 +14,7 @@ import dataclasses
 import re
 from typing import TYPE_CHECKING, Any
 
+from gearshift.common.engines import engine_entry
 from gearshift.common.spec import DeploymentSpec
 from gearshift.controller.fleet import FleetState
 from gearshift.controller.migration_store import MigrationRow
@@ -39,10 +40,10 @@ def source_spec(host_id: str, dep: agent_pb2.DeploymentReport, grace_s: float) -
     """What it takes to start a source replica again (rollback after it was replaced)."""
     spec = DeploymentSpec(
         deployment_id=dep.deployment_id, model=dep.model, engine=dep.engine,
-        source=dep.source or dep.model, revision=dep.revision, backend=dep.backend if dep.engine == "tensorrt-llm" else "",
+        source=dep.source or dep.model, revision=dep.revision, backend=dep.backend if engine_entry(dep.engine).backends else "",
         tensor_parallel_size=dep.tensor_parallel_size or max(1, len(dep.gpu_indices)),
         gpu_indices=tuple(dep.gpu_indices),
-        shutdown_timeout_s=grace_s if dep.engine == "vllm" else 0.0)
+        shutdown_timeout_s=grace_s if engine_entry(dep.engine).drains_gracefully else 0.0)
     return {"host_id": host_id, "spec": _spec_dict(spec)}
 
 
@@ -78,7 +79,8 @@ def place_targets(row: MigrationRow, view: dict[str, builtins.list[int]],
     n = len(row.source_specs)
     early_budget = max(0, n - settings.min_available)
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", row.model).strip("-._")[:48] or "model"
-    tag = "trtllm" if row.to_engine == "tensorrt-llm" else "vllm"
+    entry = engine_entry(row.to_engine)
+    tag = entry.launch.deployment_tag
     targets = []
     for i, src in enumerate(row.source_specs):
         sspec = src["spec"]
@@ -104,9 +106,9 @@ def place_targets(row: MigrationRow, view: dict[str, builtins.list[int]],
             deployment_id=dep_id, model=sspec["model"], source=sspec.get("source") or sspec["model"],
             engine=row.to_engine,
             revision=row.target_revision or sspec["revision"],
-            backend=settings.trtllm_backend if row.to_engine == "tensorrt-llm" else "",
+            backend=entry.backend_for(settings.trtllm_backend),
             tensor_parallel_size=max(1, need), gpu_indices=tuple(gpus),
-            shutdown_timeout_s=settings.drain_grace_s if row.to_engine == "vllm" else 0.0)
+            shutdown_timeout_s=settings.drain_grace_s if entry.drains_gracefully else 0.0)
         targets.append({"replica": i, "host_id": host, "replaces": replaces, "late": late,
                         "spec": _spec_dict(spec)})
     if all(t["late"] for t in targets):

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from gearshift.common.engines import ENGINE_NAMES
 from gearshift.controller.fleet import FleetState
 from gearshift.controller.learning import live_capacities
 from gearshift.policies.loader import Policy
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from gearshift.controller.learning import CapacityLearner, Forecaster
     from gearshift.policies.forecast import Forecast
 
-ENGINES = ("vllm", "tensorrt-llm")
+ENGINES = ENGINE_NAMES  # the engine catalog's
 
 TrialResult = Callable[[str, str], dict[str, Any] | None]  # (model, engine) -> stored result
 

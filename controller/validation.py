@@ -10,11 +10,12 @@ from __future__ import annotations
 import math
 import re
 
+from gearshift.common.engines import ENGINE_NAMES
 from gearshift.common.errors import FailedPrecondition, InvalidArgument
 from gearshift.v1 import agent_pb2
 
 HOST_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
-KNOWN_ENGINES = ("vllm", "tensorrt-llm")
+KNOWN_ENGINES = ENGINE_NAMES  # the engine catalog's
 MAX_GPUS_PER_HOST = 64
 MAX_DEPLOYMENTS_PER_REPORT = 256
 MAX_LABELS = 64

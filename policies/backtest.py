@@ -139,7 +139,8 @@ def _summary(outcomes: dict[str, ModelOutcome]) -> dict[str, Any]:
 
 def baseline_costs(trace: Trace) -> dict[str, dict[str, float]]:
     out = {}
-    for name, engine in (("static-vllm", "vllm"), ("static-tensorrt-llm", "tensorrt-llm")):
+    for engine in trace.engines:
+        name = f"static-{engine}"
         total = sum(replay_model(trace, m, {}, initial_engine=engine).cost_usd for m in trace.series)
         out[name] = {"cost_usd": round(total, 2)}
     return out

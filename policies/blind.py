@@ -87,7 +87,7 @@ from gearshift.policies.priors import (
     resolve_capacities,
 )
 from gearshift.policies.signals import EngineFacts, ModelFacts, ModelHistory, SignalValue
-from gearshift.policies.trace import ENGINES, Trace
+from gearshift.policies.trace import Trace
 
 RHO_SATURATION_RATIO = 1.25   # the engine's saturation rate / its SLA capacity
 SHAPE_MIN_EXPONENT = 0.05     # the flattest curve (engines that break the SLA anyway)
@@ -149,7 +149,7 @@ class LatencyWorld:
         self._trace = trace
         rho_op = min(1 / (1 + trace.headroom), RHO_OPERATING_MAX)
         self.curves = {(m, e): LatencyCurve.calibrate(p.sla_ttft_p99_ms, p.ttft_p99_ms[e], rho_op)
-                       for m, p in trace.profiles.items() for e in ENGINES}
+                       for m, p in trace.profiles.items() for e in trace.engines}
         self._noise = {}
         for m, e in self.curves:
             rng = np.random.default_rng([seed, zlib.crc32(f"{m}/{e}".encode())])
@@ -172,7 +172,7 @@ class LatencyWorld:
 
 def blind_view(trace: Trace) -> Trace:
     """The trace as the policy may see it: capacities and latencies hidden (NaN)."""
-    nan = dict.fromkeys(ENGINES, math.nan)
+    nan = dict.fromkeys(trace.engines, math.nan)
     profiles = {m: replace(p, capacity_rps=dict(nan), ttft_p99_ms=dict(nan))
                 for m, p in trace.profiles.items()}
     return replace(trace, profiles=profiles)
@@ -216,7 +216,7 @@ class BlindLearner:
 
     def __init__(self, policy: Policy, view: Trace) -> None:
         self._policy, self._view = policy, view
-        self._engines = {(m, e): _Engine(m, e) for m in view.profiles for e in ENGINES}
+        self._engines = {(m, e): _Engine(m, e) for m in view.profiles for e in view.engines}
         self._min_n = max(1, math.ceil(MIN_MEASURED_S / view.step_s))
         self._recent_n = max(1, math.ceil(RECENT_P99_S / view.step_s))
         self._refit_n = max(1, math.ceil(REFIT_EVERY_S / view.step_s))
@@ -231,7 +231,7 @@ class BlindLearner:
         """What the observations of each engine show (nothing read from the header)."""
         sla_s = self._view.profiles[model].sla_ttft_p99_ms / 1000.0
         out: dict[str, Measurement] = {}
-        for e in ENGINES:
+        for e in self._view.engines:
             state = self._engines[model, e]
             if state.count < self._min_n:
                 out[e] = Measurement(why=f"too little data on {e}: {state.count} observation(s), "
@@ -260,7 +260,7 @@ class BlindLearner:
     def capacities(self, model: str) -> dict[str, EngineCapacity]:
         """One capacity per engine: the shared rule over what was measured and the priors."""
         priors = priors_for(self._policy.doc.spec.models, model).engines
-        return resolve_capacities(self.measurements(model), priors)
+        return resolve_capacities(self.measurements(model), priors, self._view.engines)
 
     def facts(self, model: str) -> ModelFacts:
         """Facts for the decision core, citing where each capacity came from."""
@@ -269,7 +269,7 @@ class BlindLearner:
         caps = self.capacities(model)
         cite: dict[str, SignalValue] = citations(caps)
         engines = {}
-        for e in ENGINES:
+        for e in self._view.engines:
             recent = self._engines[model, e].recent
             prior = priors.get(e)  # type: ignore[call-overload]
             ttft = (float(np.median(recent)) if recent

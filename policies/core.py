@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from gearshift.common.engines import engine_entry
 from gearshift.policies.economics import CostSettings, MoveEstimate, estimate_move
 from gearshift.policies.loader import Policy
 from gearshift.policies.rules import RULE_KINDS, RuleContext, RuleOutcome
@@ -127,8 +128,8 @@ def _candidates(policy: Policy, sig: Signals, current: str,
             refused.append((engine, "excluded by preferences"))
         elif facts is None:
             refused.append((engine, "not available for this model"))
-        elif engine == "tensorrt-llm" and sig.facts.nvidia is False:
-            refused.append((engine, "TensorRT-LLM needs NVIDIA GPUs"))
+        elif engine_entry(engine).gpu_vendor == "NVIDIA" and sig.facts.nvidia is False:
+            refused.append((engine, f"{engine_entry(engine).display_name} needs NVIDIA GPUs"))
         elif meets_sla(sig.facts, engine) is False:
             refused.append((engine, f"breaks the latency SLA (TTFT p99 {facts.ttft_p99_ms} ms > "
                                     f"{sig.facts.sla_ttft_p99_ms} ms)"))

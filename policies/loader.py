@@ -25,6 +25,7 @@ import yaml
 from apscheduler.triggers.cron import CronTrigger
 from pydantic import BaseModel, ValidationError
 
+from gearshift.common.engines import ENGINE_NAMES
 from gearshift.common.errors import InvalidArgument
 from gearshift.policies.rules import (
     EQUALITY_OPERATORS,
@@ -34,7 +35,7 @@ from gearshift.policies.rules import (
     condition_operator,
 )
 from gearshift.policies.schema import PolicyDoc, Rule
-from gearshift.policies.signals import SIGNALS, SignalSettings
+from gearshift.policies.signals import DEPRECATED_SIGNALS, SIGNALS, SignalSettings
 
 MAX_YAML_NODES = 20_000  # refuses alias bombs
 Path = tuple[str | int, ...]
@@ -59,6 +60,7 @@ class Policy:
     rule_params: tuple[Any, ...]  # validated params, one per rule
     windows: tuple[tuple[CronTrigger, float], ...]  # maintenance windows (trigger, duration s)
     source: str = "<policy>"
+    deprecations: tuple[str, ...] = ()  # deprecated names used, each with where and its successor
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Policy) and other.digest == self.digest
@@ -281,7 +283,7 @@ def _check_rule_shape(rule: Rule, conditions: bool, prefer: bool, base: Path, at
         at((*base, "when" if rule.when else "whenAny"),
            f"expected no conditions for kind {rule.kind!r}, found some")
     if prefer and rule.prefer is None:
-        at(base, f"expected 'prefer: vllm|tensorrt-llm' for kind {rule.kind!r}, found none")
+        at(base, f"expected 'prefer: {'|'.join(ENGINE_NAMES)}' for kind {rule.kind!r}, found none")
     if not prefer and rule.prefer is not None:
         at((*base, "prefer"), f"expected no 'prefer' for kind {rule.kind!r} (it picks the engine)")
     for key, conds in (("when", rule.when), ("whenAny", rule.when_any)):
@@ -350,7 +352,22 @@ def load_policy(text: str, source: str = "<policy>") -> Policy:
     canonical = json.dumps(doc.model_dump(by_alias=True, mode="json"), sort_keys=True,
                            separators=(",", ":"))
     return Policy(name=doc.metadata.name, digest=hashlib.sha256(canonical.encode()).hexdigest(),
-                  doc=doc, rule_params=tuple(params), windows=tuple(windows), source=source)
+                  doc=doc, rule_params=tuple(params), windows=tuple(windows), source=source,
+                  deprecations=tuple(_deprecations(doc, marks, source)))
+
+
+def _deprecations(doc: PolicyDoc, marks: _Marks, source: str) -> list[str]:
+    """Conditions on a signal of the old two-engine vocabulary (accepted, reported)."""
+    found = []
+    for i, rule in enumerate(doc.spec.rules):
+        for key, conds in (("when", rule.when), ("whenAny", rule.when_any)):
+            for j, c in enumerate(conds):
+                if c.signal in DEPRECATED_SIGNALS:
+                    path = ("spec", "rules", i, key, j, "signal")
+                    found.append(f"{source}:{_line(marks, path)}: {_dotted(path)}: signal "
+                                 f"{c.signal!r} is deprecated; use "
+                                 f"{DEPRECATED_SIGNALS[c.signal]!r}")
+    return found
 
 
 def load_policy_file(path: str) -> Policy:

@@ -14,9 +14,9 @@ The rule (`resolve_capacities`), per model:
    times the prior capacity ratio: the ratio of the two policy priors
    (``spec.models.<m>.engines.<e>.capacityRps``) when both are given
    (``ratio-prior``), else a lone absolute prior of this engine (``prior``), else
-   DEFAULT_PRIOR_RATIO (``default-ratio``: TensorRT-LLM 5% ahead of vLLM, the
-   middle of the public range DEFAULT_PRIOR_RATIO_RANGE, DESIGN §4, which gives
-   the ratio's interval). A bound that only shows the traffic (`bounds_only`: the
+   the engine catalog's default prior ratios (``default-ratio``: each entry's
+   `CapacityPrior`, relative to vLLM, e.g. TensorRT-LLM 5% ahead, the middle of
+   the public range, DESIGN §4, which gives the ratio's interval). A bound that only shows the traffic (`bounds_only`: the
    engine never served above its minimum replicas) wins when it is higher.
 3. With nothing measured: the absolute prior (``prior``), else such a bound, else
    ``unknown`` (no capacity: the cost rule makes no move).
@@ -29,17 +29,17 @@ no SLA to measure against, …); `citations` turns them into decision inputs.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from gearshift.common.engines import CATALOG, ENGINE_NAMES
 from gearshift.policies.schema import EnginePriors, ModelPriors
 from gearshift.policies.signals import SignalValue
-from gearshift.policies.trace import ENGINES
 
-# Capacity relative to vLLM when nothing else is known, and the public range it is
-# the middle of (DESIGN §4: vLLM a few % ahead on 8B models .. TensorRT-LLM +16% on 70B).
-DEFAULT_PRIOR_RATIO = {"vllm": 1.0, "tensorrt-llm": 1.05}
-DEFAULT_PRIOR_RATIO_RANGE = {"vllm": (1.0, 1.0), "tensorrt-llm": (0.94, 1.16)}
+# Capacity relative to the baseline engine when nothing else is known, and the public
+# range it is the middle of: each catalog entry's `CapacityPrior` (DESIGN §4).
+DEFAULT_PRIOR_RATIO = {e.name: e.prior.ratio for e in CATALOG}
+DEFAULT_PRIOR_RATIO_RANGE = {e.name: (e.prior.low, e.prior.high) for e in CATALOG}
 OWN_SOURCES = ("measured", "lower_bound", "upper_bound")
 PRIOR_NOTE = "policy prior (spec.models)"
 
@@ -120,19 +120,21 @@ def _derived(engine: str, base: str, found: EngineCapacity, priors: Mapping[str,
 
 
 def resolve_capacities(measurements: Mapping[str, Measurement],
-                       priors: Mapping[str, EnginePriors]) -> dict[str, EngineCapacity]:
-    """One capacity per engine in ENGINES, by the rule of the module docstring."""
+                       priors: Mapping[str, EnginePriors],
+                       engines: Sequence[str] = ENGINE_NAMES) -> dict[str, EngineCapacity]:
+    """One capacity per engine of `engines` (catalog order), by the rule of the module
+    docstring."""
     nothing = Measurement(why="not measured yet")
-    own = {e: c for e in ENGINES
+    own = {e: c for e in engines
            if (c := _own(measurements.get(e, nothing), _prior_capacity(priors, e), e)) is not None}
     out: dict[str, EngineCapacity] = {}
-    for e in ENGINES:
+    for e in engines:
         if e in own:
             out[e] = own[e]
             continue
         m = measurements.get(e, nothing)
         floor = m.figure if m.bounds_only and m.figure is not None else None
-        base = next((o for o in ENGINES if o in own), None)
+        base = next((o for o in engines if o in own), None)
         prior = _prior_capacity(priors, e)
         if base is not None:
             found = _derived(e, base, own[base], priors, m.why)

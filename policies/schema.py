@@ -7,10 +7,12 @@ are camelCase (``minDwell``); Python fields are snake_case. Cross-field checks
 
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -19,10 +21,25 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from gearshift.common.engines import ENGINE_NAMES, is_engine
+
 API_VERSION = "gearshift.dev/v1"
 KIND = "EnginePolicy"
 
-Engine = Literal["vllm", "tensorrt-llm"]
+
+
+def _known_engine(value: str) -> str:
+    """An engine name of the catalog; the error lists the known names."""
+    if not is_engine(value):
+        close = difflib.get_close_matches(value, ENGINE_NAMES, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"expected a known engine ({', '.join(ENGINE_NAMES)}), "
+                         f"found {value!r}{hint}")
+    return value
+
+
+Engine = Annotated[str, AfterValidator(_known_engine),
+                   WithJsonSchema({"type": "string", "enum": list(ENGINE_NAMES)})]
 Mode = Literal["dry-run", "approve", "auto"]
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)\s*$")
@@ -109,7 +126,7 @@ class SignalsConfig(_Strict):
 class Preferences(_Strict):
     """Engine order for ties, and engines never to move to."""
 
-    order: list[Engine] = ["vllm", "tensorrt-llm"]
+    order: list[Engine] = list(ENGINE_NAMES)
     exclude: list[Engine] = []
 
 

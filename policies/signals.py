@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 from numpy.lib.stride_tricks import sliding_window_view
 
+from gearshift.common.engines import BASELINE_ENGINE, CATALOG
 from gearshift.policies.trace import ENGINES
 
 if TYPE_CHECKING:
@@ -318,11 +319,13 @@ def _current_fact(name: str) -> Callable[[SignalView], SignalValue]:
     return read
 
 
-def _capacity_gain(v: SignalView) -> SignalValue:
-    e = v.signals.facts.engines
-    vllm = e.get("vllm", EngineFacts()).capacity_rps
-    trt = e.get("tensorrt-llm", EngineFacts()).capacity_rps
-    return None if not vllm or trt is None else trt / vllm - 1.0
+def _capacity_gain(engine: str) -> Callable[[SignalView], SignalValue]:
+    def read(v: SignalView) -> SignalValue:
+        e = v.signals.facts.engines
+        base = e.get(BASELINE_ENGINE, EngineFacts()).capacity_rps
+        mine = e.get(engine, EngineFacts()).capacity_rps
+        return None if not base or mine is None else mine / base - 1.0
+    return read
 
 
 def _forecast_figure(v: SignalView, name: str) -> SignalValue:
@@ -370,13 +373,13 @@ SIGNALS: dict[str, SignalSpec] = {
     "sla_ttft_p99_ms": SignalSpec("number", "ms", "TTFT p99 target",
                                   lambda v: v.signals.facts.sla_ttft_p99_ms),
     "sla_ok": SignalSpec("bool", "", "the current engine meets every latency target", _sla_ok),
-    "capacity_vllm_rps": SignalSpec("number", "req/s", "measured vLLM capacity per replica",
-                                    _engine_fact("vllm", "capacity_rps")),
-    "capacity_tensorrt_llm_rps": SignalSpec("number", "req/s",
-                                            "measured TensorRT-LLM capacity per replica",
-                                            _engine_fact("tensorrt-llm", "capacity_rps")),
-    "capacity_gain": SignalSpec("number", "ratio",
-                                "TensorRT-LLM capacity / vLLM capacity - 1 (measured)", _capacity_gain),
+    **{f"capacity_rps.{e.name}": SignalSpec("number", "req/s",
+                                            f"measured {e.display_name} capacity per replica",
+                                            _engine_fact(e.name, "capacity_rps"))
+       for e in CATALOG},
+    **{f"capacity_gain.{e.name}": SignalSpec(
+        "number", "ratio", f"{e.display_name} capacity / {BASELINE_ENGINE} capacity - 1 (measured)",
+        _capacity_gain(e.name)) for e in CATALOG if e.name != BASELINE_ENGINE},
     "net_savings_usd": SignalSpec("number", "USD",
                                   "expected savings of the best other engine over the horizon, "
                                   "net of switch and rebuild costs", lambda v: v.net_savings_usd),
@@ -388,9 +391,18 @@ SIGNALS: dict[str, SignalSpec] = {
 }
 
 
+# Names of the two-engine vocabulary, still accepted: old name -> its per-engine name.
+DEPRECATED_SIGNALS: dict[str, str] = {
+    "capacity_vllm_rps": "capacity_rps.vllm",
+    "capacity_tensorrt_llm_rps": "capacity_rps.tensorrt-llm",
+    "capacity_gain": "capacity_gain.tensorrt-llm",
+}
+SIGNALS.update({old: SIGNALS[new] for old, new in DEPRECATED_SIGNALS.items()})
+
+
 def is_number(value: SignalValue) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-__all__ = ["ENGINES", "SIGNALS", "EngineFacts", "ModelFacts", "ModelHistory", "SignalSettings",
+__all__ = ["DEPRECATED_SIGNALS", "ENGINES", "SIGNALS", "EngineFacts", "ModelFacts", "ModelHistory", "SignalSettings",
            "SignalSpec", "SignalView", "Signals", "compute_signals", "meets_sla"]

@@ -3,7 +3,9 @@
 The first line is the header (step, price, per-model profiles); then one
 ``traffic`` record per model per step and ``revision`` records, in time order.
 Every malformed line fails with a `TraceError` naming the file, the line and
-the reason; nothing is silently skipped. Written by hand because the format
+the reason; nothing is silently skipped. Per-engine figures are keyed by engine
+name: a trace may name any engines of the catalog (`gearshift.common.engines`),
+the same ones for every model and every per-engine field. Written by hand because the format
 is ours (DESIGN §7); `json` does the parsing.
 """
 
@@ -18,9 +20,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gearshift.common.engines import ENGINE_NAMES, is_engine
 from gearshift.common.errors import InvalidArgument
 
-ENGINES: tuple[str, ...] = ("vllm", "tensorrt-llm")
+ENGINES = ENGINE_NAMES  # every engine a trace may name (the catalog's)
 TRACE_VERSION = 1
 _PER_ENGINE_FIELDS = ("capacity_rps", "cold_start_s", "build_s", "build_overhead_usd", "ttft_p99_ms")
 
@@ -66,6 +69,12 @@ class Trace:
     @property
     def n_steps(self) -> int:
         return max((len(s.rps) for s in self.series.values()), default=0)
+
+    @property
+    def engines(self) -> tuple[str, ...]:
+        """The engines this trace has figures for, in catalog order."""
+        named = {e for p in self.profiles.values() for e in p.capacity_rps}
+        return tuple(e for e in ENGINE_NAMES if e in named)
 
     def step_time(self, step: int) -> datetime:
         """Start of step `step`."""
@@ -114,20 +123,27 @@ def _profile(name: str, raw: object) -> ModelProfile:
     if not isinstance(raw, dict):
         raise ValueError(f"models.{name}: expected an object, found {raw!r}")
     per_engine: dict[str, dict[str, float]] = {}
+    engines: tuple[str, ...] = ()
     for field in _PER_ENGINE_FIELDS:
         block = raw.get(field)
-        if not isinstance(block, dict):
+        if not isinstance(block, dict) or not block:
             raise ValueError(f"{where}{field}: expected an object keyed by engine, found {block!r}")
-        unknown = sorted(set(block) - set(ENGINES))
+        unknown = sorted(e for e in block if not is_engine(e))
         if unknown:
             raise ValueError(f"{where}{field}: unknown engine {unknown[0]!r} (known: {', '.join(ENGINES)})")
+        if not engines:
+            engines = tuple(e for e in ENGINES if e in block)
         per_engine[field] = {
             e: _number(block, e, f"{where}{field}.", positive=field == "capacity_rps")
-            for e in ENGINES
+            for e in engines
         }
-    initial = raw.get("initial_engine", "vllm")
-    if initial not in ENGINES:
-        raise ValueError(f"{where}initial_engine: expected one of {', '.join(ENGINES)}, found {initial!r}")
+        extra = sorted(set(block) - set(engines))
+        if extra:
+            raise ValueError(f"{where}{field}.{extra[0]}: not in {where}{_PER_ENGINE_FIELDS[0]} "
+                             f"(every per-engine field names the same engines: {', '.join(engines)})")
+    initial = raw.get("initial_engine", engines[0])
+    if initial not in engines:
+        raise ValueError(f"{where}initial_engine: expected one of {', '.join(engines)}, found {initial!r}")
     return ModelProfile(
         gpus_per_replica=_int(raw, "gpus_per_replica", where, 1),
         min_replicas=_int(raw, "min_replicas", where, 0),
@@ -166,8 +182,19 @@ def _header(rec: object) -> _Header:
         price=_number(rec, "price_per_gpu_hour", ""),
         headroom=_number(rec, "headroom", ""),
         overlap_s=_number(rec, "overlap_s", ""),
-        profiles={str(m): _profile(str(m), p) for m, p in models.items()},
+        profiles=_same_engines({str(m): _profile(str(m), p) for m, p in models.items()}),
     )
+
+
+def _same_engines(profiles: dict[str, ModelProfile]) -> dict[str, ModelProfile]:
+    """Every model must have figures for the same engines (the backtest compares them)."""
+    first, *rest = profiles.items()
+    for name, p in rest:
+        if set(p.capacity_rps) != set(first[1].capacity_rps):
+            raise ValueError(f"models.{name}.capacity_rps: names {', '.join(p.capacity_rps)}, "
+                             f"but models.{first[0]} names {', '.join(first[1].capacity_rps)} "
+                             "(every model names the same engines)")
+    return profiles
 
 
 def _step_of(ts: datetime, head: _Header) -> int:

@@ -1,11 +1,12 @@
 """The emulated engine's HTTP surface (aiohttp): OpenAI API, health, metrics, fault switches.
 
 Paths and status codes are the real engines' (DESIGN §4): `/v1/models`,
-`/v1/completions`, `/v1/chat/completions` (JSON or SSE), `/health` (vLLM,
-trtllm-serve) and `/health_generate` (trtllm-serve), `/metrics` (vLLM
-Prometheus text; trtllm-serve JSON iteration stats drained on read),
-`/prometheus/metrics` (trtllm-serve), `/version`. `/emulator/faults` and
-`/emulator/state` exist only here, for tests and the demo.
+`/v1/completions`, `/v1/chat/completions` (JSON or SSE) and `/version` for every
+engine; the health paths of the engine's catalog entry; the metric paths (and
+any other engine-specific path) of its emulator flavour (`flavor_*.py`), e.g.
+vLLM's Prometheus `/metrics`, trtllm-serve's JSON `/metrics` and
+`/prometheus/metrics`. `/emulator/faults` and `/emulator/state` exist only here,
+for tests and the demo.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from aiohttp import web
 from gearshift.agents.emulator.args import EngineArgs
 from gearshift.agents.emulator.batching import BatchEngine
 from gearshift.agents.emulator.config import EmulatorOptions, FaultError, Faults, apply_faults
+from gearshift.agents.emulator.flavors import get_flavor
 from gearshift.agents.emulator.iterstats import IterationStats
 from gearshift.agents.emulator.metrics import EngineMetrics, RequestRecord
+from gearshift.common.engines import engine_entry
 
 WORDS = ("the", "model", "emulated", "engine", "returns", "plain", "tokens", "for", "tests",
          "and", "demos", "of", "gearshift")
@@ -278,7 +281,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def models(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
-    owner = "vllm" if state.args.flavor == "vllm" else "tensorrt_llm"
+    owner = get_flavor(state.args.flavor).owned_by
     return web.json_response({"object": "list", "data": [{
         "id": state.args.served_model_name, "object": "model", "created": int(state.started_at),
         "owned_by": owner, "root": state.args.model, "parent": None}]})
@@ -293,21 +296,13 @@ async def version(request: web.Request) -> web.Response:
     return web.json_response({"version": request.app[STATE_KEY].options.engine_version})
 
 
-async def vllm_metrics(request: web.Request) -> web.Response:
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+async def prometheus_metrics(request: web.Request) -> web.Response:
+    """The metrics container rendered as Prometheus text."""
     body = request.app[STATE_KEY].metrics.render()
-    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
-
-
-async def trtllm_json_metrics(request: web.Request) -> web.Response:
-    stats = request.app[STATE_KEY].iterstats
-    return web.json_response(stats.drain() if stats is not None else [])
-
-
-async def trtllm_prometheus(request: web.Request) -> web.Response:
-    state = request.app[STATE_KEY]
-    # Without return_perf_metrics the real server collects nothing here.
-    body = state.metrics.render() if state.args.return_perf_metrics else b""
-    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+    return web.Response(body=body, headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})
 
 
 async def post_faults(request: web.Request) -> web.StreamResponse:
@@ -354,16 +349,11 @@ def build_app(state: EmulatorState) -> web.Application:
         web.get("/v1/models", models),
         web.post("/v1/completions", completions),
         web.post("/v1/chat/completions", chat_completions),
-        web.get("/health", health),
         web.get("/version", version),
         web.post("/emulator/faults", post_faults),
         web.get("/emulator/state", get_state),
     ]
-    if state.args.flavor == "vllm":
-        routes.append(web.get("/metrics", vllm_metrics))
-    else:
-        routes += [web.get("/health_generate", health),
-                   web.get("/metrics", trtllm_json_metrics),
-                   web.get("/prometheus/metrics", trtllm_prometheus)]
+    routes += [web.get(path, health) for path in engine_entry(state.args.flavor).health.paths]
+    routes += get_flavor(state.args.flavor).routes()
     app.add_routes(routes)
     return app

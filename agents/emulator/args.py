@@ -1,10 +1,12 @@
-"""Parse the REAL command lines of `vllm serve` and `trtllm-serve` for the emulator.
+"""Parse the REAL command lines of the engines for the emulator.
 
 The emulator replaces only the executable: the agent appends exactly the
 arguments the real engine would get, so this module understands those flags
 (and their spelling variants) and nothing more. The engines' own argument
-parsers cannot be imported here (gearshift never imports vllm or
-tensorrt_llm), hence this small hand-written parser. Unknown `--flag value`
+parsers cannot be imported here (gearshift never imports the engines), hence
+these small hand-written parsers: `scan_flags` and the option readers are
+shared, each emulator flavour (`flavor_*.py`) holds its engine's parser, and
+`parse_engine_argv` finds the flavour by catalog name. Unknown `--flag value`
 pairs are accepted and reported as ignored, because real deployments pass many
 tuning flags the emulator has no use for.
 """
@@ -18,8 +20,6 @@ from typing import Literal
 
 import yaml
 
-Flavor = Literal["vllm", "tensorrt-llm"]
-FLAVORS: tuple[Flavor, ...] = ("vllm", "tensorrt-llm")
 TRTLLM_BACKENDS = ("pytorch", "tensorrt")
 DEFAULT_PORT = 8000
 VLLM_DEFAULT_HOST = "0.0.0.0"
@@ -35,7 +35,7 @@ class EngineArgsError(ValueError):
 class EngineArgs:
     """What the emulated engine was asked to serve, read from its real command line."""
 
-    flavor: Flavor
+    flavor: str                     # the engine's catalog name
     command: Literal["serve", "build"]
     model: str                      # checkpoint path or hub id (positional MODEL)
     served_model_name: str          # the name clients put in "model"
@@ -48,6 +48,7 @@ class EngineArgs:
     config_path: str | None = None             # trtllm-serve --config / --extra_llm_api_options
     enable_iter_perf_stats: bool = False       # from the trtllm config file
     return_perf_metrics: bool = False          # from the trtllm config file
+    enable_metrics: bool = True                # False: a flag-gated metrics endpoint is off
     ignored: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -77,9 +78,15 @@ _TRTLLM_FLAGS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _scan(argv: list[str], flags: dict[str, tuple[str, ...]]
-          ) -> tuple[list[str], dict[str, str], list[str]]:
-    """Split argv into positionals, known flag values and ignored tokens."""
+def scan_flags(argv: list[str], flags: dict[str, tuple[str, ...]],
+               switches: dict[str, tuple[str, ...]] | None = None,
+               ) -> tuple[list[str], dict[str, str], list[str]]:
+    """Split argv into positionals, known flag values and ignored tokens.
+
+    `switches` are flags that take no value (`--enable-metrics`); one that is given
+    appears in the known values as "true"."""
+    switch_of = {_norm(spelling): key for key, spellings in (switches or {}).items()
+                 for spelling in spellings}
     lookup = {spelling: key for key, spellings in flags.items() for spelling in spellings}
     positionals: list[str] = []
     known: dict[str, str] = {}
@@ -92,6 +99,10 @@ def _scan(argv: list[str], flags: dict[str, tuple[str, ...]]
             i += 1
             continue
         name, has_eq, inline = token.partition("=")
+        if not has_eq and _norm(name) in switch_of:
+            known[switch_of[_norm(name)]] = "true"
+            i += 1
+            continue
         key = lookup.get(_norm(name))
         if key is None:
             # Unknown flag: take the next token as its value unless it is another flag.
@@ -117,7 +128,7 @@ def _scan(argv: list[str], flags: dict[str, tuple[str, ...]]
     return positionals, known, ignored
 
 
-def _int(flag: str, value: str, low: int, high: int) -> int:
+def int_option(flag: str, value: str, low: int, high: int) -> int:
     try:
         number = int(value)
     except ValueError:
@@ -127,7 +138,7 @@ def _int(flag: str, value: str, low: int, high: int) -> int:
     return number
 
 
-def _fraction(flag: str, value: str) -> float:
+def fraction_option(flag: str, value: str) -> float:
     try:
         number = float(value)
     except ValueError:
@@ -139,7 +150,7 @@ def _fraction(flag: str, value: str) -> float:
 
 def parse_vllm(argv: list[str]) -> EngineArgs:
     """`serve MODEL --host H --port P --served-model-name N --tensor-parallel-size T ...`."""
-    positionals, known, ignored = _scan(argv, _VLLM_FLAGS)
+    positionals, known, ignored = scan_flags(argv, _VLLM_FLAGS)
     if not positionals or positionals[0] != "serve":
         raise EngineArgsError(
             f"vllm: expected the subcommand 'serve' first, got {positionals[:1] or argv[:1]}")
@@ -165,10 +176,10 @@ def parse_vllm(argv: list[str]) -> EngineArgs:
         model=model,
         served_model_name=known.get("served_model_name") or model,
         host=known.get("host") or VLLM_DEFAULT_HOST,
-        port=_int("--port", known.get("port", str(DEFAULT_PORT)), 0, 65535),
-        tensor_parallel_size=_int("--tensor-parallel-size",
+        port=int_option("--port", known.get("port", str(DEFAULT_PORT)), 0, 65535),
+        tensor_parallel_size=int_option("--tensor-parallel-size",
                                   known.get("tensor_parallel_size", "1"), 1, 1024),
-        gpu_memory_fraction=_fraction("--gpu-memory-utilization",
+        gpu_memory_fraction=fraction_option("--gpu-memory-utilization",
                                       known.get("gpu_memory_fraction", "0.9")),
         shutdown_timeout_s=timeout,
         ignored=tuple(ignored),
@@ -201,7 +212,7 @@ def _trtllm_served_name(model: str) -> str:
 def parse_trtllm(argv: list[str]) -> EngineArgs:
     """`MODEL --host H --port P --backend B --tp_size T --kv_cache_free_gpu_memory_fraction F`,
     optionally prefixed by `serve`; `build ...` is the engine-build stand-in."""
-    positionals, known, ignored = _scan(argv, _TRTLLM_FLAGS)
+    positionals, known, ignored = scan_flags(argv, _TRTLLM_FLAGS)
     if positionals and positionals[0] == "build":
         return EngineArgs(flavor="tensorrt-llm", command="build", model=" ".join(positionals[1:]),
                           served_model_name="", host="", port=0, ignored=tuple(ignored))
@@ -224,9 +235,9 @@ def parse_trtllm(argv: list[str]) -> EngineArgs:
         model=model,
         served_model_name=known.get("served_model_name") or _trtllm_served_name(model),
         host=known.get("host") or TRTLLM_DEFAULT_HOST,
-        port=_int("--port", known.get("port", str(DEFAULT_PORT)), 0, 65535),
-        tensor_parallel_size=_int("--tp_size", known.get("tensor_parallel_size", "1"), 1, 1024),
-        gpu_memory_fraction=_fraction("--kv_cache_free_gpu_memory_fraction",
+        port=int_option("--port", known.get("port", str(DEFAULT_PORT)), 0, 65535),
+        tensor_parallel_size=int_option("--tp_size", known.get("tensor_parallel_size", "1"), 1, 1024),
+        gpu_memory_fraction=fraction_option("--kv_cache_free_gpu_memory_fraction",
                                       known.get("gpu_memory_fraction", "0.9")),
         backend=backend,
         config_path=config_path,
@@ -237,9 +248,12 @@ def parse_trtllm(argv: list[str]) -> EngineArgs:
 
 
 def parse_engine_argv(flavor: str, argv: list[str]) -> EngineArgs:
-    """Parse the argv the real executable of `flavor` would get."""
-    if flavor == "vllm":
-        return parse_vllm(argv)
-    if flavor == "tensorrt-llm":
-        return parse_trtllm(argv)
-    raise EngineArgsError(f"unknown flavor {flavor!r}; known: {', '.join(FLAVORS)}")
+    """Parse the argv the real executable of `flavor` (a catalog engine name) would get."""
+    from gearshift.agents.emulator.flavors import get_flavor
+    from gearshift.common.errors import InvalidArgument
+
+    try:
+        found = get_flavor(flavor)
+    except InvalidArgument as exc:
+        raise EngineArgsError(exc.message) from None
+    return found.parse(argv)

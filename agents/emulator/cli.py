@@ -1,9 +1,9 @@
-"""`gearshift emulate`: run an emulated vLLM or trtllm-serve engine.
+"""`gearshift emulate`: run an emulated engine (one flavour per engine catalog entry).
 
-Usage: `gearshift emulate --flavor vllm|tensorrt-llm [OPTIONS] -- ARGV...` where
-ARGV is exactly what the real executable would get (`serve MODEL --port P ...`
-for vLLM, `MODEL --port P --backend pytorch ...` for trtllm-serve, or `build`
-for the engine-build stand-in). Every option can also come from its
+Usage: `gearshift emulate --flavor ENGINE [OPTIONS] -- ARGV...` where ARGV is
+exactly what the real executable would get (`serve MODEL --port P ...` for vLLM,
+`MODEL --port P --backend pytorch ...` for trtllm-serve, or `build` for the
+engine-build stand-in; each flavour module documents its engine's). Every option can also come from its
 `GEARSHIFT_EMULATOR_*` environment variable, so the agent can tune each engine.
 """
 
@@ -14,10 +14,8 @@ import sys
 
 import click
 
-from gearshift.agents.emulator.args import FLAVORS, EngineArgsError, parse_engine_argv
+from gearshift.agents.emulator.args import EngineArgsError, parse_engine_argv
 from gearshift.agents.emulator.config import (
-    DEFAULT_CAPACITY_RPS,
-    DEFAULT_ENGINE_VERSION,
     DEFAULT_ITL_S,
     DEFAULT_LOAD_S,
     DEFAULT_OUTPUT_TOKENS,
@@ -26,6 +24,8 @@ from gearshift.agents.emulator.config import (
     FaultError,
     parse_faults_json,
 )
+from gearshift.agents.emulator.flavors import get_flavor
+from gearshift.common.engines import ENGINE_NAMES
 
 ENV_PREFIX = "GEARSHIFT_EMULATOR_"
 
@@ -39,16 +39,17 @@ def _positive(_ctx: click.Context, param: click.Parameter, value: float | None) 
 @click.command(
     "emulate",
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
-    help="Run an emulated vLLM or trtllm-serve engine. ENGINE_ARGV (after `--`) is exactly "
-         "what the real executable would get: `serve MODEL --port P ...` for vLLM, "
-         "`MODEL --port P --backend pytorch ...` for trtllm-serve, or `build` for the "
-         "engine-build stand-in. Every option also reads its GEARSHIFT_EMULATOR_* env var.",
+    help="Run an emulated engine (vLLM, trtllm-serve, ...: every engine of the catalog). "
+         "ENGINE_ARGV (after `--`) is exactly what the real executable would get: "
+         "`serve MODEL --port P ...` for vLLM, `MODEL --port P --backend pytorch ...` for "
+         "trtllm-serve, or `build` for the engine-build stand-in. Every option also reads "
+         "its GEARSHIFT_EMULATOR_* env var.",
 )
-@click.option("--flavor", type=click.Choice(FLAVORS), required=True,
+@click.option("--flavor", type=click.Choice(ENGINE_NAMES), required=True,
               envvar=ENV_PREFIX + "FLAVOR", help="Which engine to emulate.")
 @click.option("--capacity-rps", type=float, default=None, callback=_positive,
               envvar=ENV_PREFIX + "CAPACITY_RPS", show_envvar=True,
-              help="Requests/s at which the queue saturates (default: vllm 40, tensorrt-llm 46).")
+              help="Requests/s at which the queue saturates (default: the flavour's).")
 @click.option("--load-s", type=click.FloatRange(min=0), default=DEFAULT_LOAD_S, show_default=True,
               envvar=ENV_PREFIX + "LOAD_S", show_envvar=True,
               help="Model load time; connections are refused meanwhile.")
@@ -97,10 +98,11 @@ def emulate(flavor: str, capacity_rps: float | None, load_s: float, ttft_base_s:
     if event_loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
         raise click.BadParameter("uvloop is not installed (pip install uvloop)",
                                  param_hint="--event-loop")
+    found = get_flavor(flavor)
     options = EmulatorOptions(
-        capacity_rps=capacity_rps or DEFAULT_CAPACITY_RPS[flavor],
+        capacity_rps=capacity_rps or found.default_capacity_rps,
         load_s=load_s, ttft_base_s=ttft_base_s, itl_s=itl_s, output_tokens=output_tokens,
-        engine_version=engine_version or DEFAULT_ENGINE_VERSION[flavor], max_batch=max_batch,
+        engine_version=engine_version or found.default_version, max_batch=max_batch,
         trtllm_prefixed_names=trtllm_metric_names == "prefixed", build_s=build_s, faults=faults,
         event_loop=event_loop)
     sys.exit(run(args, options))

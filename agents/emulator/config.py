@@ -13,8 +13,6 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-DEFAULT_CAPACITY_RPS = {"vllm": 40.0, "tensorrt-llm": 46.0}
-DEFAULT_ENGINE_VERSION = {"vllm": "0.11.0", "tensorrt-llm": "1.3.0"}
 DEFAULT_LOAD_S = 1.0
 DEFAULT_TTFT_BASE_S = 0.020
 DEFAULT_ITL_S = 0.005

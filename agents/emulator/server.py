@@ -2,8 +2,8 @@
 
 Like the real engines, the port is not bound while the model "loads", so
 connections are refused until it is ready. SIGTERM stops listening at once;
-vLLM with `--shutdown-timeout S` (and trtllm-serve, with a fixed grace) lets
-in-flight requests finish for up to that long, vLLM without it aborts them.
+each flavour says how long in-flight requests may finish (vLLM: its
+`--shutdown-timeout S`, else none; trtllm-serve: a fixed grace).
 A second SIGTERM/SIGINT during a drain aborts what is left. Exit 0 on a
 clean stop.
 """
@@ -23,9 +23,8 @@ from aiohttp import web
 from gearshift.agents.emulator.app import EmulatorState, build_app
 from gearshift.agents.emulator.args import EngineArgs
 from gearshift.agents.emulator.batching import BatchEngine, derive_max_batch
-from gearshift.agents.emulator.config import TRTLLM_DRAIN_GRACE_S, EmulatorOptions
-from gearshift.agents.emulator.iterstats import IterationStats
-from gearshift.agents.emulator.metrics import EngineMetrics, TrtllmMetrics, VllmMetrics
+from gearshift.agents.emulator.config import EmulatorOptions
+from gearshift.agents.emulator.flavors import get_flavor
 
 CRASH_EXIT_CODE = 1
 # After the drain, connections still open get this long before aiohttp closes them.
@@ -48,18 +47,7 @@ def make_state(args: EngineArgs, options: EmulatorOptions) -> EmulatorState:
         options.capacity_rps, options.ttft_base_s, options.itl_s, options.output_tokens)
     engine = BatchEngine(max_batch=max_batch, ttft_base_s=options.ttft_base_s,
                          itl_s=options.itl_s, latency_factor=options.faults.latency_factor)
-    metrics: EngineMetrics
-    iterstats = None
-    if args.flavor == "vllm":
-        metrics = VllmMetrics(engine, model_name=args.served_model_name,
-                              gpu_memory_fraction=args.gpu_memory_fraction,
-                              engine_version=options.engine_version)
-    else:
-        metrics = TrtllmMetrics(model_name=args.served_model_name, engine_type=args.backend,
-                                prefixed=options.trtllm_prefixed_names,
-                                engine_version=options.engine_version)
-        if args.enable_iter_perf_stats:
-            iterstats = IterationStats(engine, gpu_memory_fraction=args.gpu_memory_fraction)
+    metrics, iterstats = get_flavor(args.flavor).make_metrics(engine, args, options)
     return EmulatorState(args=args, options=options, engine=engine, metrics=metrics,
                          iterstats=iterstats, on_crash=crash_now, faults=options.faults)
 
@@ -95,9 +83,7 @@ async def _wait_event(event: asyncio.Event, timeout_s: float) -> bool:
 
 def drain_grace_s(args: EngineArgs) -> float:
     """How long in-flight requests may run after SIGTERM (0: abort them)."""
-    if args.flavor == "vllm":
-        return args.shutdown_timeout_s or 0.0
-    return TRTLLM_DRAIN_GRACE_S
+    return get_flavor(args.flavor).drain_grace_s(args)
 
 
 async def run_build(args: EngineArgs, options: EmulatorOptions) -> int:

@@ -25,7 +25,6 @@ from gearshift.agents.metrics.rates import (
     to_proto,
 )
 from gearshift.agents.metrics.scraper import (
-    ENGINES,
     EngineScraper,
     MetricSource,
     ScraperMetrics,
@@ -35,7 +34,6 @@ from gearshift.agents.metrics.trtllm_json import parse_trtllm_json
 
 __all__ = [
     "ABSENT",
-    "ENGINES",
     "EngineSample",
     "EngineScraper",
     "EngineSnapshot",

@@ -6,16 +6,15 @@ not family names, because real scrapes are not always well formed (the
 trtllm-serve excerpt in PR 5785 has buckets with no `# TYPE` line, which the
 library reads as untyped families of one sample each).
 
-Accepted names (each looked up as `vllm:NAME`, then `trtllm_NAME`, then bare
-`NAME`, the first prefix that has it wins, so nothing is counted twice):
-- counters `request_success_total` (summed over `finished_reason`; reasons in
-  `ERROR_FINISH_REASONS` also count as errors), `prompt_tokens_total`,
-  `generation_tokens_total` (with or without `_total`);
-- gauges `num_requests_running`, `num_requests_waiting`, `kv_cache_usage_perc`
-  (older vLLM: `gpu_cache_usage_perc`; later trtllm: `kv_cache_utilization`);
-- histograms `time_to_first_token_seconds`, `inter_token_latency_seconds`
-  (older name `time_per_output_token_seconds`, used only when the new one is
-  absent), `e2e_request_latency_seconds`.
+Which names fill which field is the engine catalog's `MetricNames`
+(`gearshift.common.engines`): each base name is looked up under each of the
+entry's prefixes, the first prefix that has it wins, so nothing is counted
+twice; of several base names for one field, the first present wins (so an older
+name such as vLLM's `time_per_output_token_seconds` is used only when the new
+one is absent). Counters are read with or without `_total`; a finished-requests
+counter is summed over `finished_reason` (reasons in `ERROR_FINISH_REASONS` also
+count as errors) unless the entry names a separate error counter. Without an
+engine, every catalog entry's names are tried.
 Triton's `nv_inference_*` and `nv_trt_llm_*` families map to request counts,
 running/waiting requests and KV-cache block usage.
 """
@@ -36,8 +35,8 @@ from gearshift.agents.metrics.model import (
     Skip,
     SkipReason,
 )
+from gearshift.common.engines import MetricNames, any_engine_metric_names
 
-NAME_PREFIXES = ("vllm:", "trtllm_", "")
 COUNTER_SUFFIX = "_total"
 ERROR_FINISH_REASONS = frozenset({"abort", "error"})
 TRITON_LLM_MODEL = "tensorrt_llm"
@@ -48,7 +47,8 @@ Labels = tuple[tuple[str, str], ...]
 Series = list[tuple[Labels, float]]
 
 
-def parse_prometheus_text(text: str, *, source: str = "/metrics") -> EngineSnapshot:
+def parse_prometheus_text(text: str, *, source: str = "/metrics",
+                          names: MetricNames | None = None) -> EngineSnapshot:
     """Read one Prometheus text scrape; raise `MetricsParseError` if it is not that format.
 
     Series with unusable values (NaN, ±Inf, negative, bad `le`) are dropped and
@@ -57,7 +57,7 @@ def parse_prometheus_text(text: str, *, source: str = "/metrics") -> EngineSnaps
     if not isinstance(text, str):
         raise MetricsParseError(f"{source}: expected text, got {type(text).__name__}")
     series = _read_series(text, source)
-    reader = _Reader(series, source)
+    reader = _Reader(series, source, names or any_engine_metric_names())
     snapshot = reader.engine_snapshot()
     triton = reader.triton_snapshot()
     merged = EngineSnapshot(
@@ -119,8 +119,9 @@ def _describe_bad_text(text: str, source: str, exc: Exception) -> str:
 class _Reader:
     """Looks samples up by engine name, validating only the series it uses."""
 
-    def __init__(self, series: Mapping[str, Series], source: str) -> None:
+    def __init__(self, series: Mapping[str, Series], source: str, names: MetricNames) -> None:
         self._series = series
+        self._names = names
         self._source = source
         self.skips: list[Skip] = []
 
@@ -140,7 +141,7 @@ class _Reader:
     def _lookup(self, *names: str) -> tuple[str, Series] | None:
         """The first of `names` under the first prefix that has it."""
         for name in names:
-            for prefix in NAME_PREFIXES:
+            for prefix in self._names.prefixes:
                 full = prefix + name
                 if full in self._series:
                     return full, self._series[full]
@@ -171,9 +172,13 @@ class _Reader:
         return total
 
     def engine_snapshot(self) -> EngineSnapshot:
-        success = self._lookup("request_success")
+        n = self._names
+        success = self._lookup(*n.finished)
         errors: float | None = None
-        if success is not None:
+        if n.errors and success is not None:
+            errors = self._sum(self._lookup(*n.errors))
+            errors = 0.0 if errors is None else errors
+        elif success is not None:
             error_labels = [
                 labels
                 for labels, _ in success[1]
@@ -183,18 +188,18 @@ class _Reader:
         return EngineSnapshot(
             requests_finished=self._sum(success),
             request_errors=errors,
-            prompt_tokens=self._sum(self._lookup("prompt_tokens")),
-            generation_tokens=self._sum(self._lookup("generation_tokens")),
-            running=self._sum(self._lookup("num_requests_running")),
-            waiting=self._sum(self._lookup("num_requests_waiting")),
+            prompt_tokens=self._sum(self._lookup(*n.prompt_tokens)),
+            generation_tokens=self._sum(self._lookup(*n.generation_tokens)),
+            running=self._sum(self._lookup(*n.running)),
+            waiting=self._sum(self._lookup(*n.waiting)),
             kv_cache_usage=self._kv_fraction(),
-            ttft=self._histogram("time_to_first_token_seconds"),
-            itl=self._histogram("inter_token_latency_seconds", "time_per_output_token_seconds"),
-            e2e=self._histogram("e2e_request_latency_seconds"),
+            ttft=self._histogram(*n.ttft),
+            itl=self._histogram(*n.itl),
+            e2e=self._histogram(*n.e2e),
         )
 
     def _kv_fraction(self) -> float | None:
-        found = self._lookup("kv_cache_usage_perc", "gpu_cache_usage_perc", "kv_cache_utilization")
+        found = self._lookup(*self._names.kv_cache_usage)
         if found is None:
             return None
         name, series = found

@@ -1,12 +1,13 @@
 """Scrape an engine's metric endpoints over HTTP and turn them into `EngineSample`s.
 
-Per engine:
-- `vllm`: `GET /metrics` (Prometheus text);
-- `tensorrt-llm`: `GET /prometheus/metrics` (Prometheus text, only when the server
-  runs with `return_perf_metrics: true`; a 404 or a body with no known metric
-  means "not enabled") and `GET /metrics` (JSON iteration stats, drained on each
-  read), which gives running/waiting requests and KV-cache usage, and the request
-  rate when there is no Prometheus counter.
+Which paths to read, in which format, and which metric names fill which field
+come from the engine's catalog entry (`gearshift.common.engines`): for example
+vLLM has `GET /metrics` (Prometheus text); trtllm-serve has `GET
+/prometheus/metrics` (Prometheus text, optional: a 404 or a body with no known
+metric means "not enabled") and `GET /metrics` (JSON iteration stats, drained on
+each read), which gives running/waiting requests and KV-cache usage, and the
+request rate when there is no Prometheus counter. All endpoints of an entry are
+read at once; the sample fails only when none of them gave a body.
 
 `scrape()` never raises: an unreachable engine, a bad status or a bad body gives
 a sample with `metrics_present=False` and a reason; dropped series and scrapes
@@ -34,16 +35,11 @@ from gearshift.agents.metrics.model import (
 from gearshift.agents.metrics.prometheus_text import parse_prometheus_text
 from gearshift.agents.metrics.rates import RateCalculator
 from gearshift.agents.metrics.trtllm_json import parse_trtllm_json
+from gearshift.common.engines import EngineEntry, MetricEndpoint, MetricFormat, engine_entry
 from gearshift.common.errors import InvalidArgument
 
 logger = logging.getLogger(__name__)
 
-VLLM = "vllm"
-TENSORRT_LLM = "tensorrt-llm"
-ENGINES = (VLLM, TENSORRT_LLM)
-VLLM_METRICS_PATH = "/metrics"
-TRTLLM_PROMETHEUS_PATH = "/prometheus/metrics"
-TRTLLM_ITERATIONS_PATH = "/metrics"
 DEFAULT_TIMEOUT_S = 2.0
 MAX_BODY_BYTES = 8 * 1024 * 1024
 HTTP_OK = 200
@@ -90,33 +86,37 @@ class MetricSource(Protocol):
 
 
 def read_engine_metrics(
-    engine: str, prometheus_text: str | None, iteration_json: str | None = None
+    engine: str, bodies: dict[str, str | None]
 ) -> tuple[EngineSnapshot | None, tuple[Skip, ...]]:
-    """Parse the bodies one scrape fetched; never raises.
+    """Parse the bodies one scrape fetched (path -> body, None = not fetched); never raises.
 
     Returns the snapshot (None when nothing usable was found) and every skip:
     dropped series and whole bodies that could not be read.
     """
+    entry = engine_entry(engine)
     skips: list[Skip] = []
     prometheus: EngineSnapshot | None = None
     iterations: EngineSnapshot | None = None
-    if prometheus_text is not None:
-        source = VLLM_METRICS_PATH if engine == VLLM else TRTLLM_PROMETHEUS_PATH
+    for endpoint in entry.metric_endpoints:
+        body = bodies.get(endpoint.path)
+        if body is None:
+            continue
         try:
-            prometheus = parse_prometheus_text(prometheus_text, source=source)
-            skips.extend(prometheus.skips)
+            if endpoint.format is MetricFormat.TRTLLM_ITERATIONS:
+                iterations = parse_trtllm_json(body)
+                skips.extend(iterations.skips)
+                continue
+            found = parse_prometheus_text(body, source=endpoint.path, names=entry.metric_names)
         except MetricsParseError as exc:
             skips.append(Skip(exc.reason, exc.message))
-        if prometheus is not None and not prometheus.has_data():
-            if engine == VLLM:
-                skips.append(Skip(SkipReason.MISSING_FAMILY, f"{source}: no vllm: metric found"))
-            prometheus = None
-    if iteration_json is not None:
-        try:
-            iterations = parse_trtllm_json(iteration_json)
-            skips.extend(iterations.skips)
-        except MetricsParseError as exc:
-            skips.append(Skip(exc.reason, exc.message))
+            continue
+        skips.extend(found.skips)
+        if found.has_data():
+            prometheus = found
+        elif not endpoint.optional:
+            prefixes = "/".join(p for p in entry.metric_names.prefixes if p) or "known"
+            skips.append(Skip(SkipReason.MISSING_FAMILY,
+                              f"{endpoint.path}: no {prefixes} metric found"))
     return _merge(prometheus, iterations), tuple(skips)
 
 
@@ -164,8 +164,7 @@ class EngineScraper:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         registry: CollectorRegistry | None = None,
     ) -> None:
-        if engine not in ENGINES:
-            raise InvalidArgument(f"unknown engine {engine!r}; known engines: {', '.join(ENGINES)}")
+        self.entry: EngineEntry = engine_entry(engine)
         if not base_url.startswith(("http://", "https://")):
             raise InvalidArgument(
                 f"engine base URL must start with http:// or https://, got {base_url!r}"
@@ -215,34 +214,31 @@ class EngineScraper:
         return sample
 
     async def _scrape(self, now: float) -> EngineSample:
-        if self.engine == VLLM:
-            fetched = await self._get(VLLM_METRICS_PATH)
-            failure = self._failure_of(fetched, VLLM_METRICS_PATH)
-            if failure is not None:
-                return _failed(now, (failure,))
-            snapshot, skips = read_engine_metrics(self.engine, fetched.body)
-        else:
-            prometheus, iterations = await asyncio.gather(
-                self._get(TRTLLM_PROMETHEUS_PATH), self._get(TRTLLM_ITERATIONS_PATH)
-            )
-            json_failure = self._failure_of(iterations, TRTLLM_ITERATIONS_PATH)
-            prometheus_failure = None
-            if prometheus.status != HTTP_NOT_FOUND:
-                prometheus_failure = self._failure_of(prometheus, TRTLLM_PROMETHEUS_PATH)
-            if json_failure is not None and prometheus.body is None:
-                return _failed(now, (json_failure,))
-            snapshot, skips = read_engine_metrics(self.engine, prometheus.body, iterations.body)
-            extra = [f for f in (prometheus_failure, json_failure) if f is not None]
-            skips = (*extra, *skips)
+        endpoints = self.entry.metric_endpoints
+        fetched = await asyncio.gather(*(self._get(ep.path) for ep in endpoints))
+        failed = [(ep, f) for ep, got in zip(endpoints, fetched, strict=True)
+                  if (f := self._failure_of(got, ep)) is not None]
+        failures = [f for _, f in failed]
+        bodies = {ep.path: got.body for ep, got in zip(endpoints, fetched, strict=True)}
+        if all(body is None for body in bodies.values()):
+            # Nothing came back: the required endpoints say why (an optional one adds nothing).
+            required = [f for ep, f in failed if not ep.optional]
+            return _failed(now, tuple(required or failures))
+        snapshot, skips = read_engine_metrics(self.engine, bodies)
+        skips = (*failures, *skips)
         if snapshot is None:
             return _failed(now, skips)
         return self._calculator.update(replace(snapshot, skips=skips), now)
 
-    def _failure_of(self, fetched: _Fetched, path: str) -> Skip | None:
+    def _failure_of(self, fetched: _Fetched, endpoint: MetricEndpoint) -> Skip | None:
+        """Why `endpoint` gave no body; None when it did, or is optional and not enabled."""
         if fetched.failure is not None:
             return fetched.failure
         if fetched.body is None:
-            return Skip(SkipReason.HTTP_STATUS, f"GET {self.base_url}{path}: HTTP {fetched.status}")
+            if endpoint.optional and fetched.status == HTTP_NOT_FOUND:
+                return None
+            return Skip(SkipReason.HTTP_STATUS,
+                        f"GET {self.base_url}{endpoint.path}: HTTP {fetched.status}")
         return None
 
     async def _get(self, path: str) -> _Fetched:

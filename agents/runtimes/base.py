@@ -1,19 +1,23 @@
 """The engine runtime seam: how to launch an engine and where to watch it.
 
 An `EngineRuntime` turns a `DeploymentSpec` into the engine's REAL command line
-(DESIGN §4) and says which URLs carry its health and metrics and what a health
-answer means. Runtimes register by name in `RUNTIMES`; `get_runtime` rejects
+(DESIGN §4). Where the engine serves health and metrics, and what a health
+answer means, are the engine catalog's (`gearshift.common.engines`):
+`endpoints_for` and `classify_health` read them. Runtimes register by name in
+`RUNTIMES`; `get_runtime` imports the module the catalog entry names and rejects
 unknown names with the list of known ones.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
 
+from gearshift.common.engines import ENGINE_NAMES, HealthSemantics, engine_entry
 from gearshift.common.errors import InvalidArgument
 from gearshift.common.spec import DeploymentSpec
 
@@ -41,38 +45,42 @@ class EngineEndpoints:
     """URLs of a running engine, for the supervisor and the metric scrapers."""
 
     base_url: str
-    health_urls: tuple[str, ...]         # the first decides readiness
-    prometheus_url: str                  # Prometheus text
-    json_metrics_url: str | None = None  # trtllm-serve iteration stats (drained on read)
+    health_urls: tuple[str, ...]  # the first decides readiness
+    metric_urls: tuple[str, ...]  # the catalog entry's metric endpoints, in its order
     models_url: str = ""
 
 
 class EngineRuntime(Protocol):
-    """How one engine kind is launched and watched."""
+    """How one engine kind is launched (named like its catalog entry)."""
 
     name: str
-    default_executable: tuple[str, ...]
 
     def launch_plan(self, spec: DeploymentSpec, *, executable: list[str], host: str,
                     port: int, workdir: Path) -> LaunchPlan:
         """The command line (and env, files) that starts `spec` on `host:port`."""
         ...
 
-    def endpoints(self, base_url: str) -> EngineEndpoints:
-        """Health and metrics URLs of an engine served at `base_url`."""
-        ...
 
-    def health_state(self, status: int | None) -> HealthState:
-        """Interpret a health probe: `None` = connection refused, else the HTTP status."""
-        ...
+def endpoints_for(engine: str, base_url: str) -> EngineEndpoints:
+    """Health and metrics URLs of `engine` served at `base_url`, from its catalog entry."""
+    entry = engine_entry(engine)
+    base = base_url.rstrip("/")
+    return EngineEndpoints(base_url=base,
+                           health_urls=tuple(base + p for p in entry.health.paths),
+                           metric_urls=tuple(base + ep.path for ep in entry.metric_endpoints),
+                           models_url=f"{base}/v1/models")
 
 
-def classify_health(status: int | None) -> HealthState:
-    """Shared rule of vLLM and trtllm-serve: refused = loading, 200 = ready, else dead."""
+def classify_health(health: HealthSemantics, status: int | None, *,
+                    ready_before: bool) -> HealthState:
+    """One health probe by the entry's semantics: `None` = connection refused, else the
+    HTTP status. `ready_before`: the engine has answered ready since it started."""
     if status is None:
         return HealthState.LOADING
     if status == 200:
         return HealthState.READY
+    if status in health.loading_statuses and not ready_before:
+        return HealthState.LOADING
     return HealthState.DEAD
 
 
@@ -95,13 +103,13 @@ def register(runtime: EngineRuntime) -> EngineRuntime:
 
 
 def get_runtime(name: str) -> EngineRuntime:
-    """The runtime registered as `name`; InvalidArgument listing the known names otherwise."""
-    # Importing the package registers the built-in runtimes.
-    import gearshift.agents.runtimes.trtllm
-    import gearshift.agents.runtimes.vllm  # noqa: F401
-
+    """The runtime of engine `name`; InvalidArgument listing the known engines otherwise."""
+    if name not in RUNTIMES:
+        entry = engine_entry(name, "engine runtime")
+        importlib.import_module(entry.launch.runtime_module)  # registers it
     try:
         return RUNTIMES[name]
     except KeyError:
         raise InvalidArgument(
-            f"unknown engine runtime {name!r}; known: {', '.join(sorted(RUNTIMES))}") from None
+            f"engine runtime {name!r}: its module {engine_entry(name).launch.runtime_module} "
+            f"registered none; known engines: {', '.join(ENGINE_NAMES)}") from None

@@ -26,7 +26,15 @@ from pathlib import Path
 
 import aiohttp
 
-from gearshift.agents.runtimes.base import EngineEndpoints, EngineRuntime, HealthState, LaunchPlan
+from gearshift.agents.runtimes.base import (
+    EngineEndpoints,
+    EngineRuntime,
+    HealthState,
+    LaunchPlan,
+    classify_health,
+    endpoints_for,
+)
+from gearshift.common.engines import engine_entry
 from gearshift.common.errors import FailedPrecondition
 from gearshift.common.spec import DeploymentSpec, Phase
 
@@ -66,8 +74,9 @@ class EngineSupervisor:
             raise ValueError(f"health_interval_s {health_interval_s} must be > 0")
         self.spec = spec
         self.runtime = runtime
+        self.entry = engine_entry(spec.engine)
         self.workdir = Path(workdir)
-        self.executable = list(executable) if executable else list(runtime.default_executable)
+        self.executable = list(executable) if executable else list(self.entry.executable)
         self._env = dict(env or {})
         self._clock = clock
         self._backoff_s = (initial, maximum)
@@ -124,7 +133,7 @@ class EngineSupervisor:
 
     @property
     def endpoints(self) -> EngineEndpoints:
-        return self.runtime.endpoints(self.endpoint)
+        return endpoints_for(self.spec.engine, self.endpoint)
 
     @property
     def served_model_name(self) -> str:
@@ -279,7 +288,8 @@ class EngineSupervisor:
             return
         if self._stopping:
             return
-        state = self.runtime.health_state(status)
+        state = classify_health(self.entry.health, status,
+                                ready_before=self._phase in (Phase.READY, Phase.UNHEALTHY))
         if state is HealthState.READY:
             if self._phase is not Phase.READY:
                 self._set(Phase.READY, f"ready at {self.endpoint}")

@@ -4,7 +4,8 @@
 The extra config turns on the two metric surfaces gearshift scrapes:
 `enable_iter_perf_stats` (JSON `/metrics`, drained on each read) and
 `return_perf_metrics` (Prometheus `/prometheus/metrics`). `/health` and
-`/health_generate` answer 200 when ready.
+`/health_generate` answer 200 when ready (catalog entry
+`gearshift.common.engines.TENSORRT_LLM`).
 
 trtllm-serve names the model after MODEL (a local directory by its basename)
 unless `--served-model-name` is given, which only recent releases accept; the
@@ -19,14 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from gearshift.agents.runtimes.base import (
-    EngineEndpoints,
-    HealthState,
-    LaunchPlan,
-    classify_health,
-    cuda_env,
-    register,
-)
+from gearshift.agents.runtimes.base import LaunchPlan, cuda_env, register
 from gearshift.common.spec import DeploymentSpec
 
 EXTRA_OPTIONS = {"enable_iter_perf_stats": True, "return_perf_metrics": True}
@@ -34,7 +28,6 @@ EXTRA_OPTIONS = {"enable_iter_perf_stats": True, "return_perf_metrics": True}
 
 class TrtllmRuntime:
     name = "tensorrt-llm"
-    default_executable: tuple[str, ...] = ("trtllm-serve",)
 
     def __init__(self, *, pass_served_model_name: bool = False) -> None:
         self.pass_served_model_name = pass_served_model_name
@@ -66,17 +59,6 @@ class TrtllmRuntime:
         argv += spec.extra_args
         return LaunchPlan(argv=tuple(argv), env=cuda_env(spec),
                           served_model_name=self.served_model_name(spec), files=(config,))
-
-    def endpoints(self, base_url: str) -> EngineEndpoints:
-        base = base_url.rstrip("/")
-        return EngineEndpoints(base_url=base,
-                               health_urls=(f"{base}/health", f"{base}/health_generate"),
-                               prometheus_url=f"{base}/prometheus/metrics",
-                               json_metrics_url=f"{base}/metrics",
-                               models_url=f"{base}/v1/models")
-
-    def health_state(self, status: int | None) -> HealthState:
-        return classify_health(status)
 
 
 TRTLLM = register(TrtllmRuntime())

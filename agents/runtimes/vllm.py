@@ -1,22 +1,16 @@
 """vLLM runtime: `vllm serve MODEL --host H --port P --served-model-name N
 --tensor-parallel-size T --gpu-memory-utilization F [--shutdown-timeout S]`.
 
-Connections are refused while loading; `GET /health` 200 = ready, 503 = dead;
-`GET /metrics` is Prometheus text with `vllm:` names.
+Health (`GET /health`: refused while loading, 200 ready, 503 dead) and metrics
+(`GET /metrics`, Prometheus text with `vllm:` names) are the catalog entry's
+(`gearshift.common.engines.VLLM`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from gearshift.agents.runtimes.base import (
-    EngineEndpoints,
-    HealthState,
-    LaunchPlan,
-    classify_health,
-    cuda_env,
-    register,
-)
+from gearshift.agents.runtimes.base import LaunchPlan, cuda_env, register
 from gearshift.common.spec import DeploymentSpec
 
 
@@ -27,7 +21,6 @@ def _number(value: float) -> str:
 
 class VllmRuntime:
     name = "vllm"
-    default_executable: tuple[str, ...] = ("vllm",)
 
     def launch_plan(self, spec: DeploymentSpec, *, executable: list[str], host: str,
                     port: int, workdir: Path) -> LaunchPlan:
@@ -41,14 +34,6 @@ class VllmRuntime:
             argv += ["--shutdown-timeout", _number(spec.shutdown_timeout_s)]
         argv += spec.extra_args
         return LaunchPlan(argv=tuple(argv), env=cuda_env(spec), served_model_name=spec.model)
-
-    def endpoints(self, base_url: str) -> EngineEndpoints:
-        base = base_url.rstrip("/")
-        return EngineEndpoints(base_url=base, health_urls=(f"{base}/health",),
-                               prometheus_url=f"{base}/metrics", models_url=f"{base}/v1/models")
-
-    def health_state(self, status: int | None) -> HealthState:
-        return classify_health(status)
 
 
 VLLM = register(VllmRuntime())

@@ -10,8 +10,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gearshift.agents.emulator.args import parse_engine_argv
-from gearshift.agents.runtimes.base import RUNTIMES, HealthState, get_runtime
+from gearshift.agents.runtimes.base import (
+    RUNTIMES,
+    HealthState,
+    classify_health,
+    endpoints_for,
+    get_runtime,
+)
 from gearshift.agents.runtimes.trtllm import TrtllmRuntime
+from gearshift.common.engines import ENGINE_NAMES, HealthSemantics, engine_entry
 from gearshift.common.errors import InvalidArgument
 from gearshift.common.spec import DeploymentSpec, Phase
 from gearshift.v1 import agent_pb2
@@ -60,9 +67,10 @@ def test_trtllm_command_line_and_extra_config(tmp_path):
     assert named.served_model_name == "llama"
 
 
-@pytest.mark.parametrize("engine", ["vllm", "tensorrt-llm"])
+@pytest.mark.parametrize("engine", ENGINE_NAMES)
 def test_the_emulator_understands_what_the_runtime_builds(tmp_path, engine):
-    spec = make_spec(engine=engine, shutdown_timeout_s=5.0 if engine == "vllm" else 0.0)
+    drains = engine_entry(engine).drains_gracefully
+    spec = make_spec(engine=engine, shutdown_timeout_s=5.0 if drains else 0.0)
     plan = get_runtime(engine).launch_plan(spec, executable=["X"], host="127.0.0.1", port=9,
                                            workdir=tmp_path)
     args = parse_engine_argv(engine, list(plan.argv[1:]))
@@ -74,24 +82,37 @@ def test_the_emulator_understands_what_the_runtime_builds(tmp_path, engine):
         assert args.enable_iter_perf_stats and args.return_perf_metrics
 
 
-def test_endpoints_and_health_rules():
-    vllm, trt = get_runtime("vllm"), get_runtime("tensorrt-llm")
-    v = vllm.endpoints("http://127.0.0.1:8000/")
+def test_endpoints_and_health_rules_come_from_the_catalog():
+    v = endpoints_for("vllm", "http://127.0.0.1:8000/")
     assert v.health_urls == ("http://127.0.0.1:8000/health",)
-    assert v.prometheus_url == "http://127.0.0.1:8000/metrics" and v.json_metrics_url is None
-    t = trt.endpoints("http://127.0.0.1:8000")
+    assert v.metric_urls == ("http://127.0.0.1:8000/metrics",)
+    t = endpoints_for("tensorrt-llm", "http://127.0.0.1:8000")
     assert t.health_urls == ("http://127.0.0.1:8000/health", "http://127.0.0.1:8000/health_generate")
-    assert t.prometheus_url == "http://127.0.0.1:8000/prometheus/metrics"
-    assert t.json_metrics_url == "http://127.0.0.1:8000/metrics"
-    for runtime in (vllm, trt):
-        assert runtime.health_state(None) is HealthState.LOADING
-        assert runtime.health_state(200) is HealthState.READY
-        assert runtime.health_state(503) is HealthState.DEAD
+    assert t.metric_urls == ("http://127.0.0.1:8000/prometheus/metrics",
+                             "http://127.0.0.1:8000/metrics")
+    for name in ("vllm", "tensorrt-llm"):
+        health = engine_entry(name).health
+        for ready_before in (False, True):
+            assert classify_health(health, None, ready_before=ready_before) is HealthState.LOADING
+            assert classify_health(health, 200, ready_before=ready_before) is HealthState.READY
+            assert classify_health(health, 503, ready_before=ready_before) is HealthState.DEAD
+
+
+def test_a_loading_status_means_loading_only_before_the_first_ready_answer():
+    health = HealthSemantics(paths=("/health",), loading_statuses=frozenset({503}))
+    assert classify_health(health, 503, ready_before=False) is HealthState.LOADING
+    assert classify_health(health, 503, ready_before=True) is HealthState.DEAD
+    assert classify_health(health, 500, ready_before=False) is HealthState.DEAD
+
+
+def test_every_catalog_engine_has_a_registered_runtime():
+    for name in ENGINE_NAMES:
+        assert get_runtime(name).name == name
 
 
 def test_unknown_runtime_lists_the_known_ones():
-    with pytest.raises(InvalidArgument, match=r"'sglang'.*tensorrt-llm, vllm"):
-        get_runtime("sglang")
+    with pytest.raises(InvalidArgument, match=f"'tgi'; known: {', '.join(ENGINE_NAMES)}"):
+        get_runtime("tgi")
     assert set(RUNTIMES) >= {"vllm", "tensorrt-llm"}
 
 

@@ -228,12 +228,12 @@ async def test_trtllm_engine_through_the_emulator(tmp_path):
             for url in urls.health_urls:
                 async with http.get(url) as resp:
                     assert resp.status == 200
-            async with http.get(urls.prometheus_url) as resp:
+            prometheus_url, json_url = urls.metric_urls
+            async with http.get(prometheus_url) as resp:
                 assert "trtllm_e2e_request_latency_seconds_count" in await resp.text()
-            assert urls.json_metrics_url is not None
             stats: list = []
             for _ in range(100):
-                async with http.get(urls.json_metrics_url) as resp:
+                async with http.get(json_url) as resp:
                     stats += await resp.json()
                 if any(s["numCompletedRequests"] for s in stats):
                     break

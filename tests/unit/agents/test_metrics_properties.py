@@ -18,6 +18,7 @@ from gearshift.agents.metrics import (
     parse_trtllm_json,
     read_engine_metrics,
 )
+from gearshift.common.engines import ENGINE_NAMES, MetricFormat, engine_entry
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -111,16 +112,21 @@ def test_arbitrary_json_documents_parse_or_raise_a_named_parse_error(document: A
 
 @FAST
 @given(
-    st.sampled_from(["vllm", "tensorrt-llm"]),
+    st.sampled_from(ENGINE_NAMES),
     st.one_of(st.none(), st.text(max_size=200), metric_lines()),
     st.one_of(st.none(), st.text(max_size=200), json_values.map(json.dumps)),
 )
 def test_read_engine_metrics_never_raises_and_explains_empty_results(
     engine: str, text: str | None, body: str | None
 ) -> None:
-    snapshot, skips = read_engine_metrics(engine, text, body)
-    if snapshot is None and (text or body):
-        assert skips or (engine == "tensorrt-llm" and body is None)
+    endpoints = engine_entry(engine).metric_endpoints
+    bodies = {ep.path: body if ep.format is MetricFormat.TRTLLM_ITERATIONS else text
+              for ep in endpoints}
+    snapshot, skips = read_engine_metrics(engine, bodies)
+    given = [ep for ep in endpoints if bodies[ep.path]]
+    if snapshot is None and given:
+        # Only an optional endpoint (not enabled on the server) may come back silently empty.
+        assert skips or all(ep.optional for ep in given)
     for skip in skips:
         assert isinstance(skip.reason, SkipReason)
 

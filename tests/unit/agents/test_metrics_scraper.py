@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from fixture_paths import ENGINE_METRICS
 from gearshift.agents.metrics import EngineScraper, SkipReason
+from gearshift.common.engines import ENGINE_NAMES
 from gearshift.common.errors import InvalidArgument
 
 VLLM_BEFORE = (
@@ -183,7 +184,7 @@ async def test_connection_refused_is_a_sample_not_an_exception(
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     registry = CollectorRegistry()
-    for engine_name in ("vllm", "tensorrt-llm"):
+    for engine_name in ENGINE_NAMES:
         scraper = make_scraper(engine_name, f"http://127.0.0.1:{port}", registry=registry)
         sample = await scraper.scrape(now=1.0)
         assert not sample.metrics_present
@@ -252,8 +253,9 @@ async def test_counter_reset_is_counted(
 
 
 def test_constructor_rejects_unknown_engine_and_bad_url() -> None:
-    with pytest.raises(InvalidArgument, match="known engines: vllm, tensorrt-llm"):
-        EngineScraper("sglang", "http://127.0.0.1:1")
+    with pytest.raises(InvalidArgument,
+                       match=f"unknown engine 'tgi'; known: {', '.join(ENGINE_NAMES)}"):
+        EngineScraper("tgi", "http://127.0.0.1:1")
     with pytest.raises(InvalidArgument, match="http://"):
         EngineScraper("vllm", "127.0.0.1:8000")
     with pytest.raises(InvalidArgument, match="timeout_s"):

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from gearshift.common.engines import ENGINE_NAMES
 from gearshift.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from gearshift.controller.canary import Sla
 from gearshift.controller.fleet import FleetState
@@ -131,7 +132,7 @@ class Harness:
         for host_id, n in self.agents.gpus.items():
             self.fleet.hello(agent_pb2.Hello(
                 host_id=host_id, gpus=[agent_pb2.GpuInfo(index=i) for i in range(n)],
-                engines=[agent_pb2.EngineInstall(engine=e) for e in ("vllm", "tensorrt-llm")]),
+                engines=[agent_pb2.EngineInstall(engine=e) for e in ENGINE_NAMES]),
                 INTERVAL_S)
         self.agents.report(self.fleet)
         self.orch = MigrationOrchestrator(

@@ -1,0 +1,231 @@
+"""The engine catalog: everything gearshift knows about each serving engine, in one place.
+
+Every engine-specific branch in gearshift reads an `EngineEntry` from here instead
+of testing an engine name: the agent's config and Hello, the runtimes (launch plan,
+health), the metric scrapers (endpoints, metric names), the emulator, the
+controller's validation, placement and migration steps, the policy schema and
+signal vocabulary, the capacity priors and the backtest baselines. Adding an
+engine means adding one entry here, one runtime module and one emulator flavour
+(see docs/engines.md).
+
+Agent-side code is named by module path (`runtime_module`, `emulator_module`)
+and imported by the agent when needed, so this package imports no other
+gearshift package.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from gearshift.common.errors import InvalidArgument
+
+
+class MetricFormat(StrEnum):
+    """How a metric endpoint's body is written."""
+
+    PROMETHEUS = "prometheus"                # Prometheus text exposition
+    TRTLLM_ITERATIONS = "trtllm-iterations"  # trtllm-serve JSON iteration stats, drained on read
+
+
+@dataclass(frozen=True)
+class MetricEndpoint:
+    """One HTTP path the scraper reads."""
+
+    path: str
+    format: MetricFormat
+    optional: bool = False  # a 404 means "not enabled on this server", not a failure
+
+
+@dataclass(frozen=True)
+class MetricNames:
+    """The engine's Prometheus names for each figure gearshift reads.
+
+    Each tuple lists base names in lookup order; each is tried under every prefix in
+    `prefixes` (first prefix that has it wins, so nothing is counted twice).
+    `finished` counts finished requests; those whose `finished_reason` label is in
+    the parser's error reasons count as errors too. `errors` names a separate counter
+    of failed requests, for engines that have one instead of the label.
+    """
+
+    prefixes: tuple[str, ...]
+    finished: tuple[str, ...] = ("request_success",)
+    errors: tuple[str, ...] = ()
+    prompt_tokens: tuple[str, ...] = ("prompt_tokens",)
+    generation_tokens: tuple[str, ...] = ("generation_tokens",)
+    running: tuple[str, ...] = ("num_requests_running",)
+    waiting: tuple[str, ...] = ("num_requests_waiting",)
+    kv_cache_usage: tuple[str, ...] = ("kv_cache_usage_perc",)  # a fraction in [0, 1]
+    ttft: tuple[str, ...] = ("time_to_first_token_seconds",)
+    itl: tuple[str, ...] = ("inter_token_latency_seconds",)
+    e2e: tuple[str, ...] = ("e2e_request_latency_seconds",)
+
+    def merged(self, other: MetricNames) -> MetricNames:
+        """Both name sets, this one's names first (for a body of unknown engine)."""
+        def union(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
+            return tuple(dict.fromkeys((*a, *b)))
+        return MetricNames(**{f: union(getattr(self, f), getattr(other, f))
+                              for f in self.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class HealthSemantics:
+    """What the engine's health endpoints say.
+
+    A refused connection always means "still loading". 200 on `paths[0]` means ready.
+    A status in `loading_statuses` means "still loading" until the first ready answer
+    (an engine that binds its port before it can serve), and unhealthy after; any
+    other status means unhealthy.
+    """
+
+    paths: tuple[str, ...]  # the first decides readiness
+    loading_statuses: frozenset[int] = frozenset()
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class LaunchFacts:
+    """How the agent launches the engine; the command line itself is the runtime's."""
+
+    runtime_module: str          # registers the `EngineRuntime` named like the entry
+    deployment_tag: str          # short name in generated deployment ids
+    drain_timeout_flag: str = ""  # flag that lets in-flight requests finish on SIGTERM ("" none)
+
+
+@dataclass(frozen=True)
+class BuildStep:
+    """An ahead-of-time engine build some backends need before serving."""
+
+    backends: frozenset[str]     # the backends that need it
+    executable: tuple[str, ...]  # default build command (the agent's config may replace it)
+    # Arguments after the executable; {source}, {output_dir} and {tensor_parallel_size}
+    # are filled from the deployment spec and the agent's work directory.
+    args: tuple[str, ...] = ()
+
+    def argv(self, executable: tuple[str, ...] | list[str], *, source: str, output_dir: str,
+             tensor_parallel_size: int) -> list[str]:
+        values = {"source": source, "output_dir": output_dir,
+                  "tensor_parallel_size": str(tensor_parallel_size)}
+        return [*(executable or self.executable), *(a.format(**values) for a in self.args)]
+
+
+@dataclass(frozen=True)
+class CapacityPrior:
+    """Capacity per replica relative to the baseline engine when nothing is measured:
+    the middle of a public range, and the range."""
+
+    ratio: float
+    low: float
+    high: float
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class EngineEntry:
+    """One serving engine."""
+
+    name: str                        # the name in specs, policies, traces and metrics
+    display_name: str                # for people
+    executable: tuple[str, ...]      # default command that serves
+    version_probe: tuple[str, ...]   # a command that prints the version (agent hook)
+    launch: LaunchFacts
+    health: HealthSemantics
+    metric_endpoints: tuple[MetricEndpoint, ...]
+    metric_names: MetricNames
+    prior: CapacityPrior
+    emulator_module: str             # the `gearshift emulate --flavor NAME` flavour
+    backends: tuple[str, ...] = ()   # the first is the default; () = no backend choice
+    build: BuildStep | None = None
+    gpu_vendor: str = ""             # GPUs it needs ("" = any the engine supports)
+    sources: tuple[str, ...] = field(default_factory=tuple)  # where the facts were checked
+
+    @property
+    def default_backend(self) -> str:
+        return self.backends[0] if self.backends else ""
+
+    def backend_for(self, configured: str) -> str:
+        """`configured` when this engine has that backend, else its default ("" if none)."""
+        return configured if configured in self.backends else self.default_backend
+
+    def needs_build(self, backend: str) -> bool:
+        return self.build is not None and backend in self.build.backends
+
+    @property
+    def drains_gracefully(self) -> bool:
+        return bool(self.launch.drain_timeout_flag)
+
+
+VLLM = EngineEntry(
+    name="vllm",
+    display_name="vLLM",
+    executable=("vllm",),
+    version_probe=("vllm", "--version"),
+    launch=LaunchFacts(runtime_module="gearshift.agents.runtimes.vllm", deployment_tag="vllm",
+                       drain_timeout_flag="--shutdown-timeout"),
+    health=HealthSemantics(paths=("/health",),
+                           note="connections refused while loading; 200 ready; 503 dead"),
+    metric_endpoints=(MetricEndpoint("/metrics", MetricFormat.PROMETHEUS),),
+    metric_names=MetricNames(
+        prefixes=("vllm:",),
+        kv_cache_usage=("kv_cache_usage_perc", "gpu_cache_usage_perc"),  # before 0.10: gpu_
+        itl=("inter_token_latency_seconds", "time_per_output_token_seconds")),
+    prior=CapacityPrior(1.0, 1.0, 1.0, "the baseline engine"),
+    emulator_module="gearshift.agents.emulator.flavor_vllm",
+    sources=("vLLM 0.11 `vllm serve` CLI and `vllm/v1/metrics/loggers.py`; "
+             "tests/fixtures/engine-metrics/vllm-0.11-metrics.txt",),
+)
+
+TENSORRT_LLM = EngineEntry(
+    name="tensorrt-llm",
+    display_name="TensorRT-LLM",
+    executable=("trtllm-serve",),
+    version_probe=("python3", "-c", "import tensorrt_llm; print(tensorrt_llm.__version__)"),
+    launch=LaunchFacts(runtime_module="gearshift.agents.runtimes.trtllm", deployment_tag="trtllm"),
+    health=HealthSemantics(paths=("/health", "/health_generate"),
+                           note="connections refused while loading; 200 ready"),
+    metric_endpoints=(
+        # Prometheus text only with `return_perf_metrics: true`; 404 otherwise.
+        MetricEndpoint("/prometheus/metrics", MetricFormat.PROMETHEUS, optional=True),
+        MetricEndpoint("/metrics", MetricFormat.TRTLLM_ITERATIONS),
+    ),
+    metric_names=MetricNames(
+        prefixes=("trtllm_", ""),  # 1.2.x wrote the names without a prefix
+        kv_cache_usage=("kv_cache_usage_perc", "kv_cache_utilization"),
+        itl=("inter_token_latency_seconds", "time_per_output_token_seconds")),
+    prior=CapacityPrior(1.05, 0.94, 1.16,
+                        "vLLM a few % ahead on 8B models .. TensorRT-LLM +16% on 70B"),
+    emulator_module="gearshift.agents.emulator.flavor_trtllm",
+    backends=("pytorch", "tensorrt"),
+    build=BuildStep(backends=frozenset({"tensorrt"}), executable=("trtllm-build",),
+                    args=("--checkpoint_dir", "{source}", "--output_dir", "{output_dir}",
+                          "--tp_size", "{tensor_parallel_size}")),
+    gpu_vendor="NVIDIA",
+    sources=("TensorRT-LLM `trtllm-serve` docs (docs/source/commands/trtllm-serve); "
+             "tensorrt_llm/metrics/collector.py; tests/fixtures/engine-metrics/SOURCES.md",),
+)
+
+CATALOG: tuple[EngineEntry, ...] = (VLLM, TENSORRT_LLM)
+ENGINE_NAMES: tuple[str, ...] = tuple(e.name for e in CATALOG)
+BASELINE_ENGINE = VLLM.name  # capacity ratios (priors, `capacity_gain.*`) are relative to it
+_BY_NAME = {e.name: e for e in CATALOG}
+
+
+def is_engine(name: str) -> bool:
+    return name in _BY_NAME
+
+
+def engine_entry(name: str, what: str = "engine") -> EngineEntry:
+    """The entry named `name`; `InvalidArgument` listing the known names otherwise."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise InvalidArgument(
+            f"{what}: unknown engine {name!r}; known: {', '.join(ENGINE_NAMES)}") from None
+
+
+def any_engine_metric_names() -> MetricNames:
+    """Every entry's metric names merged, in catalog order: for a body of unknown origin."""
+    names = CATALOG[0].metric_names
+    for entry in CATALOG[1:]:
+        names = names.merged(entry.metric_names)
+    return names
