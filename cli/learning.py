@@ -14,7 +14,6 @@ from pathlib import Path
 import click
 
 from gearshift.cli.client import call, control_stub
-from gearshift.cli.migrations import models
 from gearshift.cli.output import output_option, print_json, print_table
 from gearshift.controller.learning import FORECAST_MIN_STEP_S
 from gearshift.policies.capacity import CapacityModel, plot_capacity
@@ -29,7 +28,7 @@ def _fmt(v: float | None, unit: str = "") -> str:
     return "-" if v is None else f"{v:.2f}{unit}"
 
 
-@models.command()
+@click.command()
 @click.argument("name")
 @plot_option
 @output_option
@@ -69,7 +68,7 @@ def capacity(ctx: click.Context, name: str, plot_path: Path | None, output: str)
             click.echo(f"wrote {path}", err=True)
 
 
-@models.command()
+@click.command()
 @click.argument("name")
 @click.option("--horizon", "horizon_h", type=click.FloatRange(min=0.1, max=24 * 28), default=24.0,
               show_default=True, help="hours ahead")

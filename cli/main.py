@@ -1,40 +1,68 @@
-"""The `gearshift` command: one root group; each area registers its commands here."""
+"""The `gearshift` command: one root group; each area registers its commands here.
+
+Commands are registered by name and imported only when they run (`LazyGroup`), so
+`gearshift --help` and a command that needs neither the controller nor the learning
+stack start without importing them. A new command gets a line in `COMMANDS`, with
+the first line of its docstring as the short help (a test keeps the two equal).
+"""
 
 from __future__ import annotations
 
 import click
 
-from gearshift.agents.emulator.cli import emulate
-from gearshift.cli import learning as _learning  # noqa: F401  (adds models capacity/forecast)
-from gearshift.cli import policy_remote as _policy_remote  # noqa: F401  (adds apply/show/diff/history)
-from gearshift.cli.certs import certs
-from gearshift.cli.daemons import agent, controller
-from gearshift.cli.decisions import decisions, pause, resume
-from gearshift.cli.demo import demo
-from gearshift.cli.fleet import fleet
-from gearshift.cli.migrations import migrations, models
-from gearshift.cli.policy_cmds import policy
-from gearshift.gateway.cli import gateway
+from gearshift.cli.lazy_group import LazyCommand, LazyGroup
+
+COMMANDS = {
+    "agent": LazyCommand(
+        "gearshift.cli.daemons:agent",
+        "Run the agent on a GPU host: supervise engines and report to the controller."),
+    "certs": LazyCommand(
+        "gearshift.cli.certs:certs",
+        "Private CA, certificates and tokens for a test or small deployment."),
+    "controller": LazyCommand(
+        "gearshift.cli.daemons:controller",
+        "Run the controller: gRPC for agents, gateway and CLI; store; policy loop; /metrics."),
+    "decisions": LazyCommand(
+        "gearshift.cli.decisions:decisions",
+        "What the policy decided, why, and approval of proposed moves."),
+    "demo": LazyCommand(
+        "gearshift.cli.demo:demo",
+        "Run the embedded default fleet on loopback: decisions and migrations, live."),
+    "emulate": LazyCommand(
+        "gearshift.agents.emulator.cli:emulate",
+        "Run an emulated vLLM or trtllm-serve engine."),
+    "fleet": LazyCommand(
+        "gearshift.cli.fleet:fleet",
+        "Hosts, deployments and models as the controller sees them."),
+    "gateway": LazyCommand(
+        "gearshift.gateway.cli:gateway",
+        "Route OpenAI requests to the deployments the controller says serve each model."),
+    "migrations": LazyCommand(
+        "gearshift.cli.migrations:migrations",
+        "Moves and rollouts in flight and done, step by step."),
+    "models": LazyCommand(
+        "gearshift.cli.migrations:models",
+        "Model revisions: publish new weights and roll them out."),
+    "pause": LazyCommand(
+        "gearshift.cli.decisions:pause",
+        "Stop automatic moves fleet-wide until `gearshift resume`."),
+    "policy": LazyCommand(
+        "gearshift.cli.policy_cmds:policy",
+        "Write, check and replay engine policies."),
+    "resume": LazyCommand(
+        "gearshift.cli.decisions:resume",
+        "Resume automatic moves after `gearshift pause`."),
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=LazyGroup, lazy_subcommands=COMMANDS,
+             context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--controller", "controller_addr", default=None, envvar="GEARSHIFT_CONTROLLER",
               metavar="HOST:PORT", help="controller address (default 127.0.0.1:50051)")
 @click.pass_context
 def cli(ctx: click.Context, controller_addr: str | None) -> None:
     """gearshift: adaptive engine selection for LLM serving on vLLM and TensorRT-LLM."""
     ctx.obj = {"controller": controller_addr}
-
-
-cli.add_command(controller)
-cli.add_command(agent)
-cli.add_command(fleet)
-cli.add_command(gateway)
-cli.add_command(emulate)
-cli.add_command(demo)
-cli.add_command(policy)
-for _cmd in (decisions, pause, resume, migrations, models, certs):
-    cli.add_command(_cmd)
 
 
 def main() -> None:

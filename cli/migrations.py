@@ -1,5 +1,7 @@
 """`gearshift migrations list | show | abort` and `gearshift models publish`.
 
+(`models capacity` and `models forecast` are in `gearshift.cli.learning`.)
+
 Migrations are the controller's durable state machines that carry out a move or
 a revision rollout (DESIGN §8); `show` renders the step log through `explain`.
 """
@@ -10,9 +12,20 @@ import click
 
 from gearshift.cli.client import call, control_stub
 from gearshift.cli.explain import fmt_time, migration_move, migration_phase, migration_report
+from gearshift.cli.lazy_group import LazyCommand, LazyGroup
 from gearshift.cli.output import output_option, print_json, print_table, to_dict
 from gearshift.v1 import control_pb2
 
+# What was learned about a model: these need the learning stack (numpy, scikit-learn),
+# so `gearshift.cli.learning` is imported only when one of them runs.
+LEARNING_COMMANDS = {
+    "capacity": LazyCommand(
+        "gearshift.cli.learning:capacity",
+        "Learned capacity at the SLA per engine (with its uncertainty band)."),
+    "forecast": LazyCommand(
+        "gearshift.cli.learning:forecast",
+        "Forecast of the sustained (low quantile) and peak request rate over the horizon."),
+}
 
 @click.group("migrations")
 def migrations() -> None:
@@ -74,7 +87,7 @@ def abort(ctx: click.Context, migration_id: str, reason: str, output: str) -> No
         click.echo(f"aborting {m.id}: {m.model} now {migration_phase(m)}")
 
 
-@click.group("models")
+@click.group("models", cls=LazyGroup, lazy_subcommands=LEARNING_COMMANDS)
 def models() -> None:
     """Model revisions: publish new weights and roll them out."""
 

@@ -1,7 +1,8 @@
 """`gearshift policy …` commands that need no controller: validate, schema, backtest.
 
-The lead registers the `policy` group on the root command and adds the
-controller-backed commands (apply, show, diff, history) in another module.
+The controller-backed commands (apply, show, diff, history) live in
+`gearshift.cli.policy_remote`; the group imports that module (and gRPC) only when
+one of them runs. The backtest's numeric stack is imported by `backtest` alone.
 Importing this module has no side effects.
 """
 
@@ -11,13 +12,25 @@ import json
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.table import Table
 
+from gearshift.cli.lazy_group import LazyCommand, LazyGroup
 from gearshift.common.errors import GearshiftError
-from gearshift.policies.backtest import run_backtest
 from gearshift.policies.loader import Policy, load_policy_file, policy_json_schema
-from gearshift.policies.trace import read_trace
+
+REMOTE_COMMANDS = {
+    "apply": LazyCommand(
+        "gearshift.cli.policy_remote:apply",
+        "Apply the policy in FILE on the controller, or restore --version N."),
+    "diff": LazyCommand(
+        "gearshift.cli.policy_remote:diff",
+        "Unified diff from the active policy (or version N) to FILE."),
+    "history": LazyCommand(
+        "gearshift.cli.policy_remote:history",
+        "Every applied policy version, the active one marked with *."),
+    "show": LazyCommand(
+        "gearshift.cli.policy_remote:show",
+        "Print the active policy (or version N) as applied, after a comment header."),
+}
 
 
 def _load(path: str) -> Policy:
@@ -27,7 +40,7 @@ def _load(path: str) -> Policy:
         raise click.ClickException(exc.message) from None
 
 
-@click.group("policy")
+@click.group("policy", cls=LazyGroup, lazy_subcommands=REMOTE_COMMANDS)
 def policy() -> None:
     """Write, check and replay engine policies."""
 
@@ -70,6 +83,9 @@ def schema() -> None:
 def backtest(policy_file: str, trace_file: str, output: str, compare_file: str | None,
              blind: bool) -> None:
     """Replay a trace through POLICY and price the outcome."""
+    from gearshift.policies.backtest import run_backtest
+    from gearshift.policies.trace import read_trace
+
     pol = _load(policy_file)
     other = _load(compare_file) if compare_file else None
     try:
@@ -90,6 +106,9 @@ def _usd(v: float) -> str:
 
 
 def _print_text(r: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
     console = Console(highlight=False)
     s, b = r["summary"], r["baselines"]
     console.print(f"[bold]{r['policy']}[/bold] on trace [bold]{r['trace']}[/bold]: "

@@ -1,8 +1,8 @@
 """`gearshift policy apply | show | diff | history`: policies held by the controller.
 
-These commands are added to the local `policy` group of `policy_cmds`; importing
-this module registers them (the root command imports it). Arguments are checked
-before any RPC, so a usage mistake never needs a controller.
+The `policy` group of `policy_cmds` lists these commands and imports this module
+when one of them runs. Arguments are checked before any RPC, so a usage mistake
+never needs a controller.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import click
 from gearshift.cli.client import call, control_stub
 from gearshift.cli.explain import fmt_time
 from gearshift.cli.output import output_option, print_json, print_table, to_dict
-from gearshift.cli.policy_cmds import policy
 from gearshift.v1 import control_pb2
 
 DIGEST_SHOWN_CHARS = 12
@@ -51,7 +50,7 @@ def _describe(p: control_pb2.PolicyVersion) -> str:
     return f"version {p.version} ({p.name or '?'}, {p.mode or '?'})"
 
 
-@policy.command("apply")
+@click.command("apply")
 @click.argument("file", required=False, type=click.Path(exists=True, dir_okay=False))
 @click.option("--version", "version", type=click.IntRange(min=1), default=None, metavar="N",
               help="make stored version N active again instead of applying FILE")
@@ -89,7 +88,7 @@ def _get(ctx: click.Context, version: int | None) -> control_pb2.PolicyVersion:
         return call(stub.GetPolicy, control_pb2.GetPolicyRequest(version=version or 0))
 
 
-@policy.command("show")
+@click.command("show")
 @click.option("--version", "version", type=click.IntRange(min=1), default=None, metavar="N",
               help="a stored version (default: the active one)")
 @output_option
@@ -108,7 +107,7 @@ def show(ctx: click.Context, version: int | None, output: str) -> None:
     click.echo(p.yaml_text, nl=not p.yaml_text.endswith("\n"))
 
 
-@policy.command("diff")
+@click.command("diff")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--version", "version", type=click.IntRange(min=1), default=None, metavar="N",
               help="compare with stored version N (default: the active one)")
@@ -146,7 +145,7 @@ def _terminated(lines: list[str]) -> list[str]:
     return [ln if ln.endswith("\n") else ln + "\n\\ No newline at end of file\n" for ln in lines]
 
 
-@policy.command("history")
+@click.command("history")
 @output_option
 @click.pass_context
 def history(ctx: click.Context, output: str) -> None:

@@ -13,8 +13,6 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import numpy as np
-
 from gearshift.policies.trace import ModelProfile, Trace
 
 FLAP_WINDOW_S = 24 * 3600
@@ -70,7 +68,10 @@ class ModelReplay:
         self._delay = {e: delay_steps(p.build_s[e], p.cold_start_s[e], trace.step_s)
                        for e in p.capacity_rps}
         # GPUs per step on each engine, vectorised; numpy does the same IEEE arithmetic
-        # as `replicas`, so the figures are identical.
+        # as `replicas`, so the figures are identical. (Imported here: the decision core
+        # and the policy loader use this module's formulas without numpy.)
+        import numpy as np
+
         rps = np.asarray(self._rps, dtype=np.float64)
         self._gpus = {e: (np.maximum(p.min_replicas, np.ceil(
             rps * (1 + trace.headroom) / cap - REPLICA_EPSILON)) * p.gpus_per_replica

@@ -3,7 +3,8 @@ before `now` (DESIGN §5), and the registry of signal names that policy conditio
 may use (checked when a policy loads).
 
 Rates are kept as numpy arrays: a 28-day backtest evaluates hundreds of thousands
-of windows, and the window statistics are vector operations.
+of windows, and the window statistics are vector operations. numpy is imported by
+the functions that compute: loading a policy needs only the registry of names.
 """
 
 from __future__ import annotations
@@ -15,18 +16,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
-import numpy.typing as npt
-from numpy.lib.stride_tricks import sliding_window_view
-
 from gearshift.common.engines import BASELINE_ENGINE, CATALOG
 from gearshift.policies.trace import ENGINES
 
 if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
     from gearshift.policies.forecast import Forecast
 
+    FloatArray = npt.NDArray[np.float64]
+
 SECONDS_PER_WEEK = 7 * 24 * 3600.0
-FloatArray = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,8 @@ class ModelHistory:
     def of(sample_ts: list[float] | FloatArray, rps: list[float] | FloatArray,
            revision_ts: list[float] | FloatArray, sample_period_s: float, *,
            replay: bool = False) -> ModelHistory:
+        import numpy as np
+
         ts = np.array(sample_ts, dtype=np.float64)
         values = np.array(rps, dtype=np.float64)
         revisions = np.array(revision_ts, dtype=np.float64)
@@ -111,6 +114,8 @@ class ModelHistory:
 
     def prefix_rps(self) -> list[float]:
         """prefix[i] = sum of rps[:i]."""
+        import numpy as np
+
         return self._cached(("rps",), lambda: np.concatenate(([0.0], np.cumsum(self.rps))).tolist())
 
     def prefix_replicas(self, capacity_rps: float, headroom: float, min_replicas: int) -> list[float]:
@@ -118,6 +123,8 @@ class ModelHistory:
         key = ("replicas", capacity_rps, headroom, min_replicas)
         found = self._cache.get(key)
         if found is None:
+            import numpy as np
+
             n = np.maximum(min_replicas, np.ceil(self.rps * (1 + headroom) / capacity_rps - 1e-9))
             found = self._cache[key] = np.concatenate(([0.0], np.cumsum(n))).tolist()
         return found  # type: ignore[no-any-return]
@@ -125,6 +132,9 @@ class ModelHistory:
     def rolling(self, width: int, quantile: float) -> tuple[FloatArray, FloatArray]:
         """(max, quantile) of every run of `width` samples; index i covers [i, i + width)."""
         def make() -> tuple[FloatArray, FloatArray]:
+            import numpy as np
+            from numpy.lib.stride_tricks import sliding_window_view
+
             view = sliding_window_view(self.rps, width)
             return view.max(axis=1), np.quantile(view, quantile, axis=1)
         return self._cached(("rolling", width, quantile), make)  # type: ignore[no-any-return]
@@ -209,6 +219,8 @@ class Signals:
         if h.replay and n == round(self._settings.window_s / h.sample_period_s):
             peaks, quantiles = h.rolling(n, q)
             return float(peaks[end - n]), float(quantiles[end - n])
+        import numpy as np
+
         window = h.rps[end - n:end]
         return float(window.max()), float(np.quantile(window, q))
 
@@ -239,6 +251,8 @@ class Signals:
         if n <= 0:
             return None
         if scale != 1.0:
+            import numpy as np
+
             rates = self._history.rps[self._end - n:self._end] * scale
             need = np.maximum(min_replicas, np.ceil(rates * (1 + headroom) / capacity_rps - 1e-9))
             return float(need.mean())
