@@ -35,6 +35,7 @@ from gearshift.agents.metrics.model import (
     Skip,
     SkipReason,
 )
+from gearshift.agents.metrics.prometheus_index import IndexedSeries, index_samples
 from gearshift.common.engines import MetricNames, any_engine_metric_names
 
 COUNTER_SUFFIX = "_total"
@@ -83,8 +84,20 @@ def _first(*values: _T | None) -> _T | None:
     return None
 
 
-def _read_series(text: str, source: str) -> dict[str, Series]:
+def _read_series(text: str, source: str) -> Mapping[str, Series]:
     """All samples by sample name without `_total`; a repeated (name, labels) keeps the last.
+
+    A page in the usual strict form is indexed and a name's samples read when the
+    reader looks them up (`prometheus_index`); any other text goes through the library.
+    """
+    samples = index_samples(text)
+    if samples is None:
+        return _parse_series(text, source)
+    return IndexedSeries(samples, lambda: _parse_series(text, source))
+
+
+def _parse_series(text: str, source: str) -> dict[str, Series]:
+    """`_read_series` by the library, every line.
 
     The library names counter samples `NAME_total` even when the text wrote `NAME`
     (Triton does), so counters are looked up without the suffix.
