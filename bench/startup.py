@@ -8,8 +8,9 @@
    - `gearshift --help`
    - `gearshift policy validate policies/examples/default.yaml`
    - `gearshift fleet status` against a live controller (started here, SQLite, loopback)
-   For each: median wall time (spawn to exit), median CPU time (user + system) and the
-   peak RSS (largest of the runs' maxima, read from the child's rusage).
+   For each: median wall time (fork to exit), median CPU time (user + system) and the
+   peak RSS (largest of the runs' maxima, read from the child's rusage, the child forked
+   from a small launcher so that none of this bench's memory is counted).
 2. The agent: the controller above, one agent (`gearshift agent --config …`) supervising
    `--engines` emulated engines and reporting every `--interval-s`; once every deployment
    is ready (as the controller sees it) and two reports have passed, the agent process
@@ -62,19 +63,38 @@ def gearshift_argv() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "gearshift.cli.main"]
 
 
+# Runs a command (stdout to /dev/null) and prints its wall time, CPU time, peak RSS (KiB)
+# and exit code. It runs in a small interpreter of its own: a child's peak RSS
+# (ru_maxrss) starts from what its parent had mapped when it forked, so a command forked
+# from this bench (gRPC and all loaded) would report ~45 MB it never used.
+LAUNCHER = """
+import os, sys, time
+argv = sys.argv[1:]
+started = time.perf_counter()
+pid = os.fork()
+if pid == 0:
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+        os.execv(argv[0], argv)
+    finally:
+        os._exit(127)
+_, status, usage = os.wait4(pid, 0)
+print(time.perf_counter() - started, usage.ru_utime + usage.ru_stime, usage.ru_maxrss,
+      os.waitstatus_to_exitcode(status))
+"""
+
+
 def run_once(argv: list[str]) -> dict[str, float]:
-    started = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall_s = time.perf_counter() - started
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-    if proc.stderr:
-        proc.stderr.close()
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} exited with {proc.returncode}:\n{err[-2000:]}")
-    return {"wall_s": wall_s, "cpu_s": usage.ru_utime + usage.ru_stime,
-            "peak_rss_mb": usage.ru_maxrss / 1024}  # ru_maxrss is in KiB on Linux
+    proc = subprocess.run([sys.executable, "-c", LAUNCHER, *argv], capture_output=True,
+                          text=True, timeout=120)
+    try:
+        wall_s, cpu_s, maxrss_kib, rc = proc.stdout.split()
+    except ValueError:
+        raise RuntimeError(f"launcher failed:\n{proc.stderr[-2000:]}") from None
+    if int(rc) != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited with {rc}:\n{proc.stderr[-2000:]}")
+    return {"wall_s": float(wall_s), "cpu_s": float(cpu_s),
+            "peak_rss_mb": int(maxrss_kib) / 1024}  # ru_maxrss is in KiB on Linux
 
 
 def measure(argv: list[str], runs: int) -> dict[str, Any]:
