@@ -51,11 +51,12 @@ AIOHTTP = {"aiohttp", "aiohappyeyeballs", "aiosignal", "attr", "frozenlist", "mu
            "propcache", "yarl", "idna"}
 PROMETHEUS = {"prometheus_client"}
 
-# gearshift modules. SHARED are the small modules the agent and the CLI share with the
-# controller (errors, its addresses, client credentials): nothing else of the controller.
+# gearshift modules. SHARED is `gearshift.common` as a client uses it (errors, the
+# controller's addresses, client credentials, identity): nothing of the controller.
 ROOT = {"gearshift", "gearshift.cli", "gearshift.cli.main", "gearshift.cli.lazy_group"}
-SHARED = {"gearshift.controller", "gearshift.controller.errors",
-          "gearshift.controller.endpoints", "gearshift.controller.credentials"}
+ERRORS = {"gearshift.common", "gearshift.common.errors"}
+SHARED = ERRORS | {"gearshift.common.endpoints", "gearshift.common.credentials",
+                   "gearshift.common.identity"}
 POLICY_LOADER = {"gearshift.policies", "gearshift.policies.loader", "gearshift.policies.schema",
                  "gearshift.policies.rules", "gearshift.policies.signals",
                  "gearshift.policies.economics", "gearshift.policies.costmodel",
@@ -66,6 +67,7 @@ CONTROL_CLIENT = {"gearshift.cli.client", "gearshift.cli.output", "gearshift.v1"
 AGENT_PACKAGES = ("gearshift.agents.metrics", "gearshift.agents.runtimes")  # and their modules
 AGENT = {"gearshift.agents", "gearshift.agents.config", "gearshift.agents.daemon",
          "gearshift.agents.commands", "gearshift.agents.gpus", "gearshift.cli.daemons",
+         "gearshift.common.spec",
          "gearshift.v1", "gearshift.v1.agent_pb2", "gearshift.v1.agent_pb2_grpc"}
 
 
@@ -133,8 +135,7 @@ def test_help_imports_click_and_the_command_registry_only(tmp_path: Path) -> Non
 def test_policy_validate_needs_no_grpc_numpy_or_controller(tmp_path: Path) -> None:
     modules = run_cli(tmp_path, "policy", "validate", str(POLICY_FILE))
     assert_allowed("gearshift policy validate", modules, CLICK | YAML | PYDANTIC | CRON,
-                   ROOT | {"gearshift.cli.policy_cmds", "gearshift.controller",
-                           "gearshift.controller.errors"} | POLICY_LOADER)
+                   ROOT | ERRORS | {"gearshift.cli.policy_cmds"} | POLICY_LOADER)
 
 
 def test_fleet_status_imports_the_client_side_only(tmp_path: Path, controller: LocalFleet) -> None:
@@ -146,9 +147,9 @@ def test_fleet_status_imports_the_client_side_only(tmp_path: Path, controller: L
 def test_the_check_names_what_should_not_be_there() -> None:
     # The allowed-set check itself, on a list as a heavier command would produce it.
     modules = ["click", "json", "numpy.core", "sklearn", "gearshift.cli.main",
-               "gearshift.controller.store", "gearshift.agents.metrics.scraper"]
+               "gearshift.controller.errors", "gearshift.agents.metrics.scraper"]
     assert not_allowed(modules, CLICK, ROOT, AGENT_PACKAGES) == [
-        "gearshift.controller.store", "numpy", "sklearn"]
+        "gearshift.controller.errors", "numpy", "sklearn"]
 
 
 def _deployment_reported(addr: str, deployment_id: str) -> bool:
