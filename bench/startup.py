@@ -16,7 +16,8 @@
    is ready (as the controller sees it) and two reports have passed, the agent process
    alone (its engines are children, not counted) is sampled for `--window-s`: steady RSS
    (median of 1 s samples, and the largest) and CPU as a share of one core.
-Also the controller's start-up (spawn until its ready file is written).
+Also the controller's start-up: spawn until its ready file is written, and the CPU
+time it had used by then.
 
 Prints ONE JSON object. On a shared machine the wall times rise with the load (reported
 as `load_avg_1m`); CPU time and RSS are much less affected.
@@ -179,8 +180,10 @@ def main() -> None:
     fleet = LocalFleet(workdir / "fleet", report_interval_s=args.interval_s)
     try:
         t0 = time.perf_counter()
-        fleet.start_controller()
+        controller = fleet.start_controller()
         out["controller_ready_s"] = round(time.perf_counter() - t0, 3)
+        cpu = psutil.Process(controller.popen.pid).cpu_times()
+        out["controller_ready_cpu_s"] = round(cpu.user + cpu.system, 3)
         out["commands"]["fleet_status"] = with_verdict("fleet_status", measure(
             [*cli, "--controller", fleet.controller_addr, "fleet", "status"], args.runs))
         if not args.skip_agent:
