@@ -30,7 +30,7 @@ COMMANDS = {
         "Run the embedded default fleet on loopback: decisions and migrations, live."),
     "emulate": LazyCommand(
         "gearshift.agents.emulator.cli:emulate",
-        "Run an emulated vLLM or trtllm-serve engine."),
+        "Run an emulated engine (vLLM, trtllm-serve, ...: every engine of the catalog)."),
     "fleet": LazyCommand(
         "gearshift.cli.fleet:fleet",
         "Hosts, deployments and models as the controller sees them."),

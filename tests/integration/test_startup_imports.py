@@ -55,6 +55,7 @@ PROMETHEUS = {"prometheus_client"}
 # controller's addresses, client credentials, identity): nothing of the controller.
 ROOT = {"gearshift", "gearshift.cli", "gearshift.cli.main", "gearshift.cli.lazy_group"}
 ERRORS = {"gearshift.common", "gearshift.common.errors"}
+ENGINES = {"gearshift.common.engines"}  # the engine catalog: names, flags, metric names
 SHARED = ERRORS | {"gearshift.common.endpoints", "gearshift.common.credentials",
                    "gearshift.common.identity"}
 POLICY_LOADER = {"gearshift.policies", "gearshift.policies.loader", "gearshift.policies.schema",
@@ -67,7 +68,7 @@ CONTROL_CLIENT = {"gearshift.cli.client", "gearshift.cli.output", "gearshift.v1"
 AGENT_PACKAGES = ("gearshift.agents.metrics", "gearshift.agents.runtimes")  # and their modules
 AGENT = {"gearshift.agents", "gearshift.agents.config", "gearshift.agents.daemon",
          "gearshift.agents.commands", "gearshift.agents.gpus", "gearshift.cli.daemons",
-         "gearshift.common.spec",
+         "gearshift.agents.engine_version", "gearshift.common.spec", *ENGINES,
          "gearshift.v1", "gearshift.v1.agent_pb2", "gearshift.v1.agent_pb2_grpc"}
 
 
@@ -135,7 +136,7 @@ def test_help_imports_click_and_the_command_registry_only(tmp_path: Path) -> Non
 def test_policy_validate_needs_no_grpc_numpy_or_controller(tmp_path: Path) -> None:
     modules = run_cli(tmp_path, "policy", "validate", str(POLICY_FILE))
     assert_allowed("gearshift policy validate", modules, CLICK | YAML | PYDANTIC | CRON,
-                   ROOT | ERRORS | {"gearshift.cli.policy_cmds"} | POLICY_LOADER)
+                   ROOT | ERRORS | ENGINES | {"gearshift.cli.policy_cmds"} | POLICY_LOADER)
 
 
 def test_fleet_status_imports_the_client_side_only(tmp_path: Path, controller: LocalFleet) -> None:
