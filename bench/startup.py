@@ -20,7 +20,8 @@ Also the controller's start-up: spawn until its ready file is written, and the C
 time it had used by then.
 
 Prints ONE JSON object. On a shared machine the wall times rise with the load (reported
-as `load_avg_1m`); CPU time and RSS are much less affected.
+as `load_avg_1m`); CPU time and RSS are much less affected (`meets_target_by_cpu` reads
+the wall-time targets against CPU time).
 Targets: --help <= 0.25 s and <= 60 MB; policy validate <= 0.5 s; fleet status <= 0.5 s;
 agent <= 80 MB RSS and <= 1 % of a core at 8 engines / 5 s.
 """
@@ -110,10 +111,12 @@ def measure(argv: list[str], runs: int) -> dict[str, Any]:
 
 def with_verdict(name: str, result: dict[str, Any]) -> dict[str, Any]:
     target = TARGETS[name]
-    ok = result["median_wall_s"] <= target["wall_s"]
-    if "peak_rss_mb" in target:
-        ok = ok and result["peak_rss_mb"] <= target["peak_rss_mb"]
-    return {**result, "target": target, "meets_target": ok}
+    rss_ok = result["peak_rss_mb"] <= target.get("peak_rss_mb", float("inf"))
+    # The CPU verdict is the wall-time target read against CPU time: on a machine shared
+    # with other work, what the command would take on a core of its own.
+    return {**result, "target": target,
+            "meets_target": rss_ok and result["median_wall_s"] <= target["wall_s"],
+            "meets_target_by_cpu": rss_ok and result["median_cpu_s"] <= target["wall_s"]}
 
 
 def deployments_ready(addr: str, ids: set[str]) -> bool:
