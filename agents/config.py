@@ -96,6 +96,7 @@ class AgentConfig(_Strict):
     workdir: Path = Path("./agent-data")
     bind_host: str = "127.0.0.1"
     tls: TlsConfig | None = None  # None: plaintext, for a controller on loopback only
+    drain_on_exit: bool = False  # stop engines when the agent exits (decommissioning)
     gpus: GpuConfig = GpuConfig()
     engines: dict[str, EngineConfig] = Field(default_factory=dict)
     deployments: list[DeploymentConfig] = Field(default_factory=list)

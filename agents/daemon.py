@@ -4,7 +4,9 @@ One `Agent` per GPU host. It starts the configured deployments, keeps one
 bidirectional stream to the controller (reconnecting with exponential backoff
 and jitter), sends a `Report` every interval, and executes the controller's
 commands. Fail static: when the controller is away, engines keep running and
-nothing is stopped because of it.
+nothing is stopped because of it; when the agent itself goes away (SIGTERM,
+crash, upgrade), engines keep running too, and the next agent adopts them
+(`handover`). Only `drain_on_exit` (decommissioning) stops them on exit.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ from gearshift.agents.commands import CommandExecutor
 from gearshift.agents.config import AgentConfig, EngineConfig
 from gearshift.agents.engine_version import probe_version
 from gearshift.agents.gpus import EmulatedGpus, GpuSource, open_gpu_source
+from gearshift.agents.handover import WorkdirLock, clean_up_dead, survey
 from gearshift.agents.metrics import EngineScraper, to_proto
 from gearshift.agents.runtimes.base import get_runtime
+from gearshift.agents.runtimes.engine_state import EngineRecord, EngineStateDir
 from gearshift.agents.runtimes.supervisor import EngineSupervisor
 from gearshift.common.credentials import TlsFiles, secure_channel
 from gearshift.common.endpoints import ControllerEndpoints, leader_hint
@@ -63,6 +67,8 @@ class Agent:
         self.interval_s = config.report_interval_s
         self.backoff_max_s = backoff_max_s
         self.supervisors: dict[str, EngineSupervisor] = {}
+        self.state = EngineStateDir(config.workdir)
+        self.adopted: list[str] = []  # deployments taken over from a previous agent
         self.scrapers: dict[str, EngineScraper] = {}
         self.seq = 0
         self.epoch_seen = 0
@@ -108,15 +114,57 @@ class Agent:
                 return existing
             raise FailedPrecondition(
                 f"deployment {spec.deployment_id} already runs with another spec; stop it first")
-        eng = self._engine(spec.engine)
-        workdir = Path(self.config.workdir) / spec.deployment_id
-        sup = EngineSupervisor(spec, get_runtime(spec.engine), executable=eng.executable,
-                               env=dict(eng.env), workdir=workdir, bind_host=self.config.bind_host)
+        sup = self._new_supervisor(spec, self.config.bind_host)
         self.supervisors[spec.deployment_id] = sup
         await sup.start()
+        self._watch_metrics(sup)
+        return sup
+
+    def _new_supervisor(self, spec: DeploymentSpec, bind_host: str) -> EngineSupervisor:
+        eng = self._engine(spec.engine)
+        workdir = Path(self.config.workdir) / spec.deployment_id
+        return EngineSupervisor(spec, get_runtime(spec.engine), executable=eng.executable,
+                                env=dict(eng.env), workdir=workdir, bind_host=bind_host,
+                                state=self.state)
+
+    def _watch_metrics(self, sup: EngineSupervisor) -> None:
         assert self._session is not None
-        self.scrapers[spec.deployment_id] = EngineScraper(
-            spec.engine, sup.endpoint, session=self._session, timeout_s=self.config.scrape_timeout_s)
+        self.scrapers[sup.spec.deployment_id] = EngineScraper(
+            sup.spec.engine, sup.endpoint, session=self._session,
+            timeout_s=self.config.scrape_timeout_s)
+
+    async def adopt_engines(self) -> list[str]:
+        """Take over the engines a previous agent left running in this work dir; remove
+        the records (and leftover workers) of those that died. Returns adopted ids."""
+        found = survey(self.state)
+        for record in found.dead:
+            killed = clean_up_dead(self.state, record)
+            log.info("engine %s (pid %d) is gone; record removed%s", record.deployment_id,
+                     record.pid, f", {killed} leftover worker(s) killed" if killed else "")
+        for path, why in found.invalid:
+            log.warning("unreadable engine record %s left alone: %s", path, why)
+        adopted = []
+        for record in found.alive:
+            sup = await self._adopt(record)
+            if sup is not None:
+                adopted.append(record.deployment_id)
+        self.adopted = adopted
+        return adopted
+
+    async def _adopt(self, record: EngineRecord) -> EngineSupervisor | None:
+        try:
+            spec = record.deployment_spec()
+            self._engine(spec.engine)
+        except (InvalidArgument, KeyError) as exc:
+            log.warning("engine record %s does not fit this agent (%s): left alone",
+                        record.deployment_id, exc)
+            return None
+        sup = self._new_supervisor(spec, record.host)
+        self.supervisors[spec.deployment_id] = sup
+        await sup.adopt(record)
+        self._watch_metrics(sup)
+        log.info("adopted engine %s (pid %d, port %d): %s", spec.deployment_id, record.pid,
+                 record.port, sup.phase.value)
         return sup
 
     async def _cmd_start(self, cmd: agent_pb2.Command, progress) -> str:  # type: ignore[no-untyped-def]
@@ -286,19 +334,36 @@ class Agent:
                 self.interval_s = msg.welcome.report_interval_s or self.interval_s
 
     async def run(self) -> None:
-        """Start configured deployments, then stay connected until `stop()`."""
+        """Adopt engines left running, start configured deployments, then stay
+        connected until `stop()`."""
+        lock = WorkdirLock(self.config.workdir)
+        lock.acquire()
         self._session = aiohttp.ClientSession()
         probing = asyncio.create_task(self.probe_versions())
         try:
+            await self.adopt_engines()
             for dep in self.config.deployments:
                 spec = DeploymentSpec(**dep.model_dump())
-                await self.start_deployment(spec)
+                await self._start_configured(spec)
             await self._connect_forever()
         finally:
             probing.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await probing
-            await self.shutdown()
+            try:
+                await self.shutdown(drain=self.config.drain_on_exit)
+            finally:
+                lock.release()
+
+    async def _start_configured(self, spec: DeploymentSpec) -> None:
+        running = self.supervisors.get(spec.deployment_id)
+        if running is not None and running.adopted and running.spec != spec:
+            # The config changed while the agent was away: the operator's file wins.
+            log.warning("adopted engine %s runs another spec than the config names; "
+                        "replacing it", spec.deployment_id)
+            await running.stop(DEFAULT_DRAIN_GRACE_S)
+            self.supervisors.pop(spec.deployment_id, None)
+        await self.start_deployment(spec)
 
     async def _connect_forever(self) -> None:
         backoff = BACKOFF_INITIAL_S
@@ -351,10 +416,16 @@ class Agent:
     def stop(self) -> None:
         self._stopping.set()
 
-    async def shutdown(self, grace_s: float = 10.0) -> None:
+    async def shutdown(self, grace_s: float = 10.0, *, drain: bool = False) -> None:
+        """Leave: engines keep serving (their records let the next agent adopt them),
+        or, with `drain`, are stopped (SIGTERM, SIGKILL after `grace_s`)."""
         await self.commands.close()
-        await asyncio.gather(*(s.stop(grace_s) for s in self.supervisors.values()),
-                             return_exceptions=True)
+        if drain:
+            await asyncio.gather(*(s.stop(grace_s) for s in self.supervisors.values()),
+                                 return_exceptions=True)
+        else:
+            await asyncio.gather(*(s.detach() for s in self.supervisors.values()),
+                                 return_exceptions=True)
         if self._session is not None:
             await self._session.close()
 
@@ -372,4 +443,7 @@ async def run_agent(config: AgentConfig) -> None:
     try:
         await agent.run()
     except asyncio.CancelledError:
-        log.info("agent stopping; stopping its engines")
+        if config.drain_on_exit:
+            log.info("agent stopped; its engines were drained (drain on exit)")
+        else:
+            log.info("agent stopped; its engines keep serving for the next agent to adopt")

@@ -85,25 +85,58 @@ def controller(ctx: click.Context, listen: str, db_url: str, data_dir: Path,
         raise click.ClickException(err.message) from None
 
 
-@click.command()
+@click.group(invoke_without_command=True)
 @click.option("--controller", "controller_addr", default=None, envvar="GEARSHIFT_CONTROLLER",
               help="controller HOST:PORT (overrides the config file)")
 @click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="agent YAML config")
 @click.option("--host-id", default=None, help="host identity (overrides the config file)")
+@click.option("--drain-on-exit", is_flag=True, default=None,
+              help="stop the engines when the agent exits (decommissioning); by default "
+              "they keep serving and the next agent adopts them")
 @click.option("--log-level", default="info", show_default=True)
-def agent(controller_addr: str | None, config_path: Path | None, host_id: str | None,
-          log_level: str) -> None:
-    """Run the agent on a GPU host: supervise engines and report to the controller."""
+@click.pass_context
+def agent(ctx: click.Context, controller_addr: str | None, config_path: Path | None,
+          host_id: str | None, drain_on_exit: bool | None, log_level: str) -> None:
+    """Run the agent on a GPU host: supervise engines and report to the controller.
+
+    Engines outlive the agent: on SIGTERM or a crash they keep serving, and the
+    next agent started on the same work dir adopts them without a restart.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
     from gearshift.agents.config import load_agent_config
     from gearshift.agents.daemon import run_agent
 
     setup_logging(log_level)
     try:
-        cfg = load_agent_config(config_path, {"controller": controller_addr, "host_id": host_id})
+        cfg = load_agent_config(config_path, {"controller": controller_addr, "host_id": host_id,
+                                              "drain_on_exit": drain_on_exit})
         asyncio.run(run_agent(cfg))
     except GearshiftError as err:
         raise click.ClickException(err.message) from None
+
+
+@agent.command("drain")
+@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
+              default=None, help="agent YAML config (for its work dir)")
+@click.option("--workdir", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="the agent's work dir (overrides the config file)")
+@click.option("--grace", "grace_s", type=float, default=30.0, show_default=True,
+              help="seconds each engine gets to finish in-flight requests before SIGKILL")
+def agent_drain(config_path: Path | None, workdir: Path | None, grace_s: float) -> None:
+    """Stop the engines a stopped agent left serving on this host (refused while an
+    agent runs on the work dir)."""
+    from gearshift.agents.config import load_agent_config
+    from gearshift.agents.handover import drain_recorded
+
+    try:
+        cfg = load_agent_config(config_path, {"workdir": workdir})
+        lines = drain_recorded(cfg.workdir, grace_s)
+    except GearshiftError as err:
+        raise click.ClickException(err.message) from None
+    for line in lines or [f"no engines recorded in {cfg.workdir}"]:
+        click.echo(line)
 
 
 @controller.command("status")

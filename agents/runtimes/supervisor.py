@@ -9,6 +9,11 @@ ready, anything else = unhealthy. A crash is restarted after an exponential
 backoff; more than `max_restarts` crashes in a row (without a stable run of
 `STABLE_RUN_S` in between) give up with phase `failed`. Every await that could
 be cancelled leaves no process behind.
+
+With a state directory, each spawned engine is recorded there (pid, start
+time, port, spec) so that it can outlive the agent: `detach()` stops watching
+and leaves the engine serving, and `adopt()` lets a new supervisor take over an
+engine that a predecessor recorded, without restarting it.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from pathlib import Path
 
 import aiohttp
 
+from gearshift.agents.runtimes.adopted import AdoptedProcess
 from gearshift.agents.runtimes.base import (
     EngineEndpoints,
     EngineRuntime,
@@ -34,6 +40,7 @@ from gearshift.agents.runtimes.base import (
     classify_health,
     endpoints_for,
 )
+from gearshift.agents.runtimes.engine_state import EngineRecord, EngineStateDir, process_start_time
 from gearshift.common.engines import engine_entry
 from gearshift.common.errors import FailedPrecondition
 from gearshift.common.spec import DeploymentSpec, Phase
@@ -66,6 +73,7 @@ class EngineSupervisor:
                  health_interval_s: float = 1.0,
                  health_timeout_s: float = HEALTH_TIMEOUT_S,
                  bind_host: str = "127.0.0.1",
+                 state: EngineStateDir | None = None,
                  on_change: Callable[[EngineSupervisor], None] | None = None) -> None:
         initial, maximum = restart_backoff_s
         if initial < 0 or maximum < initial:
@@ -85,6 +93,8 @@ class EngineSupervisor:
         self._health_timeout_s = health_timeout_s
         self._bind_host = bind_host
         self._on_change = on_change
+        self._state = state
+        self.adopted = False  # the engine was started by a previous agent
         self.log_path = self.workdir / f"{spec.deployment_id}.engine.log"
 
         self._phase = Phase.STARTING
@@ -95,7 +105,7 @@ class EngineSupervisor:
         self._crashes_in_a_row = 0
         self._port = spec.port
         self._plan: LaunchPlan | None = None
-        self._proc: asyncio.subprocess.Process | None = None
+        self._proc: asyncio.subprocess.Process | AdoptedProcess | None = None
         self._exit_waiter: asyncio.Future[int] | None = None
         self._started_at = clock()
         self._monitor: asyncio.Task[None] | None = None
@@ -174,6 +184,44 @@ class EngineSupervisor:
         self._monitor = asyncio.create_task(self._watch(),
                                             name=f"supervise-{self.spec.deployment_id}")
 
+    async def adopt(self, record: EngineRecord) -> None:
+        """Take over the engine `record` names (started by a previous agent) without
+        restarting it. The caller has checked that it is that process (pid and start
+        time); the first health probe, awaited here, sets the phase it is reported in."""
+        if self._started:
+            raise FailedPrecondition(f"deployment {self.spec.deployment_id}: already started")
+        self._started = True
+        self.adopted = True
+        self._port = record.port
+        self._restarts = record.restarts
+        self._plan = LaunchPlan(argv=record.argv, served_model_name=record.served_model_name)
+        proc = AdoptedProcess(record.pid, record.start_time)
+        self._proc = proc
+        self._exit_waiter = asyncio.ensure_future(proc.wait())
+        self._set(Phase.STARTING, f"adopted pid {record.pid} (started by a previous agent)")
+        await self._check_health()
+        if self._phase is Phase.READY:
+            self._message = f"ready at {self.endpoint} (adopted pid {record.pid})"
+        self._monitor = asyncio.create_task(self._watch(),
+                                            name=f"supervise-{self.spec.deployment_id}")
+
+    async def detach(self) -> None:
+        """Stop watching and leave the engine serving (its record stays for the next
+        agent to adopt). Fail static: the agent going away is no reason to stop serving."""
+        self._stopping = True
+        if self._monitor is not None:
+            self._monitor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._monitor
+        if self._spawning is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await self._spawning
+        if isinstance(self._proc, AdoptedProcess):
+            self._proc.close()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
     async def wait_ready(self, timeout_s: float) -> bool:
         """Wait until ready (True), or until failed/stopped or `timeout_s` passes (False)."""
         loop = asyncio.get_running_loop()
@@ -237,7 +285,29 @@ class EngineSupervisor:
         self._proc = proc
         self._exit_waiter = asyncio.ensure_future(proc.wait())
         self._started_at = self._clock()
+        self._record(plan, proc.pid)
         self._set(Phase.STARTING, f"started pid {proc.pid}; loading")
+
+    def _record(self, plan: LaunchPlan, pid: int) -> None:
+        """Write the engine's record so that a later agent can adopt it."""
+        if self._state is None:
+            return
+        started = process_start_time(pid)
+        if started is None:  # it exited already: the watcher restarts it
+            return
+        spec = self.spec
+        record = EngineRecord(
+            deployment_id=spec.deployment_id, pid=pid, start_time=started,
+            host=self._bind_host, port=self._port,
+            spec={**spec.__dict__, "gpu_indices": list(spec.gpu_indices),
+                  "extra_args": list(spec.extra_args)},
+            argv=tuple(plan.argv), served_model_name=plan.served_model_name,
+            restarts=self._restarts)
+        try:
+            self._state.write(record)
+        except OSError as exc:  # the engine runs; only its adoption by a next agent is at risk
+            log.error("cannot record engine %s in %s: %s", spec.deployment_id,
+                      self._state.path, exc)
 
     async def _spawn_safely(self) -> None:
         """Spawn in a task of its own so a cancel cannot orphan a half-started process."""
@@ -304,7 +374,10 @@ class EngineSupervisor:
         if self._clock() - self._started_at >= STABLE_RUN_S:
             self._crashes_in_a_row = 0
         self._crashes_in_a_row += 1
-        how = f"exited with code {code}" if code >= 0 else f"killed by signal {-code}"
+        if isinstance(self._proc, AdoptedProcess):
+            how = "exited (adopted: its exit status went to its parent)"
+        else:
+            how = f"exited with code {code}" if code >= 0 else f"killed by signal {-code}"
         if self._max_restarts is not None and self._crashes_in_a_row > self._max_restarts:
             self._set(Phase.FAILED, f"engine {how}; gave up after {self._restarts} restart(s)")
             return False
@@ -356,6 +429,8 @@ class EngineSupervisor:
         finally:
             # Also on cancellation: never leave the engine behind.
             self._kill_group()
+            if self._state is not None:
+                self._state.remove(self.spec.deployment_id)
             if self._session is not None:
                 await self._session.close()
                 self._session = None
