@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from gearshift.common.endpoints import parse_controllers
 from gearshift.common.engines import ENGINE_NAMES, engine_entry, is_engine
 from gearshift.common.errors import ConfigError
+from gearshift.common.ops_http import parse_listen
 
 
 class _Strict(BaseModel):
@@ -97,6 +98,7 @@ class AgentConfig(_Strict):
     bind_host: str = "127.0.0.1"
     tls: TlsConfig | None = None  # None: plaintext, for a controller on loopback only
     drain_on_exit: bool = False  # stop engines when the agent exits (decommissioning)
+    metrics_listen: str = ""  # HOST:PORT of /metrics, /healthz, /readyz; empty: none
     gpus: GpuConfig = GpuConfig()
     engines: dict[str, EngineConfig] = Field(default_factory=dict)
     deployments: list[DeploymentConfig] = Field(default_factory=list)
@@ -107,6 +109,13 @@ class AgentConfig(_Strict):
         for name in v:
             if not is_engine(name):
                 raise ValueError(f"unknown engine {name!r}; known: {', '.join(ENGINE_NAMES)}")
+        return v
+
+    @field_validator("metrics_listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        if v:
+            parse_listen(v, "metrics_listen")
         return v
 
     @field_validator("controller", mode="before")

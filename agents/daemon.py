@@ -31,6 +31,7 @@ from gearshift.agents.engine_version import probe_version
 from gearshift.agents.gpus import EmulatedGpus, GpuSource, open_gpu_source
 from gearshift.agents.handover import WorkdirLock, clean_up_dead, survey
 from gearshift.agents.metrics import EngineScraper, to_proto
+from gearshift.agents.ops_metrics import AgentMetrics
 from gearshift.agents.runtimes.base import get_runtime
 from gearshift.agents.runtimes.engine_state import EngineRecord, EngineStateDir
 from gearshift.agents.runtimes.supervisor import EngineSupervisor
@@ -38,6 +39,7 @@ from gearshift.common.credentials import TlsFiles, secure_channel
 from gearshift.common.endpoints import ControllerEndpoints, leader_hint
 from gearshift.common.engines import ENGINE_NAMES, engine_entry
 from gearshift.common.errors import FailedPrecondition, InvalidArgument
+from gearshift.common.ops_http import OpsListener, parse_listen
 from gearshift.common.spec import DeploymentSpec, Phase
 from gearshift.v1 import agent_pb2, agent_pb2_grpc
 
@@ -88,6 +90,11 @@ class Agent:
         self._stopping = asyncio.Event()
         # Versions found by each engine's catalog probe, for engines whose config gives none.
         self.probed_versions: dict[str, str] = {}
+        self.metrics = AgentMetrics()
+        self.metrics.watch_engines(lambda: [(dep_id, sup.spec.engine, sup)
+                                            for dep_id, sup in list(self.supervisors.items())])
+        self.started = False  # engines adopted and configured deployments started
+        self.ops: OpsListener | None = None
 
     # -- engines ----------------------------------------------------------------
 
@@ -131,7 +138,7 @@ class Agent:
         assert self._session is not None
         self.scrapers[sup.spec.deployment_id] = EngineScraper(
             sup.spec.engine, sup.endpoint, session=self._session,
-            timeout_s=self.config.scrape_timeout_s)
+            timeout_s=self.config.scrape_timeout_s, registry=self.metrics.registry)
 
     async def adopt_engines(self) -> list[str]:
         """Take over the engines a previous agent left running in this work dir; remove
@@ -148,6 +155,7 @@ class Agent:
             sup = await self._adopt(record)
             if sup is not None:
                 adopted.append(record.deployment_id)
+                self.metrics.adopted.inc()
         self.adopted = adopted
         return adopted
 
@@ -300,6 +308,7 @@ class Agent:
         self._call = call
         self.connects += 1
         self.connected.set()
+        self.metrics.following(self.controller_id, self.endpoints.current)
         log.info("connected to controller %s (epoch %d, interval %.1fs)",
                  first.welcome.controller_id, first.welcome.controller_epoch, self.interval_s)
         await self._flush_results()
@@ -310,15 +319,20 @@ class Agent:
                 if silent_s > max(STALL_MIN_S, STALL_INTERVALS * self.interval_s):
                     raise ConnectionError(f"controller {self.controller_id} has not answered "
                                           f"for {silent_s:.0f}s")
+                began = time.monotonic()
                 report = await self.build_report()
                 async with self._write_lock:
                     await call.write(agent_pb2.AgentMessage(report=report))
+                self.metrics.report_seconds.observe(time.monotonic() - began)
+                self.metrics.reports.inc()
+                self.metrics.last_report.set(time.time())
                 _done, _ = await asyncio.wait({reader}, timeout=self.interval_s)
             await reader  # re-raise what ended the stream
         finally:
             reader.cancel()
             self._call = None
             self.connected.clear()
+            self.metrics.disconnected()
             call.cancel()
 
     async def _read_loop(self, call: aio.StreamStreamCall) -> None:
@@ -341,10 +355,15 @@ class Agent:
         self._session = aiohttp.ClientSession()
         probing = asyncio.create_task(self.probe_versions())
         try:
+            if self.config.metrics_listen:
+                self.ops = OpsListener(self.metrics.registry, self.readiness)
+                port = await self.ops.start(*parse_listen(self.config.metrics_listen))
+                log.info("metrics, /healthz and /readyz on %s:%d", self.ops.host, port)
             await self.adopt_engines()
             for dep in self.config.deployments:
                 spec = DeploymentSpec(**dep.model_dump())
                 await self._start_configured(spec)
+            self.started = True
             await self._connect_forever()
         finally:
             probing.cancel()
@@ -354,6 +373,17 @@ class Agent:
                 await self.shutdown(drain=self.config.drain_on_exit)
             finally:
                 lock.release()
+
+    def readiness(self) -> tuple[bool, str]:
+        """Ready = its engines adopted and its configured deployments started, and
+        either connected to a leading controller or running fail static (engines
+        serving on, reports resumed when a controller answers)."""
+        if not self.started:
+            return False, "adopting and starting engines"
+        if self.connected.is_set():
+            return True, f"connected to {self.controller_id}"
+        serving = sum(1 for s in self.supervisors.values() if s.phase is Phase.READY)
+        return True, f"fail static: no controller stream; {serving} engine(s) ready"
 
     async def _start_configured(self, spec: DeploymentSpec) -> None:
         running = self.supervisors.get(spec.deployment_id)
@@ -420,6 +450,8 @@ class Agent:
         """Leave: engines keep serving (their records let the next agent adopt them),
         or, with `drain`, are stopped (SIGTERM, SIGKILL after `grace_s`)."""
         await self.commands.close()
+        if self.ops is not None:
+            await self.ops.stop()
         if drain:
             await asyncio.gather(*(s.stop(grace_s) for s in self.supervisors.values()),
                                  return_exceptions=True)

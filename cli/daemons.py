@@ -22,7 +22,10 @@ def setup_logging(level: str) -> None:
 @click.option("--db", "db_url", default="", envvar="GEARSHIFT_DB",
               help="store URL: sqlite:///PATH or postgresql+psycopg://…; default SQLite under --data-dir")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=Path("./data"), show_default=True)
-@click.option("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
+@click.option("--metrics-port", type=int, default=None,
+              help="serve /metrics, /healthz, /readyz on 127.0.0.1:PORT")
+@click.option("--metrics-listen", default="", metavar="HOST:PORT", envvar="GEARSHIFT_METRICS_LISTEN",
+              help="serve /metrics, /healthz, /readyz on HOST:PORT (plain HTTP, nothing secret)")
 @click.option("--report-interval", "report_interval_s", type=float, default=10.0, show_default=True,
               help="seconds between agent reports")
 @click.option("--history-resolution", "history_resolution_s", type=float, default=60.0,
@@ -51,7 +54,7 @@ def setup_logging(level: str) -> None:
 @click.option("--log-level", default="info", show_default=True)
 @click.pass_context
 def controller(ctx: click.Context, listen: str, db_url: str, data_dir: Path,
-               metrics_port: int | None, report_interval_s: float, history_resolution_s: float,
+               metrics_port: int | None, metrics_listen: str, report_interval_s: float, history_resolution_s: float,
                canary_steps: str, analysis_intervals: int, tls_cert: Path | None,
                tls_key: Path | None, tls_ca: Path | None, tokens_file: Path | None,
                advertise: str, lease_ttl_s: float, controller_id: str, ready_file: Path | None,
@@ -73,7 +76,8 @@ def controller(ctx: click.Context, listen: str, db_url: str, data_dir: Path,
                                  param_hint="--canary-steps") from None
     try:
         cfg = ControllerConfig(listen=listen, db_url=db_url, data_dir=data_dir,
-                               metrics_port=metrics_port, report_interval_s=report_interval_s,
+                               metrics_port=metrics_port, metrics_listen=metrics_listen,
+                               report_interval_s=report_interval_s,
                                history_resolution_s=history_resolution_s, canary_steps=steps,
                                analysis_intervals=analysis_intervals, tls_cert=tls_cert,
                                tls_key=tls_key, tls_ca=tls_ca, tokens_file=tokens_file,
@@ -91,13 +95,17 @@ def controller(ctx: click.Context, listen: str, db_url: str, data_dir: Path,
 @click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="agent YAML config")
 @click.option("--host-id", default=None, help="host identity (overrides the config file)")
+@click.option("--metrics-listen", default=None, metavar="HOST:PORT",
+              envvar="GEARSHIFT_METRICS_LISTEN",
+              help="serve /metrics, /healthz, /readyz on HOST:PORT (overrides the config file)")
 @click.option("--drain-on-exit", is_flag=True, default=None,
               help="stop the engines when the agent exits (decommissioning); by default "
               "they keep serving and the next agent adopts them")
 @click.option("--log-level", default="info", show_default=True)
 @click.pass_context
 def agent(ctx: click.Context, controller_addr: str | None, config_path: Path | None,
-          host_id: str | None, drain_on_exit: bool | None, log_level: str) -> None:
+          host_id: str | None, metrics_listen: str | None, drain_on_exit: bool | None,
+          log_level: str) -> None:
     """Run the agent on a GPU host: supervise engines and report to the controller.
 
     Engines outlive the agent: on SIGTERM or a crash they keep serving, and the
@@ -111,7 +119,8 @@ def agent(ctx: click.Context, controller_addr: str | None, config_path: Path | N
     setup_logging(log_level)
     try:
         cfg = load_agent_config(config_path, {"controller": controller_addr, "host_id": host_id,
-                                              "drain_on_exit": drain_on_exit})
+                                              "drain_on_exit": drain_on_exit,
+                                              "metrics_listen": metrics_listen})
         asyncio.run(run_agent(cfg))
     except GearshiftError as err:
         raise click.ClickException(err.message) from None

@@ -183,10 +183,12 @@ class LocalFleet:
 
     def start_agent(self, host_id: str, deployments: list[dict[str, Any]],
                     emulator_env: dict[str, dict[str, str]] | None = None,
-                    tls: dict[str, str] | None = None) -> Proc:
+                    tls: dict[str, str] | None = None,
+                    extra_args: tuple[str, ...] = ()) -> Proc:
         self.workdir.mkdir(parents=True, exist_ok=True)
         path = self.agent_config(host_id, deployments, emulator_env, tls=tls)
-        proc = _spawn(host_id, gearshift_cmd("agent", "--config", str(path)), self.workdir)
+        proc = _spawn(host_id, gearshift_cmd("agent", "--config", str(path), *extra_args),
+                      self.workdir)
         self.procs[host_id] = proc
         return proc
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gearshift.common.errors import ConfigError
+from gearshift.common.ops_http import parse_listen
 
 DEFAULT_REPORT_INTERVAL_S = 10.0
 
@@ -23,7 +24,9 @@ class ControllerConfig:
     listen: str = "127.0.0.1:50051"
     db_url: str = ""                       # empty: SQLite under data_dir
     data_dir: Path = field(default_factory=lambda: Path("./data"))
-    metrics_port: int | None = None        # None: no /metrics; 0: pick a free port
+    metrics_port: int | None = None        # /metrics etc. on 127.0.0.1:PORT (0: pick one)
+    metrics_listen: str = ""               # HOST:PORT of /metrics, /healthz, /readyz;
+                                           # wins over metrics_port
     report_interval_s: float = DEFAULT_REPORT_INTERVAL_S
     history_resolution_s: float = 60.0     # request-rate samples kept for the policy
     canary_steps: tuple[float, ...] = (0.1, 0.25, 0.5)
@@ -69,3 +72,16 @@ class ControllerConfig:
             raise ConfigError(f"--lease-ttl: expected 1..300 seconds, found {self.lease_ttl_s}")
         if self.metrics_port is not None and not (0 <= self.metrics_port <= 65535):
             raise ConfigError(f"--metrics-port: expected 0..65535, found {self.metrics_port}")
+        if self.metrics_listen:
+            try:
+                parse_listen(self.metrics_listen)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+
+    def ops_address(self) -> tuple[str, int] | None:
+        """Where /metrics, /healthz and /readyz are served (None: nowhere)."""
+        if self.metrics_listen:
+            return parse_listen(self.metrics_listen)
+        if self.metrics_port is not None:
+            return "127.0.0.1", self.metrics_port
+        return None

@@ -2,7 +2,8 @@
 
 `Controller` wires the in-memory fleet state, the durable store (through one
 batching writer), the agent and control services, gRPC health and reflection
-(assembled by `controller.grpc_server`), and the Prometheus `/metrics` endpoint.
+(assembled by `controller.grpc_server`), and the operators' HTTP listener
+(`/metrics`, `/healthz`, `/readyz`; see `readiness`).
 Its settings are a `ControllerConfig` (`controller.config`). `run_controller` is
 the CLI's entry.
 """
@@ -20,9 +21,9 @@ from pathlib import Path
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 from grpc import aio
-from prometheus_client import start_http_server
 
 from gearshift.common.errors import NotFound
+from gearshift.common.ops_http import OpsListener
 from gearshift.controller.agent_service import AgentService
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.control_service import ControlService
@@ -87,7 +88,7 @@ class Controller:
         self.port = 0
         self.metrics_port: int | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._metrics_httpd: object | None = None
+        self._ops: OpsListener | None = None
 
     def _build_leader_parts(self) -> None:
         """The policy loop, orchestrator and learner, read afresh from the store (at
@@ -219,11 +220,10 @@ class Controller:
         await grpc_server.server.start()
         await grpc_server.serving()
         self.server = grpc_server.server
-        if self.config.metrics_port is not None:
-            httpd, _thread = start_http_server(
-                self.config.metrics_port, addr="127.0.0.1", registry=self.metrics.registry)
-            self._metrics_httpd = httpd
-            self.metrics_port = httpd.server_address[1]
+        ops_at = self.config.ops_address()
+        if ops_at is not None:
+            self._ops = OpsListener(self.metrics.registry, self.readiness)
+            self.metrics_port = await self._ops.start(*ops_at)
         self._tasks.append(asyncio.create_task(self._housekeeping()))
         self.scheduler = AsyncIOScheduler()
         self.scheduler.start()
@@ -232,6 +232,18 @@ class Controller:
         log.info("controller %s (%s) listening on %s:%d (store: %s)",
                  self.config.controller_id, f"leader, epoch {self.epoch}" if self.leading
                  else "follower", host, self.port, self.persistence.dialect)
+
+    def readiness(self) -> tuple[bool, str]:
+        """Ready = serving its gRPC API in a known role: the leader, or a follower
+        that knows a live leader (it serves reads and names the leader to writers)."""
+        if self.server is None:
+            return False, "starting"
+        if self.leading:
+            return True, f"leader, epoch {self.epoch}"
+        lease = self.leadership.lease() if self.leadership is not None else None
+        if lease is not None and lease.live and lease.holder:
+            return True, f"follower of {lease.holder}"
+        return False, "no leader elected yet"
 
     @property
     def address(self) -> str:
@@ -312,8 +324,8 @@ class Controller:
             conn.close()
         if self.server is not None:
             await self.server.stop(grace_s)
-        if self._metrics_httpd is not None:
-            self._metrics_httpd.shutdown()  # type: ignore[attr-defined]
+        if self._ops is not None:
+            await self._ops.stop()
         rows = self.persistence.rollups.flush_all()
         if rows:
             self.persistence.writer.submit_rollups(rows)
