@@ -197,3 +197,23 @@ def test_stale_leader_resuming_after_a_pause_is_fenced(ha: HaFleet, tmp_path: Pa
     assert max(ha.executions().values()) == 1
     log = ha.procs[old].log()
     assert "no longer leads" in log
+
+
+def test_leader_and_follower_are_both_ready_and_say_their_role(ha: HaFleet) -> None:
+    import urllib.request
+
+    from gearshift.cli.local_fleet import free_port
+
+    ops = {name: free_port() for name in ha.names}
+    for name in ha.names:
+        ha.start_controller(("--metrics-listen", f"127.0.0.1:{ops[name]}"), name)
+    leader, _epoch = ha.wait_leader()
+    [follower] = [n for n in ha.names if n != leader]
+
+    def readyz(name: str) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{ops[name]}/readyz", timeout=5) as r:
+            return r.read().decode()
+
+    assert readyz(leader).startswith("ready: leader, epoch")
+    assert wait_for(lambda: readyz(follower) == f"ready: follower of {leader}\n", 15,
+                    "the follower to know the leader")
