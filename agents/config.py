@@ -165,7 +165,9 @@ def parse_agent_config(data: Any, source: str = "<agent config>") -> AgentConfig
     return cfg
 
 
-def load_agent_config(path: Path | None, overrides: dict[str, Any] | None = None) -> AgentConfig:
+def load_agent_config(path: Path | None, overrides: dict[str, Any] | None = None,
+                      defaults: dict[str, Any] | None = None) -> AgentConfig:
+    """The config file, `overrides` (CLI flags) winning over it, it over `defaults`."""
     data: dict[str, Any] = {}
     source = "<defaults>"
     if path is not None:
@@ -179,5 +181,8 @@ def load_agent_config(path: Path | None, overrides: dict[str, Any] | None = None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level, found {type(loaded).__name__}")
         data = dict(loaded or {})
+    for k, v in (defaults or {}).items():
+        if v is not None and k not in data:
+            data[k] = v
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})
     return parse_agent_config(data, source)

@@ -95,6 +95,8 @@ def controller(ctx: click.Context, listen: str, db_url: str, data_dir: Path,
 @click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="agent YAML config")
 @click.option("--host-id", default=None, help="host identity (overrides the config file)")
+@click.option("--workdir", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="work dir: engine logs and records (overrides the config file)")
 @click.option("--metrics-listen", default=None, metavar="HOST:PORT",
               envvar="GEARSHIFT_METRICS_LISTEN",
               help="serve /metrics, /healthz, /readyz on HOST:PORT (overrides the config file)")
@@ -104,12 +106,14 @@ def controller(ctx: click.Context, listen: str, db_url: str, data_dir: Path,
 @click.option("--log-level", default="info", show_default=True)
 @click.pass_context
 def agent(ctx: click.Context, controller_addr: str | None, config_path: Path | None,
-          host_id: str | None, metrics_listen: str | None, drain_on_exit: bool | None,
-          log_level: str) -> None:
+          host_id: str | None, workdir: Path | None, metrics_listen: str | None,
+          drain_on_exit: bool | None, log_level: str) -> None:
     """Run the agent on a GPU host: supervise engines and report to the controller.
 
     Engines outlive the agent: on SIGTERM or a crash they keep serving, and the
     next agent started on the same work dir adopts them without a restart.
+    Without `tls:` in the config, TLS files come from $GEARSHIFT_TLS_CA, _CERT,
+    _KEY (and _SERVER_NAME), e.g. as systemd credentials.
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -119,11 +123,25 @@ def agent(ctx: click.Context, controller_addr: str | None, config_path: Path | N
     setup_logging(log_level)
     try:
         cfg = load_agent_config(config_path, {"controller": controller_addr, "host_id": host_id,
-                                              "drain_on_exit": drain_on_exit,
-                                              "metrics_listen": metrics_listen})
+                                              "workdir": workdir, "drain_on_exit": drain_on_exit,
+                                              "metrics_listen": metrics_listen},
+                                defaults={"tls": _tls_from_env()})
         asyncio.run(run_agent(cfg))
     except GearshiftError as err:
         raise click.ClickException(err.message) from None
+
+
+def _tls_from_env() -> dict[str, str] | None:
+    """The agent's TLS files from $GEARSHIFT_TLS_* (a config file's `tls:` wins)."""
+    from gearshift.common.credentials import TlsFiles
+
+    files = TlsFiles.from_env()
+    if files is None or files.cert is None or files.key is None:
+        return None
+    out = {"ca": str(files.ca), "cert": str(files.cert), "key": str(files.key)}
+    if files.server_name:
+        out["server_name"] = files.server_name
+    return out
 
 
 @agent.command("drain")

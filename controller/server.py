@@ -89,6 +89,7 @@ class Controller:
         self.metrics_port: int | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._ops: OpsListener | None = None
+        self._serving = False  # start() has finished: gRPC served, first election settled
 
     def _build_leader_parts(self) -> None:
         """The policy loop, orchestrator and learner, read afresh from the store (at
@@ -228,6 +229,7 @@ class Controller:
         self.scheduler = AsyncIOScheduler()
         self.scheduler.start()
         await self._first_election()
+        self._serving = True
         host = self.config.listen.rpartition(":")[0]
         log.info("controller %s (%s) listening on %s:%d (store: %s)",
                  self.config.controller_id, f"leader, epoch {self.epoch}" if self.leading
@@ -236,12 +238,13 @@ class Controller:
     def readiness(self) -> tuple[bool, str]:
         """Ready = serving its gRPC API in a known role: the leader, or a follower
         that knows a live leader (it serves reads and names the leader to writers)."""
-        if self.server is None:
+        if not self._serving:
             return False, "starting"
         if self.leading:
             return True, f"leader, epoch {self.epoch}"
         lease = self.leadership.lease() if self.leadership is not None else None
-        if lease is not None and lease.live and lease.holder:
+        if lease is not None and lease.live and lease.holder \
+                and lease.holder != self.config.controller_id:
             return True, f"follower of {lease.holder}"
         return False, "no leader elected yet"
 
