@@ -1,13 +1,19 @@
 """The gateway's HTTP/1.1 listener: keep-alive client connections on plain asyncio protocols.
 
 Each connection handles one request at a time (pipelined requests wait in its
-buffer) and hands it to the handler as a `Request`, which answers whole
-(`respond`) or as a chunked stream (`start_stream`, `write`, `end_stream`, or
-`abort` to cut it so the client sees a truncated body). `write` waits while the
-client's socket buffer is full, so a slow reader slows its own stream instead of
-filling the gateway's memory. Framing errors get an OpenAI-shaped JSON error and
-the connection is closed. `stop()` stops accepting, closes idle connections and
-gives requests in flight a grace period before cutting them.
+buffer, and reading pauses once a small amount is waiting) and hands it to the
+handler as a `gearshift.gateway.request.Request`. Framing errors get an
+OpenAI-shaped JSON error and the connection is closed. `stop()` stops accepting,
+closes idle connections and gives requests in flight a grace period before
+cutting them.
+
+Every client is bounded (`gearshift.gateway.limits.ClientLimits`): the number of
+open connections; the request-body bytes buffered across all connections (a
+shared budget, reserved before a body is read); the time a head may take, the
+pace a body must keep after a grace period, and how long a connection may sit
+idle. The idle clock starts when a response ends and is not restarted by bytes
+that do not complete a request, so a client trickling one byte at a time is cut
+by the head deadline. Refusals are counted through `on_refusal(reason)`.
 
 Why not aiohttp's server: see `gearshift.gateway.http11`.
 """
@@ -16,123 +22,57 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Awaitable, Callable
 
 from gearshift.gateway.http11 import (
-    LAST_CHUNK,
     MAX_HEAD_BYTES,
     ChunkedDecoder,
     HttpError,
     RequestHead,
     date_header,
-    encode_chunk,
     parse_request_head,
     status_line,
+)
+from gearshift.gateway.limits import BodyBudget, ClientLimits
+from gearshift.gateway.request import (
+    JSON_HEADERS,
+    STREAMING,
+    Request,
+    openai_error_body,
 )
 
 log = logging.getLogger(__name__)
 
-CLIENT_MAX_BODY_BYTES = 64 * 1024 * 1024
-CLIENT_IDLE_TIMEOUT_S = 75.0  # a kept-alive client connection with no request is closed after this
-MAX_PIPELINED_BYTES = 1024 * 1024  # stop reading from a client that sends this far ahead
-JSON_HEADERS = b"Content-Type: application/json\r\n"
+MAX_PIPELINED_BYTES = 64 * 1024  # stop reading from a client that sends this far ahead
+BODY_CHECK_INTERVAL_S = 1.0  # how often a body in progress is checked against the minimum rate
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
+Handler = Callable[[Request], Awaitable[None]]
 
-def openai_error_body(message: str, err_type: str, code: str, param: str | None = None) -> bytes:
-    """An error body in the OpenAI shape: {"error": {message, type, param, code}}."""
-    return json.dumps({"error": {"message": message, "type": err_type, "param": param,
-                                 "code": code}}).encode()
+# Connection phases: what the deadline timer checks.
+_IDLE, _HEAD, _BODY, _BUSY = range(4)
 
-
-Handler = Callable[["Request"], Awaitable[None]]
-
-_NOTHING_SENT, _STREAMING, _DONE = range(3)
+# Refusal reasons (label values of the refusals counter).
+BAD_REQUEST, TOO_LARGE, TIMEOUT, CONNECTION_LIMIT, BODY_BUDGET = (
+    "bad_request", "too_large", "timeout", "connection_limit", "body_budget")
 
 
-class Request:
-    """One request on a client connection, and the means to answer it."""
+def _refusal_reason(status: int) -> str:
+    if status in (413, 431):
+        return TOO_LARGE
+    if status == 408:
+        return TIMEOUT
+    if status == 503:
+        return BODY_BUDGET
+    return BAD_REQUEST
 
-    __slots__ = ("_chunked", "_conn", "_state", "body", "head")
 
-    def __init__(self, conn: _Connection, head: RequestHead, body: bytes) -> None:
-        self.head = head
-        self.body = body
-        self._conn = conn
-        self._state = _NOTHING_SENT
-        self._chunked = head.http11
-
-    @property
-    def method(self) -> bytes:
-        return self.head.method
-
-    @property
-    def path(self) -> str:
-        return self.head.path
-
-    @property
-    def answered(self) -> bool:
-        """True once a response head went out (the request can no longer be retried elsewhere)."""
-        return self._state != _NOTHING_SENT
-
-    def _end_head(self) -> bytes:
-        keep = self.head.keep_alive and self._conn.keeps_alive
-        if not keep:
-            return b"Connection: close\r\n\r\n"
-        return b"\r\n" if self.head.http11 else b"Connection: keep-alive\r\n\r\n"
-
-    def respond(self, status: int, body: bytes, headers: bytes = JSON_HEADERS) -> None:
-        """Send a whole response; `headers` is a block of `Name: value\\r\\n` lines."""
-        if self._state != _NOTHING_SENT:
-            raise RuntimeError("response already started")
-        self._state = _DONE
-        conn = self._conn
-        if conn.closed:
-            return
-        payload = b"" if self.head.method == b"HEAD" else body
-        conn.transport.write(b"%s%s%sContent-Length: %d\r\n%s%s" % (
-            status_line(status), headers, date_header(), len(body), self._end_head(), payload))
-
-    def start_stream(self, status: int, headers: bytes) -> None:
-        """Send the head of a streamed response; raises ConnectionError if the client left."""
-        if self._state != _NOTHING_SENT:
-            raise RuntimeError("response already started")
-        self._state = _STREAMING
-        conn = self._conn
-        if conn.closed:
-            raise ConnectionResetError("client disconnected")
-        if self._chunked:
-            framing = b"Transfer-Encoding: chunked\r\n" + self._end_head()
-        else:  # HTTP/1.0: the body ends when the connection closes
-            framing = b"Connection: close\r\n\r\n"
-            conn.close_after_response()
-        conn.transport.write(status_line(status) + headers + date_header() + framing)
-
-    async def write(self, data: bytes) -> None:
-        """Send part of a streamed body; waits while the client reads slowly.
-
-        Raises ConnectionError when the client has gone."""
-        conn = self._conn
-        if conn.closed:
-            raise ConnectionResetError("client disconnected")
-        if data:
-            conn.transport.write(encode_chunk(data) if self._chunked else data)
-        if conn.write_paused:
-            await conn.drain()
-
-    def end_stream(self) -> None:
-        """Finish a streamed body cleanly."""
-        self._state = _DONE
-        conn = self._conn
-        if self._chunked and not conn.closed:
-            conn.transport.write(LAST_CHUNK)
-
-    def abort(self) -> None:
-        """End the response without a clean end, so the client sees it truncated."""
-        self._state = _DONE
-        self._conn.close_now()
+def _error_response(status: int, message: str, code: str) -> bytes:
+    body = openai_error_body(message, "invalid_request_error" if status < 500
+                             else "service_unavailable", code)
+    return b"%s%s%sContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (
+        status_line(status), JSON_HEADERS, date_header(), len(body), body)
 
 
 class _Connection(asyncio.Protocol):
@@ -140,6 +80,7 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self, listener: HttpListener) -> None:
         self._listener = listener
+        self._limits = listener.limits
         self._loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self._buf = bytearray()
@@ -148,6 +89,7 @@ class _Connection(asyncio.Protocol):
         self._decoder: ChunkedDecoder | None = None
         self._parts: list[bytes] = []
         self._parts_len = 0
+        self._reserved = 0  # body bytes reserved from the listener's budget
         self._sent_continue = False
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -155,8 +97,11 @@ class _Connection(asyncio.Protocol):
         self._drain_waiter: asyncio.Future[None] | None = None
         self.closed = False
         self.write_paused = False
-        self._idle_since = self._loop.time()
-        self._timer = self._loop.call_later(CLIENT_IDLE_TIMEOUT_S, self._check_idle)
+        self._phase = _IDLE
+        self._phase_at = self._loop.time()
+        self._body_bytes = 0  # bytes received since the body phase began
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_phase = _IDLE  # the phase the timer was armed for
 
     @property
     def busy(self) -> bool:
@@ -170,11 +115,25 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self._listener.connections.add(self)
+        listener = self._listener
+        if len(listener.connections) >= self._limits.max_connections:
+            listener.refused(CONNECTION_LIMIT)
+            self.closed = True
+            self.transport.write(_error_response(
+                503, f"The gateway has {self._limits.max_connections} client connections "
+                     "open, its limit; retry shortly.", "too_many_connections"))
+            self.transport.close()
+            return
+        listener.connections.add(self)
+        self._timer = self._loop.call_at(self._phase_at + self._limits.idle_timeout_s,
+                                         self._check_deadline)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self._timer.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._task is None:
+            self._release_body()  # a handler still running holds its body until it returns
         waiter = self._drain_waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -194,21 +153,31 @@ class _Connection(asyncio.Protocol):
             waiter.set_result(None)
 
     def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
         self._buf += data
         if self._task is not None:
             if len(self._buf) > MAX_PIPELINED_BYTES and not self._reading_paused:
                 self.transport.pause_reading()
                 self._reading_paused = True
             return
-        self._idle_since = self._loop.time()
+        if self._phase == _BODY:
+            self._body_bytes += len(data)
         self._next_request()
+        if self._phase != self._timer_phase and self._phase in (_HEAD, _BODY) \
+                and not self.closed:
+            self._arm()
 
     # -- reading requests ---------------------------------------------------------------
 
     def _next_request(self) -> None:
         buf = self._buf
         try:
-            if self._head is None:
+            head = self._head
+            if head is None:
+                if self._phase == _IDLE:  # the first byte of a head starts its deadline
+                    self._phase = _HEAD
+                    self._phase_at = self._loop.time()
                 while buf[:2] == b"\r\n":  # stray line ends between requests are allowed
                     del buf[:2]
                 end = buf.find(b"\r\n\r\n", self._scanned)
@@ -222,27 +191,50 @@ class _Connection(asyncio.Protocol):
                 head = parse_request_head(bytes(buf[:end]))
                 del buf[:end + 4]
                 self._scanned = 0
-                if head.content_length > CLIENT_MAX_BODY_BYTES:
-                    raise HttpError(413, f"request body of {head.content_length} bytes is larger "
-                                         f"than the limit of {CLIENT_MAX_BODY_BYTES}")
-                self._head = head
-                self._sent_continue = False
-                if head.chunked:
-                    self._decoder = ChunkedDecoder()
-                    self._parts = []
-                    self._parts_len = 0
-            head = self._head
+                self._start_body(head)
             body = self._take_body(head)
         except HttpError as err:
             self._fail(err)
             return
         if body is None:
+            if self._phase != _BODY:
+                self._phase = _BODY
+                self._phase_at = self._loop.time()
+                self._body_bytes = self._parts_len + len(buf)
             if head.expect_continue and not self._sent_continue:
                 self._sent_continue = True
                 self.transport.write(_CONTINUE)
             return
         self._head = None
+        self._phase = _BUSY
         self._task = self._loop.create_task(self._run(Request(self, head, body)))
+
+    def _start_body(self, head: RequestHead) -> None:
+        limits = self._limits
+        n = head.content_length
+        if n > limits.max_body_bytes:
+            raise HttpError(413, f"request body of {n} bytes is larger than the limit of "
+                                 f"{limits.max_body_bytes}")
+        if n and not self._reserve(n):
+            raise HttpError(503, "The gateway holds as many request bodies as it may right "
+                                 "now; retry shortly.")
+        self._head = head
+        self._sent_continue = False
+        if head.chunked:
+            self._decoder = ChunkedDecoder()
+            self._parts = []
+            self._parts_len = 0
+
+    def _reserve(self, n: int) -> bool:
+        if not self._listener.budget.take(n):
+            return False
+        self._reserved += n
+        return True
+
+    def _release_body(self) -> None:
+        if self._reserved:
+            self._listener.budget.give(self._reserved)
+            self._reserved = 0
 
     def _take_body(self, head: RequestHead) -> bytes | None:
         buf = self._buf
@@ -251,17 +243,25 @@ class _Connection(asyncio.Protocol):
             n = head.content_length
             if len(buf) < n:
                 return None
-            body = bytes(buf[:n])
-            del buf[:n]
+            if len(buf) == n:
+                body = bytes(buf)
+                buf.clear()
+            else:
+                body = bytes(memoryview(buf)[:n])
+                del buf[:n]
             return body
         if buf:
             pieces, rest = decoder.feed(bytes(buf))
             buf.clear()
-            self._parts += pieces
-            self._parts_len += sum(map(len, pieces))
-            if self._parts_len > CLIENT_MAX_BODY_BYTES:
+            got = sum(map(len, pieces))
+            if self._parts_len + got > self._limits.max_body_bytes:
                 raise HttpError(413, f"request body is larger than the limit of "
-                                     f"{CLIENT_MAX_BODY_BYTES} bytes")
+                                     f"{self._limits.max_body_bytes} bytes")
+            if got and not self._reserve(got):
+                raise HttpError(503, "The gateway holds as many request bodies as it may "
+                                     "right now; retry shortly.")
+            self._parts += pieces
+            self._parts_len += got
             if decoder.done:
                 buf += rest
                 self._decoder = None
@@ -272,10 +272,56 @@ class _Connection(asyncio.Protocol):
 
     def _fail(self, err: HttpError) -> None:
         """Answer a request that cannot be read, then close (the stream's framing is lost)."""
-        body = openai_error_body(err.message, "invalid_request_error", "bad_http_request")
-        self.transport.write(b"%s%s%sContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (
-            status_line(err.status), JSON_HEADERS, date_header(), len(body), body))
+        self._listener.refused(_refusal_reason(err.status))
+        code = "server_busy" if err.status == 503 else "bad_http_request"
+        self.transport.write(_error_response(err.status, err.message, code))
         self.close_now()
+
+    # -- deadlines --------------------------------------------------------------------
+
+    def _arm(self) -> None:
+        """Re-arm the timer for the phase just entered (a head or body in progress)."""
+        if self._timer is not None:
+            self._timer.cancel()
+        phase = self._phase
+        self._timer_phase = phase
+        limits = self._limits
+        if phase == _HEAD:
+            due = self._phase_at + limits.head_timeout_s
+        elif phase == _BODY:
+            due = self._phase_at + limits.body_grace_s
+        else:
+            due = self._phase_at + limits.idle_timeout_s
+        self._timer = self._loop.call_at(due, self._check_deadline)
+
+    def _check_deadline(self) -> None:
+        if self.closed:
+            return
+        now = self._loop.time()
+        limits = self._limits
+        phase = self._phase
+        self._timer_phase = phase
+        if phase == _IDLE:
+            due = self._phase_at + limits.idle_timeout_s
+            if now >= due:
+                self.close_now()
+                return
+        elif phase == _HEAD:
+            due = self._phase_at + limits.head_timeout_s
+            if now >= due:
+                self._fail(HttpError(408, f"the request head did not arrive within "
+                                          f"{limits.head_timeout_s:g} s"))
+                return
+        elif phase == _BODY:
+            paced_s = now - self._phase_at - limits.body_grace_s
+            if paced_s >= 0 and self._body_bytes < limits.body_min_rate_bps * paced_s:
+                self._fail(HttpError(408, f"the request body arrived slower than "
+                                          f"{limits.body_min_rate_bps:g} bytes/s"))
+                return
+            due = now + BODY_CHECK_INTERVAL_S
+        else:  # a handler is running: the upstream's timeouts bound it
+            due = now + limits.idle_timeout_s
+        self._timer = self._loop.call_at(due, self._check_deadline)
 
     # -- running the handler ------------------------------------------------------------
 
@@ -284,14 +330,14 @@ class _Connection(asyncio.Protocol):
             await self._listener.handler(request)
             if not request.answered:
                 raise RuntimeError("handler returned without answering")
-            if request._state == _STREAMING:
+            if request.state == STREAMING:
                 request.abort()  # a stream the handler did not end is cut, never left open
         except asyncio.CancelledError:
             self.close_now()
             raise
         except Exception:
-            log.exception("gateway: handling %s %s failed", request.method.decode("latin-1"),
-                          request.path)
+            log.exception("gateway: handling %s %s failed", request.method[:20].decode("latin-1"),
+                          request.path[:100])
             if request.answered:
                 self.close_now()
             else:
@@ -300,6 +346,8 @@ class _Connection(asyncio.Protocol):
                     "internal_error"))
         finally:
             self._task = None
+            request.body = b""
+            self._release_body()
             self._after_response(request)
 
     def _after_response(self, request: Request) -> None:
@@ -308,12 +356,16 @@ class _Connection(asyncio.Protocol):
         if not request.head.keep_alive or not self.keeps_alive:
             self.close_now()
             return
-        self._idle_since = self._loop.time()
+        self._phase = _IDLE
+        self._phase_at = self._loop.time()
         if self._reading_paused:
             self._reading_paused = False
             self.transport.resume_reading()
         if self._buf:
             self._next_request()
+            if self._phase != self._timer_phase and self._phase in (_HEAD, _BODY) \
+                    and not self.closed:
+                self._arm()
 
     async def drain(self) -> None:
         """Wait until the client's socket buffer has room; ConnectionError if it left."""
@@ -346,26 +398,18 @@ class _Connection(asyncio.Protocol):
         self.transport.abort()
         return task
 
-    def _check_idle(self) -> None:
-        if self.closed:
-            return
-        delay = CLIENT_IDLE_TIMEOUT_S
-        if self._task is None:
-            idle_s = self._loop.time() - self._idle_since
-            if idle_s >= CLIENT_IDLE_TIMEOUT_S:
-                self.close_now()
-                return
-            delay -= idle_s
-        self._timer = self._loop.call_later(delay, self._check_idle)
-
 
 class HttpListener:
     """Accepts client connections on one address and runs `handler` for each request."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, limits: ClientLimits | None = None,
+                 on_refusal: Callable[[str], None] | None = None) -> None:
         self.handler = handler
+        self.limits = limits or ClientLimits()
+        self.budget = BodyBudget(self.limits.body_budget_bytes)
         self.connections: set[_Connection] = set()
         self.stopping = False
+        self._on_refusal = on_refusal
         self._server: asyncio.Server | None = None
         self._all_closed: asyncio.Event | None = None
 
@@ -374,6 +418,10 @@ class HttpListener:
         self._server = await asyncio.get_running_loop().create_server(
             lambda: _Connection(self), host, port, backlog=backlog, reuse_address=True)
         return int(self._server.sockets[0].getsockname()[1])
+
+    def refused(self, reason: str) -> None:
+        if self._on_refusal is not None:
+            self._on_refusal(reason)
 
     def forget(self, conn: _Connection) -> None:
         self.connections.discard(conn)

@@ -142,6 +142,7 @@ async def gateways() -> AsyncIterator[Callable[..., Awaitable[Gateway]]]:
 
     async def make(routes: dict[str, Any] | None = None, **overrides: Any) -> Gateway:
         rng = overrides.pop("rng", None)
+        overrides.setdefault("metrics_listen", ("127.0.0.1", 0))
         config = GatewayConfig(listen_host="127.0.0.1", listen_port=0, **overrides)
         table = None if routes is None else table_from_mapping(routes, where="test routes")
         gw = Gateway(config, registry=CollectorRegistry(), rng=rng, table=table)
