@@ -82,6 +82,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._sent_at = self._last
         self._interim = 0
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
 
     # -- exchange -------------------------------------------------------------------------
 
@@ -102,8 +103,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._interim = 0
         self._last = self._sent_at = self._loop.time()
         if self._timer is None:
-            self._timer = self._loop.call_at(self._last + self._pool.idle_timeout_s,
-                                             self._on_timer)
+            self._arm(self._last + min(self._pool.idle_timeout_s, self._pool.read_timeout_s))
         self.transport.write(data)
 
     async def wait_head(self) -> ResponseHead:
@@ -229,6 +229,9 @@ class UpstreamConnection(asyncio.Protocol):
                 if len(buf) > MAX_HEAD_BYTES:
                     self._protocol_error(f"response head larger than {MAX_HEAD_BYTES} bytes")
                 return
+            if end > MAX_HEAD_BYTES:
+                self._protocol_error(f"response head larger than {MAX_HEAD_BYTES} bytes")
+                return
             try:
                 head = parse_response_head(bytes(buf[:end]))
             except HttpError as err:
@@ -253,6 +256,11 @@ class UpstreamConnection(asyncio.Protocol):
         buf.clear()
         if rest or head.content_length == 0:
             self._body(rest)
+        if not self._complete and not self.closed:
+            # The body is still to come: its gap timeout may be due before the timer.
+            due = self._last + self._pool.body_timeout_s
+            if self._timer_at > due:
+                self._arm(due)
 
     def _body(self, data: bytes) -> None:
         head = self.head
@@ -324,7 +332,13 @@ class UpstreamConnection(asyncio.Protocol):
             limit = self._last + pool.idle_timeout_s
         else:
             limit = now + pool.idle_timeout_s
-        self._timer = self._loop.call_at(min(limit, now + pool.idle_timeout_s), self._on_timer)
+        self._arm(min(limit, now + pool.idle_timeout_s))
+
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = when
+        self._timer = self._loop.call_at(when, self._on_timer)
 
     def make_idle(self) -> None:
         self._state = _IDLE
