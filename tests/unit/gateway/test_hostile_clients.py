@@ -211,7 +211,7 @@ async def test_an_idle_connection_is_closed_and_a_quick_one_is_served(llama) -> 
     b"[" * 100_000 + b"]" * 100_000,  # past the parser's own recursion limit
     # 70 levels: within the parser's limit, past the gateway's (64)
     b'{"model": "llama", "x": ' + b"[" * 69 + b"1" + b"]" * 69 + b"}",
-])
+], ids=["100k-deep", "70-deep"])
 async def test_deeply_nested_json_is_400_without_a_traceback(llama, caplog, body: bytes) -> None:  # type: ignore[no-untyped-def]
     a, gw = await llama()
     caplog.set_level(logging.WARNING)
