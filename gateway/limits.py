@@ -13,6 +13,21 @@ from dataclasses import dataclass
 
 MIB = 1024 * 1024
 
+# Refusal reasons (label values of the refusals counter).
+BAD_REQUEST, TOO_LARGE, TIMEOUT, CONNECTION_LIMIT, BODY_BUDGET = (
+    "bad_request", "too_large", "timeout", "connection_limit", "body_budget")
+
+
+def refusal_reason(status: int) -> str:
+    """The refusals counter's reason for a request refused with `status`."""
+    if status in (413, 431):
+        return TOO_LARGE
+    if status == 408:
+        return TIMEOUT
+    if status == 503:
+        return BODY_BUDGET
+    return BAD_REQUEST
+
 
 @dataclass(frozen=True, slots=True)
 class ClientLimits:

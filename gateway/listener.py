@@ -30,17 +30,15 @@ from gearshift.gateway.http11 import (
     ChunkedDecoder,
     HttpError,
     RequestHead,
-    date_header,
     parse_request_head,
-    status_line,
 )
-from gearshift.gateway.limits import BodyBudget, ClientLimits
-from gearshift.gateway.request import (
-    JSON_HEADERS,
-    STREAMING,
-    Request,
-    openai_error_body,
+from gearshift.gateway.limits import (
+    CONNECTION_LIMIT,
+    BodyBudget,
+    ClientLimits,
+    refusal_reason,
 )
+from gearshift.gateway.request import STREAMING, Request, error_response, openai_error_body
 
 log = logging.getLogger(__name__)
 
@@ -52,28 +50,6 @@ Handler = Callable[[Request], Awaitable[None]]
 
 # Connection phases: what the deadline timer checks.
 _IDLE, _HEAD, _BODY, _BUSY = range(4)
-
-# Refusal reasons (label values of the refusals counter).
-BAD_REQUEST, TOO_LARGE, TIMEOUT, CONNECTION_LIMIT, BODY_BUDGET = (
-    "bad_request", "too_large", "timeout", "connection_limit", "body_budget")
-
-
-def _refusal_reason(status: int) -> str:
-    if status in (413, 431):
-        return TOO_LARGE
-    if status == 408:
-        return TIMEOUT
-    if status == 503:
-        return BODY_BUDGET
-    return BAD_REQUEST
-
-
-def _error_response(status: int, message: str, code: str) -> bytes:
-    body = openai_error_body(message, "invalid_request_error" if status < 500
-                             else "service_unavailable", code)
-    return b"%s%s%sContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (
-        status_line(status), JSON_HEADERS, date_header(), len(body), body)
-
 
 class _Connection(asyncio.Protocol):
     """One client connection: reads requests, runs the handler, keeps the connection alive."""
@@ -119,7 +95,7 @@ class _Connection(asyncio.Protocol):
         if len(listener.connections) >= self._limits.max_connections:
             listener.refused(CONNECTION_LIMIT)
             self.closed = True
-            self.transport.write(_error_response(
+            self.transport.write(error_response(
                 503, f"The gateway has {self._limits.max_connections} client connections "
                      "open, its limit; retry shortly.", "too_many_connections"))
             self.transport.close()
@@ -272,9 +248,9 @@ class _Connection(asyncio.Protocol):
 
     def _fail(self, err: HttpError) -> None:
         """Answer a request that cannot be read, then close (the stream's framing is lost)."""
-        self._listener.refused(_refusal_reason(err.status))
+        self._listener.refused(refusal_reason(err.status))
         code = "server_busy" if err.status == 503 else "bad_http_request"
-        self.transport.write(_error_response(err.status, err.message, code))
+        self.transport.write(error_response(err.status, err.message, code))
         self.close_now()
 
     # -- deadlines --------------------------------------------------------------------

@@ -34,6 +34,12 @@ from typing import Any
 
 from gearshift.gateway.metrics import GatewayMetrics
 from gearshift.gateway.request import JSON_HEADERS, Request, openai_error_body
+from gearshift.gateway.request_checks import (
+    MAX_JSON_DEPTH,
+    depth_within,
+    forwarded_headers,
+    shown,
+)
 from gearshift.gateway.routes import EMPTY_TABLE, FORWARDED_PATHS, Endpoint, RoutingTable
 from gearshift.gateway.upstream import UpstreamConnectError, UpstreamConnection, UpstreamError
 from gearshift.gateway.upstream_pool import UpstreamPool
@@ -49,15 +55,7 @@ UPSTREAM_IDLE_TIMEOUT_S = 15.0  # a pooled connection unused this long is closed
 MAX_ATTEMPTS = 3
 RELAY_WHOLE_BYTES = 256 * 1024  # Content-Length bodies up to this are read whole, larger relayed
 MAX_ERROR_BODY_BYTES = 64 * 1024  # an engine's 5xx body kept to pass on; past it, the gateway's own
-MAX_JSON_DEPTH = 64  # nesting of objects and arrays in a request body
-MAX_ECHO_CHARS = 64  # client input quoted in an error message
 
-# Request headers that belong to one hop, or that the gateway sets itself.
-_HOP_HEADERS = frozenset({
-    b"host", b"content-length", b"connection", b"keep-alive", b"proxy-connection",
-    b"transfer-encoding", b"te", b"trailer", b"upgrade", b"proxy-authorization",
-    b"proxy-authenticate", b"expect",
-})
 UNKNOWN_MODEL_LABEL = "unknown"  # metric label for requests without a routed model
 NO_DEPLOYMENT_LABEL = "none"
 
@@ -93,18 +91,6 @@ class _Retry(Exception):
 def _error(request: Request, status: int, message: str, err_type: str, code: str,
            param: str | None = None) -> None:
     request.respond(status, openai_error_body(message, err_type, code, param))
-
-
-def forwarded_headers(headers: list[tuple[bytes, bytes]]) -> bytes:
-    """The request headers to pass upstream, as a header block (hop-by-hop ones dropped)."""
-    hop: frozenset[bytes] | set[bytes] = _HOP_HEADERS
-    for name, value in headers:
-        if name.lower() == b"connection":  # it may name more hop-by-hop headers
-            named = {t.strip().lower() for t in value.split(b",")} - {b"close", b"keep-alive", b""}
-            if named:
-                hop = _HOP_HEADERS | named
-    return b"".join([b"%s: %s\r\n" % (name, value) for name, value in headers
-                     if name.lower() not in hop])
 
 
 class Router:
@@ -160,18 +146,18 @@ class Router:
         path = request.path
         if path in FORWARDED_PATHS:
             if request.method != b"POST":
-                _error(request, 405, f"{path} takes POST, not {_shown(request.method)}.",
+                _error(request, 405, f"{path} takes POST, not {shown(request.method)}.",
                        "invalid_request_error", "method_not_allowed")
                 return
             await self._forward(request, path)
             return
         page = self._pages.get(path)
         if page is None:
-            _error(request, 404, f"No route for {_shown(path)}; the gateway serves "
+            _error(request, 404, f"No route for {shown(path)}; the gateway serves "
                    f"{', '.join(FORWARDED_PATHS)}, {', '.join(self._pages)}.",
                    "invalid_request_error", "not_found")
         elif request.method not in (b"GET", b"HEAD"):
-            _error(request, 405, f"{path} takes GET, not {_shown(request.method)}.",
+            _error(request, 405, f"{path} takes GET, not {shown(request.method)}.",
                    "invalid_request_error", "method_not_allowed")
         else:
             page(request)
@@ -195,7 +181,7 @@ class Router:
         if model not in table.models:
             self.metrics.error(UNKNOWN_MODEL_LABEL, "unknown_model")
             self.metrics.request_done(UNKNOWN_MODEL_LABEL, NO_DEPLOYMENT_LABEL, 404)
-            _error(request, 404, f"The model {_shown(model)} does not exist on this gateway; "
+            _error(request, 404, f"The model {shown(model)} does not exist on this gateway; "
                    "GET /v1/models lists the models it serves.", "invalid_request_error",
                    "model_not_found", "model")
             return
@@ -245,7 +231,7 @@ class Router:
             message = f"Request body nests objects and arrays more than {MAX_JSON_DEPTH} deep."
             code = "json_too_deep"
         else:
-            if not _depth_within(body, payload, MAX_JSON_DEPTH):
+            if not depth_within(body, payload, MAX_JSON_DEPTH):
                 message = (f"Request body nests objects and arrays more than {MAX_JSON_DEPTH} "
                            "deep.")
                 code = "json_too_deep"
@@ -403,27 +389,3 @@ def _rename(model: str, served: str) -> tuple[bytes, bytes] | None:
     if not served or served == model:
         return None
     return json.dumps(served).encode(), json.dumps(model).encode()
-
-
-def _shown(value: str | bytes) -> str:
-    """Client input quoted in an error message: cut to MAX_ECHO_CHARS, as a repr."""
-    text = value.decode("latin-1") if isinstance(value, bytes) else value
-    if len(text) > MAX_ECHO_CHARS:
-        return repr(text[:MAX_ECHO_CHARS]) + f"… ({len(text)} characters)"
-    return repr(text)
-
-
-def _depth_within(body: bytes, payload: Any, limit: int) -> bool:
-    """Whether `payload` (parsed from `body`) nests objects and arrays at most `limit` deep."""
-    if body.count(b"[") + body.count(b"{") <= limit:  # cannot be deeper than its brackets
-        return True
-    stack: list[tuple[Any, int]] = [(payload, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if depth > limit:
-            return False
-        if isinstance(value, dict):
-            stack.extend((v, depth + 1) for v in value.values() if isinstance(v, dict | list))
-        elif isinstance(value, list):
-            stack.extend((v, depth + 1) for v in value if isinstance(v, dict | list))
-    return True

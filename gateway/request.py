@@ -34,6 +34,14 @@ def openai_error_body(message: str, err_type: str, code: str, param: str | None 
                                  "code": code}}).encode()
 
 
+def error_response(status: int, message: str, code: str) -> bytes:
+    """A whole error response that closes the connection (the request could not be read)."""
+    body = openai_error_body(message, "invalid_request_error" if status < 500
+                             else "service_unavailable", code)
+    return b"%s%s%sContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (
+        status_line(status), JSON_HEADERS, date_header(), len(body), body)
+
+
 class Request:
     """One request on a client connection, and the means to answer it."""
 
