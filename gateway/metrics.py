@@ -52,11 +52,13 @@ class GatewayMetrics:
             "Most client connections the API listener keeps open.", registry=self.registry)
         self.body_bytes = Gauge(
             "gearshift_gateway_request_body_bytes",
-            "Request-body bytes reserved by requests in progress (all connections).",
+            "Request bytes charged to the shared budget: bodies in progress, and unfinished "
+            "heads and pipelined requests past a small allowance per connection.",
             registry=self.registry)
         self.body_budget_bytes = Gauge(
             "gearshift_gateway_request_body_budget_bytes",
-            "Most request-body bytes the gateway holds at once.", registry=self.registry)
+            "Most request bytes (mostly bodies) the gateway holds at once.",
+            registry=self.registry)
         self.client_refusals_total = Counter(
             "gearshift_gateway_client_refusals_total",
             "Client requests or connections refused before routing, by reason (bad_request, "

@@ -21,7 +21,7 @@ from gearshift.gateway.http11 import (
 )
 
 if TYPE_CHECKING:
-    from gearshift.gateway.listener import _Connection
+    from gearshift.gateway.connection import ClientConnection
 
 JSON_HEADERS = b"Content-Type: application/json\r\n"
 
@@ -47,7 +47,7 @@ class Request:
 
     __slots__ = ("_chunked", "_conn", "body", "head", "state")
 
-    def __init__(self, conn: _Connection, head: RequestHead, body: bytes) -> None:
+    def __init__(self, conn: ClientConnection, head: RequestHead, body: bytes) -> None:
         self.head = head
         self.body = body
         self._conn = conn

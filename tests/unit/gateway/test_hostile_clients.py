@@ -153,6 +153,33 @@ async def test_bodies_past_the_shared_budget_get_503_until_it_frees(llama, http)
     assert metrics["gearshift_gateway_request_body_budget_bytes"] == 1000
 
 
+async def test_unfinished_heads_count_against_the_shared_budget(llama, http) -> None:  # type: ignore[no-untyped-def]
+    _a, gw = await llama(body_budget_bytes=64 * 1024, max_body_bytes=32 * 1024)
+    start = b"POST /v1/completions HTTP/1.1" + b"".join(
+        b"\r\nX-Pad-%d: %s" % (i, b"p" * 1000) for i in range(39))
+    partial = start + b"\r\nX-End: " + b"e" * (40 * 1024 - len(start) - 9)  # 40 KiB, no end
+    held = []
+    try:
+        for _ in range(2):  # 32 KiB each past the 8 KiB allowance: the budget is full
+            held.append(await asyncio.open_connection("127.0.0.1", gw.port))
+            held[-1][1].write(partial)
+        await asyncio.sleep(0.1)
+        assert (await scrape(http, gw))["gearshift_gateway_request_body_bytes"] == 64 * 1024
+        status, body = await refused(gw.port, partial)
+        assert status == 503 and b"retry" in body
+        held.pop()[1].close()
+        await asyncio.sleep(0.1)
+        assert (await scrape(http, gw))["gearshift_gateway_request_body_bytes"] == 32 * 1024
+        reader, writer = held[0]
+        writer.write(b"\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY))
+        status, _h, _b = await answer(reader)  # the finished head is served
+        assert status == 200
+        assert (await scrape(http, gw))["gearshift_gateway_request_body_bytes"] == 0
+    finally:
+        for _r, w in held:
+            w.close()
+
+
 async def test_a_trickled_head_is_cut_at_the_head_deadline(llama, http) -> None:  # type: ignore[no-untyped-def]
     _a, gw = await llama(head_timeout_s=0.4, idle_timeout_s=0.3)
     reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
