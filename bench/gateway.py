@@ -32,8 +32,9 @@ Targets: added p50 <= 1 ms, added p99 <= 5 ms, >= 2000 req/s, failed = 0.
 `--hostile` is a soak instead: a few normal clients (closed loop, small completions)
 run alone for a third of the duration, then for the rest beside hostile clients from
 a fourth process: heads trickled a byte at a time, bodies trickled below the minimum
-rate, 30 MB bodies sent as fast as loopback allows, oversized heads, a declared 1 GB
-body, and 1,000 idle connections. It prints normal_p99_unloaded_ms,
+rate, 30 MB bodies sent as fast as loopback allows, oversized heads, 200 connections
+each holding 60 KB of a head that never ends, a declared 1 GB body, and 1,000 idle
+connections. It prints normal_p99_unloaded_ms,
 normal_p99_hostile_ms, p99_ratio, normal_failed, gateway_peak_rss_mb, hostile
 outcomes, and the targets: p99_ratio <= 2 and gateway_peak_rss_mb <= 256 with the
 default limits (the body budget, 128 MiB, bounds what the bodies can hold).
@@ -373,14 +374,14 @@ async def hostile_clients(gateway: str, duration_s: float) -> dict[str, int]:
                 count(kind, b"")
                 await asyncio.sleep(0.1)
                 continue
+            sender = asyncio.ensure_future(quietly(send(writer)))
             try:
-                sender = asyncio.ensure_future(quietly(send(writer)))
                 got = await asyncio.wait_for(reader.read(64), max(0.1, stop_at - time.monotonic()))
-                sender.cancel()
                 count(kind, got)
             except (OSError, TimeoutError):
                 count(kind, b"")
             finally:
+                sender.cancel()
                 writer.close()
 
     async def trickle_head(w: asyncio.StreamWriter) -> None:
@@ -407,6 +408,11 @@ async def hostile_clients(gateway: str, duration_s: float) -> dict[str, int]:
         w.write(b"POST /v1/completions HTTP/1.1\r\nX-Pad: " + b"p" * 100_000 + b"\r\n\r\n")
         await w.drain()
 
+    async def held_big_head(w: asyncio.StreamWriter) -> None:
+        w.write(b"POST /v1/completions HTTP/1.1\r\n" + b"X-Pad: %s\r\n" % (b"p" * 1000) * 60)
+        await w.drain()
+        await asyncio.sleep(3600)  # never the blank line: the head deadline ends it
+
     async def huge_declared(w: asyncio.StreamWriter) -> None:
         w.write(head % (1000 * 1000 * 1000))
         await w.drain()
@@ -419,7 +425,8 @@ async def hostile_clients(gateway: str, duration_s: float) -> dict[str, int]:
             count("idle", b"")
     kinds: list[tuple[str, int, Callable[[asyncio.StreamWriter], Awaitable[None]]]] = [
         ("slow_head", 50, trickle_head), ("slow_body", 8, trickle_body),
-        ("big_body", 4, big_body), ("big_head", 2, big_head), ("huge_declared", 1, huge_declared)]
+        ("big_body", 4, big_body), ("big_head", 2, big_head), ("held_head", 200, held_big_head),
+        ("huge_declared", 1, huge_declared)]
     await asyncio.gather(*(attempt(kind, send) for kind, n, send in kinds for _ in range(n)))
     closed = sum(1 for r, _w in idle if r.at_eof())
     outcomes["idle:held"] = len(idle) - closed
