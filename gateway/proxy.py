@@ -53,6 +53,7 @@ UPSTREAM_READ_TIMEOUT_S = 600.0  # for the response head: long non-streaming gen
 UPSTREAM_BODY_TIMEOUT_S = 60.0  # longest gap inside a response body (between stream events)
 UPSTREAM_IDLE_TIMEOUT_S = 15.0  # a pooled connection unused this long is closed
 MAX_ATTEMPTS = 3
+SEND_JOINED_BYTES = 64 * 1024  # request bodies up to this go out in one write with the head
 RELAY_WHOLE_BYTES = 256 * 1024  # Content-Length bodies up to this are read whole, larger relayed
 MAX_ERROR_BODY_BYTES = 64 * 1024  # an engine's 5xx body kept to pass on; past it, the gateway's own
 
@@ -262,11 +263,12 @@ class Router:
             payload = json.loads(body)
             payload["model"] = ep.served_model_name
             body = json.dumps(payload).encode()
-        data = b"%s%sContent-Length: %d\r\n\r\n%s" % (ep.request_starts[path], headers,
-                                                      len(body), body)
+        data = b"%s%sContent-Length: %d\r\n\r\n" % (ep.request_starts[path], headers, len(body))
+        if len(body) <= SEND_JOINED_BYTES:  # one write for the usual small request
+            data, body = data + body, b""
         try:
             try:
-                upstream = await self._pool.request(ep.upstream_key, data)
+                upstream = await self._pool.request(ep.upstream_key, data, body)
             except UpstreamError as err:
                 stat.errors_total += 1
                 if isinstance(err, UpstreamConnectError):

@@ -86,8 +86,8 @@ class UpstreamConnection(asyncio.Protocol):
 
     # -- exchange -------------------------------------------------------------------------
 
-    def send(self, data: bytes) -> None:
-        """Start an exchange: write the serialized request."""
+    def send(self, data: bytes, body: bytes = b"") -> None:
+        """Start an exchange: write the serialized request (a large body apart, uncopied)."""
         self._state = _HEAD
         self.head = None
         self.got_data = False
@@ -105,6 +105,8 @@ class UpstreamConnection(asyncio.Protocol):
         if self._timer is None:
             self._arm(self._last + min(self._pool.idle_timeout_s, self._pool.read_timeout_s))
         self.transport.write(data)
+        if body:
+            self.transport.write(body)
 
     async def wait_head(self) -> ResponseHead:
         while self.head is None:

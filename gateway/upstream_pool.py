@@ -44,11 +44,13 @@ class UpstreamPool:
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._ssl: ssl.SSLContext | None = None
 
-    async def request(self, key: UpstreamKey, data: bytes) -> UpstreamConnection:
-        """Send `data` to the engine at `key`; the connection, once the response head is in."""
+    async def request(self, key: UpstreamKey, data: bytes, body: bytes = b"",
+                      ) -> UpstreamConnection:
+        """Send `data` (then `body`) to the engine at `key`; the connection, once the response
+        head is in."""
         for fresh in (False, True):
             conn = await self._acquire(key, fresh)
-            conn.send(data)
+            conn.send(data, body)
             try:
                 await conn.wait_head()
             except UpstreamError as err:

@@ -216,3 +216,20 @@ async def test_a_client_that_does_not_read_holds_back_the_engine(engine, gateway
     pieces, _rest = decoder.feed(wire)
     assert head.startswith(b"HTTP/1.1 200") and decoder.done
     assert written == 256 * len(piece) and b"".join(pieces) == piece * 256
+
+
+async def test_a_large_request_body_reaches_the_engine_intact(engine, gateways, http) -> None:  # type: ignore[no-untyped-def]
+    seen: list[bytes] = []
+
+    async def script(_n: int, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            seen.append((await e.read_request(r)).split(b"\r\n\r\n", 1)[1])
+            w.write(OK)
+
+    e = await engine(script)
+    gw = await gateways({"llama": [{"endpoint": f"http://127.0.0.1:{e.port}"}]})
+    for size in (100, 3 * 1024 * 1024):  # one write with the head; the body written apart
+        body = json.dumps({"model": "llama", "prompt": "p" * size}).encode()
+        async with http.post(f"{gw.url}/v1/completions", data=body) as resp:
+            assert resp.status == 200 and await resp.read() == OK_BODY
+        assert seen[-1] == body
