@@ -1,6 +1,7 @@
 """Gateway overhead benchmark: latency added by one gateway process, and its throughput.
 
     python bench/gateway.py [--duration-s 16] [--concurrency 32] [--upstream auto|emulator|builtin]
+    python bench/gateway.py --hostile [--duration-s 16]
 
 Starts one emulated engine (`python -m gearshift.agents.emulator --flavor vllm`, high
 capacity, ~0 latency, so the bench measures the gateway; `builtin` is a minimal
@@ -27,12 +28,23 @@ machine the three processes compete for the cores, so gateway_max_rps is bounded
 the machine; 1000 / gateway_cpu_ms_per_req is what one gateway process does with a
 core of its own.
 Targets: added p50 <= 1 ms, added p99 <= 5 ms, >= 2000 req/s, failed = 0.
+
+`--hostile` is a soak instead: a few normal clients (closed loop, small completions)
+run alone for a third of the duration, then for the rest beside hostile clients from
+a fourth process: heads trickled a byte at a time, bodies trickled below the minimum
+rate, 30 MB bodies sent as fast as loopback allows, oversized heads, 200 connections
+each holding 60 KB of a head that never ends, a declared 1 GB body, and 1,000 idle
+connections. It prints normal_p99_unloaded_ms,
+normal_p99_hostile_ms, p99_ratio, normal_failed, gateway_peak_rss_mb, hostile
+outcomes, and the targets: p99_ratio <= 2 and gateway_peak_rss_mb <= 256 with the
+default limits (the body budget, 128 MiB, bounds what the bodies can hold).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
 import json
 import os
@@ -42,6 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 MODEL = "bench-model"
@@ -285,9 +298,210 @@ def run_load(argv: list[str]) -> None:
     print(json.dumps(result))
 
 
+# -- the hostile soak (normal and hostile load generators are child processes) ---------
+
+SOAK_CONCURRENCY = 4  # normal clients
+RSS_BOUND_MB = 256
+P99_RATIO_BOUND = 2.0
+IDLE_CONNECTIONS = 1000
+BIG_BODY_BYTES = 30 * 1000 * 1000
+HOSTILE_PAUSE_S = 0.2  # between one hostile client's attempts: slow and large, not a flood
+
+
+async def normal_latencies(gateway: str, duration_s: float) -> dict:
+    """Closed-loop small completions for `duration_s`: p50/p99 and failures."""
+    loop = asyncio.get_running_loop()
+    host, port = gateway.removeprefix("http://").rsplit(":", 1)
+    data = request_bytes(int(port))
+    latencies: list[float] = []
+    failed = 0
+    stop_at = time.perf_counter() + duration_s
+
+    async def worker() -> None:
+        nonlocal failed
+        _, conn = await loop.create_connection(ClientConnection, host, int(port))
+        while time.perf_counter() < stop_at:
+            t0 = time.perf_counter()
+            try:
+                status, _body = await asyncio.wait_for(conn.request(data), 10.0)
+            except (ConnectionError, BadResponse, TimeoutError):
+                failed += 1
+                _, conn = await loop.create_connection(ClientConnection, host, int(port))
+                continue
+            if status == 200:
+                latencies.append(time.perf_counter() - t0)
+            else:
+                failed += 1
+        if conn.transport is not None:
+            conn.transport.close()
+
+    await asyncio.gather(*(worker() for _ in range(SOAK_CONCURRENCY)))
+    if not latencies:
+        raise SystemExit("bench: no normal request succeeded")
+    return {"p50_ms": round(quantile(latencies, 0.5) * 1000, 3),
+            "p99_ms": round(quantile(latencies, 0.99) * 1000, 3),
+            "requests": len(latencies), "failed": failed}
+
+
+def run_normal(argv: list[str]) -> None:
+    gateway, duration_s = argv[0], float(argv[1])
+    print(json.dumps(asyncio.run(normal_latencies(gateway, duration_s))))
+
+
+async def hostile_clients(gateway: str, duration_s: float) -> dict[str, int]:
+    """Slow and oversized clients for `duration_s`; how each kind's attempts ended."""
+    host, port_text = gateway.removeprefix("http://").rsplit(":", 1)
+    port = int(port_text)
+    stop_at = time.monotonic() + duration_s
+    outcomes: dict[str, int] = {}
+    body = json.dumps({"model": MODEL, "prompt": "x"}).encode()
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Length: %d\r\n\r\n"
+
+    def count(kind: str, got: bytes) -> None:
+        key = f"{kind}:{got[9:12].decode('latin-1') or 'closed'}"
+        outcomes[key] = outcomes.get(key, 0) + 1
+
+    async def quietly(send: Awaitable[None]) -> None:
+        with contextlib.suppress(OSError):  # the gateway refused and closed mid-send
+            await send
+
+    async def attempt(kind: str, send: Callable[[asyncio.StreamWriter], Awaitable[None]]) -> None:
+        while time.monotonic() < stop_at:
+            await asyncio.sleep(HOSTILE_PAUSE_S)
+            try:
+                reader, writer = await asyncio.open_connection(host, port)
+            except OSError:
+                count(kind, b"")
+                await asyncio.sleep(0.1)
+                continue
+            sender = asyncio.ensure_future(quietly(send(writer)))
+            try:
+                got = await asyncio.wait_for(reader.read(64), max(0.1, stop_at - time.monotonic()))
+                count(kind, got)
+            except (OSError, TimeoutError):
+                count(kind, b"")
+            finally:
+                sender.cancel()
+                writer.close()
+
+    async def trickle_head(w: asyncio.StreamWriter) -> None:
+        for byte in head % len(body):
+            w.write(bytes([byte]))
+            await asyncio.sleep(0.5)
+
+    async def trickle_body(w: asyncio.StreamWriter) -> None:
+        w.write(head % (60 * 1000 * 1000))
+        while True:
+            w.write(b"x" * 100)
+            await asyncio.sleep(0.1)
+
+    async def big_body(w: asyncio.StreamWriter) -> None:
+        w.write(head % BIG_BODY_BYTES)
+        piece = b"x" * (1024 * 1024)
+        for _ in range(BIG_BODY_BYTES // len(piece)):
+            w.write(piece)
+            await w.drain()
+        w.write(b"x" * (BIG_BODY_BYTES % len(piece)))
+        await w.drain()
+
+    async def big_head(w: asyncio.StreamWriter) -> None:
+        w.write(b"POST /v1/completions HTTP/1.1\r\nX-Pad: " + b"p" * 100_000 + b"\r\n\r\n")
+        await w.drain()
+
+    async def held_big_head(w: asyncio.StreamWriter) -> None:
+        w.write(b"POST /v1/completions HTTP/1.1\r\n" + b"X-Pad: %s\r\n" % (b"p" * 1000) * 60)
+        await w.drain()
+        await asyncio.sleep(3600)  # never the blank line: the head deadline ends it
+
+    async def huge_declared(w: asyncio.StreamWriter) -> None:
+        w.write(head % (1000 * 1000 * 1000))
+        await w.drain()
+
+    idle = []
+    for _ in range(IDLE_CONNECTIONS):
+        try:
+            idle.append(await asyncio.open_connection(host, port))
+        except OSError:
+            count("idle", b"")
+    kinds: list[tuple[str, int, Callable[[asyncio.StreamWriter], Awaitable[None]]]] = [
+        ("slow_head", 50, trickle_head), ("slow_body", 8, trickle_body),
+        ("big_body", 4, big_body), ("big_head", 2, big_head), ("held_head", 200, held_big_head),
+        ("huge_declared", 1, huge_declared)]
+    await asyncio.gather(*(attempt(kind, send) for kind, n, send in kinds for _ in range(n)))
+    closed = sum(1 for r, _w in idle if r.at_eof())
+    outcomes["idle:held"] = len(idle) - closed
+    for _r, w in idle:
+        w.close()
+    return outcomes
+
+
+def run_hostile(argv: list[str]) -> None:
+    print(json.dumps(asyncio.run(hostile_clients(argv[0], float(argv[1])))))
+
+
+def soak(direct: str, gateway: str, duration_s: float, gw_proc: subprocess.Popen[bytes]) -> dict:
+    """Normal clients alone, then beside hostile ones; the gateway's RSS sampled throughout."""
+    import threading
+
+    import psutil
+
+    gw = psutil.Process(gw_proc.pid)
+    peak = {"rss": 0}
+    sampling = threading.Event()
+
+    def sample_rss() -> None:
+        while not sampling.is_set():
+            try:
+                peak["rss"] = max(peak["rss"], gw.memory_info().rss)
+            except psutil.Error:
+                return
+            time.sleep(0.05)
+
+    def normal(seconds: float) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, __file__, "_normal", gateway, str(seconds)],
+                                stdout=subprocess.PIPE, text=True)
+
+    def result_of(proc: subprocess.Popen[str], what: str, seconds: float) -> dict:
+        out, _ = proc.communicate(timeout=seconds + STARTUP_TIMEOUT_S)
+        if proc.returncode != 0:
+            raise SystemExit(f"bench: the {what} load generator failed")
+        return json.loads(out)  # type: ignore[no-any-return]
+
+    alone_s = max(3.0, duration_s / 3)
+    hostile_s = max(5.0, duration_s - alone_s)
+    sampler = threading.Thread(target=sample_rss, daemon=True)
+    sampler.start()
+    try:
+        unloaded = result_of(normal(alone_s), "normal", alone_s)
+        rss_unloaded = peak["rss"]
+        hostile = subprocess.Popen([sys.executable, __file__, "_hostile", gateway,
+                                    str(hostile_s)], stdout=subprocess.PIPE, text=True)
+        time.sleep(1.0)  # the idle connections and the first hostile clients are in
+        loaded = result_of(normal(hostile_s - 1.0), "normal", hostile_s)
+        outcomes = result_of(hostile, "hostile", hostile_s)
+    finally:
+        sampling.set()
+        sampler.join()
+    rss_mb = peak["rss"] / 1e6
+    ratio = loaded["p99_ms"] / max(unloaded["p99_ms"], 1e-6)
+    return {
+        "normal_p99_unloaded_ms": unloaded["p99_ms"], "normal_p99_hostile_ms": loaded["p99_ms"],
+        "p99_ratio": round(ratio, 2), "p99_ratio_ok": ratio <= P99_RATIO_BOUND,
+        "normal_p50_unloaded_ms": unloaded["p50_ms"], "normal_p50_hostile_ms": loaded["p50_ms"],
+        "normal_requests": unloaded["requests"] + loaded["requests"],
+        "normal_failed": unloaded["failed"] + loaded["failed"],
+        "gateway_rss_unloaded_mb": round(rss_unloaded / 1e6, 1),
+        "gateway_peak_rss_mb": round(rss_mb, 1), "rss_bound_mb": RSS_BOUND_MB,
+        "rss_ok": rss_mb <= RSS_BOUND_MB, "hostile": outcomes,
+        "uvloop": have_uvloop(), "cpus": os.cpu_count(),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
+
+
 # -- orchestration -------------------------------------------------------------------
 
 def wait_healthy(url: str, proc: subprocess.Popen[bytes], what: str) -> None:
+    """Wait until GET `url` answers 200 (an engine's /health, a gateway's /readyz)."""
     import urllib.error
     import urllib.request
 
@@ -296,7 +510,7 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes], what: str) -> None:
         if proc.poll() is not None:
             raise SystemExit(f"bench: {what} exited with code {proc.returncode} while starting")
         try:
-            with urllib.request.urlopen(f"{url}/health", timeout=1) as r:
+            with urllib.request.urlopen(url, timeout=1) as r:
                 if r.status == 200:
                     return
         except (urllib.error.URLError, OSError):
@@ -333,6 +547,8 @@ def main() -> None:
                         help="latency + throughput phases (process start-up comes on top)")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--upstream", choices=["auto", "emulator", "builtin"], default="auto")
+    parser.add_argument("--hostile", action="store_true",
+                        help="soak: normal clients beside slow and oversized ones")
     args = parser.parse_args()
     if args.duration_s < 4 * WARMUP_S or args.concurrency < 1:
         parser.error(f"--duration-s must be >= {4 * WARMUP_S:g} and --concurrency >= 1")
@@ -341,7 +557,7 @@ def main() -> None:
         have = importlib.util.find_spec("gearshift.agents.emulator.__main__") is not None
         kind = "emulator" if have else "builtin"
 
-    up_port, gw_port = free_port(), free_port()
+    up_port, gw_port, ops_port = free_port(), free_port(), free_port()
     direct, gateway = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{gw_port}"
     procs: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory(prefix="gearshift-bench-") as tmp:
@@ -350,11 +566,12 @@ def main() -> None:
         try:
             quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
             procs.append(subprocess.Popen(upstream_command(kind, up_port), **quiet))  # type: ignore[call-overload]
-            wait_healthy(direct, procs[-1], f"upstream ({kind})")
-            procs.append(subprocess.Popen(  # type: ignore[call-overload]
-                [sys.executable, "-m", "gearshift.gateway", "--routes", str(routes),
-                 "--listen", f"127.0.0.1:{gw_port}", "--log-level", "WARNING"], **quiet))
-            wait_healthy(gateway, procs[-1], "gateway")
+            wait_healthy(f"{direct}/health", procs[-1], f"upstream ({kind})")
+            procs.append(start_gateway(routes, gw_port, ops_port))
+            wait_healthy(f"http://127.0.0.1:{ops_port}/readyz", procs[-1], "gateway")
+            if args.hostile:
+                result = soak(direct, gateway, args.duration_s, procs[1])
+                return print_result(result, kind)
             try:
                 load = subprocess.run(
                     [sys.executable, __file__, "_load", direct, gateway, str(args.duration_s),
@@ -370,13 +587,28 @@ def main() -> None:
         finally:
             for proc in reversed(procs):
                 stop(proc)
+    print_result(result, kind)
+
+
+def print_result(result: dict, kind: str) -> None:
     result["upstream"] = kind
     print(json.dumps(result))
+
+
+def start_gateway(routes: Path, port: int, ops_port: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "gearshift.gateway", "--routes", str(routes),
+         "--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{ops_port}",
+         "--log-level", "WARNING"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "_upstream":
         run_builtin_upstream(int(sys.argv[2]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "_normal":
+        run_normal(sys.argv[2:])
+    elif len(sys.argv) > 1 and sys.argv[1] == "_hostile":
+        run_hostile(sys.argv[2:])
     elif len(sys.argv) > 1 and sys.argv[1] == "_load":
         run_load(sys.argv[2:])
     else:

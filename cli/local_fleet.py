@@ -128,6 +128,7 @@ class LocalFleet:
     controller_port: int = 0
     metrics_port: int = 0
     gateway_port: int = 0
+    gateway_metrics_port: int = 0  # the gateway's /metrics, /healthz, /readyz
     procs: dict[str, Proc] = field(default_factory=dict)
 
     @property
@@ -202,14 +203,17 @@ class LocalFleet:
         import urllib.request
 
         self.gateway_port = self.gateway_port or free_port()
+        self.gateway_metrics_port = self.gateway_metrics_port or free_port()
         proc = _spawn("gateway", gearshift_cmd(
             "gateway", "--controller", self.controller_addr,
-            "--listen", f"127.0.0.1:{self.gateway_port}"), self.workdir)
+            "--listen", f"127.0.0.1:{self.gateway_port}",
+            "--metrics-listen", f"127.0.0.1:{self.gateway_metrics_port}"), self.workdir)
         self.procs["gateway"] = proc
         deadline = time.monotonic() + READY_TIMEOUT_S
+        ready = f"http://127.0.0.1:{self.gateway_metrics_port}/readyz"
         while time.monotonic() < deadline:
             try:
-                with urllib.request.urlopen(f"{self.gateway_url}/health", timeout=2):
+                with urllib.request.urlopen(ready, timeout=2):
                     return proc
             except (urllib.error.URLError, OSError):
                 if not proc.alive():

@@ -7,8 +7,12 @@ every call, which matters at thousands of requests per second.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.registry import REGISTRY
+
+from gearshift.gateway.limits import ClientLimits
 
 # Time to first byte buckets (seconds): fine below 10 ms where gateway overhead lives.
 TTFT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
@@ -40,9 +44,40 @@ class GatewayMetrics:
             "gearshift_gateway_retries_total",
             "Requests retried on another endpoint before the first byte, by model.",
             ["model"], registry=self.registry)
+        self.client_connections = Gauge(
+            "gearshift_gateway_client_connections",
+            "Client connections open on the API listener.", registry=self.registry)
+        self.client_connections_limit = Gauge(
+            "gearshift_gateway_client_connections_limit",
+            "Most client connections the API listener keeps open.", registry=self.registry)
+        self.body_bytes = Gauge(
+            "gearshift_gateway_request_body_bytes",
+            "Request bytes charged to the shared budget: bodies in progress, and unfinished "
+            "heads and pipelined requests past a small allowance per connection.",
+            registry=self.registry)
+        self.body_budget_bytes = Gauge(
+            "gearshift_gateway_request_body_budget_bytes",
+            "Most request bytes (mostly bodies) the gateway holds at once.",
+            registry=self.registry)
+        self.client_refusals_total = Counter(
+            "gearshift_gateway_client_refusals_total",
+            "Client requests or connections refused before routing, by reason (bad_request, "
+            "too_large, timeout, connection_limit, body_budget).",
+            ["reason"], registry=self.registry)
         self._requests: dict[tuple[str, str, str], Counter] = {}
         self._ttft: dict[str, Histogram] = {}
         self._in_flight: dict[tuple[str, str], Gauge] = {}
+
+    def track_clients(self, limits: ClientLimits, connections: Callable[[], int],
+                      body_bytes: Callable[[], int]) -> None:
+        """Report the API listener's limits and, read at scrape time, its usage."""
+        self.client_connections_limit.set(limits.max_connections)
+        self.body_budget_bytes.set(limits.body_budget_bytes)
+        self.client_connections.set_function(connections)
+        self.body_bytes.set_function(body_bytes)
+
+    def refused(self, reason: str) -> None:
+        self.client_refusals_total.labels(reason).inc()
 
     def request_done(self, model: str, deployment: str, code: int) -> None:
         key = (model, deployment, str(code))

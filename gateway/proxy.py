@@ -2,16 +2,24 @@
 
 `Router` owns the current `RoutingTable`, the pool of kept-alive upstream
 connections, and per-deployment counters reported to the controller. Requests
-are routed by the JSON body's `model`; the answer is passed through as-is:
-non-streaming bodies whole (status, body, content type), streams chunk by chunk
-as they arrive, never buffered. Request bodies are forwarded byte for byte,
-except where an engine serves the model under another name.
+are routed by the JSON body's `model` (so every forwarded request body is read
+whole first, within the listener's per-request and shared limits, and checked
+for size and nesting depth before it is parsed). The answer is passed through
+as-is: small bodies with a Content-Length whole (status, body, content type),
+larger ones and streams in bounded pieces as they arrive (the engine is read no
+faster than the client takes them). An error answer from an engine is kept only
+up to `MAX_ERROR_BODY_BYTES`. Request bodies are forwarded byte for byte, except
+where an engine serves the model under another name.
+
+Error messages quote client input only cut to `MAX_ECHO_CHARS`; the unknown-model
+404 does not list the models (GET /v1/models does).
 
 Retries: a request moves to another endpoint only while nothing has been sent to
-the client (connection refused or reset, an upstream 5xx, the stream ending before
-its first chunk). Once the first byte is out, an upstream failure ends the client's
-response abruptly (so the client sees a truncated response) and is counted, never
-retried.
+the client (connection refused or reset, a malformed or late response head, an
+upstream 5xx, a short body not yet passed on, the stream ending before its first
+chunk). Once the first byte is out, an upstream failure ends the client's response
+abruptly (a chunked stream without its last chunk, a Content-Length body short, so
+the client sees an error) and is counted as `truncated`, never retried.
 """
 
 from __future__ import annotations
@@ -24,10 +32,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-from gearshift.gateway.listener import Request, openai_error_body
 from gearshift.gateway.metrics import GatewayMetrics
+from gearshift.gateway.request import JSON_HEADERS, Request, openai_error_body
+from gearshift.gateway.request_checks import (
+    MAX_JSON_DEPTH,
+    depth_within,
+    forwarded_headers,
+    shown,
+)
 from gearshift.gateway.routes import EMPTY_TABLE, FORWARDED_PATHS, Endpoint, RoutingTable
 from gearshift.gateway.upstream import UpstreamConnectError, UpstreamConnection, UpstreamError
 from gearshift.gateway.upstream_pool import UpstreamPool
@@ -37,19 +49,16 @@ log = logging.getLogger(__name__)
 # Kept-alive connections to all upstreams together; requests beyond wait for one.
 UPSTREAM_CONNECTIONS_LIMIT = 1024
 UPSTREAM_CONNECT_TIMEOUT_S = 5.0
-UPSTREAM_READ_TIMEOUT_S = 600.0  # long non-streaming generations are normal
+UPSTREAM_READ_TIMEOUT_S = 600.0  # for the response head: long non-streaming generations are normal
+UPSTREAM_BODY_TIMEOUT_S = 60.0  # longest gap inside a response body (between stream events)
 UPSTREAM_IDLE_TIMEOUT_S = 15.0  # a pooled connection unused this long is closed
 MAX_ATTEMPTS = 3
+SEND_JOINED_BYTES = 64 * 1024  # request bodies up to this go out in one write with the head
+RELAY_WHOLE_BYTES = 256 * 1024  # Content-Length bodies up to this are read whole, larger relayed
+MAX_ERROR_BODY_BYTES = 64 * 1024  # an engine's 5xx body kept to pass on; past it, the gateway's own
 
-# Request headers that belong to one hop, or that the gateway sets itself.
-_HOP_HEADERS = frozenset({
-    b"host", b"content-length", b"connection", b"keep-alive", b"proxy-connection",
-    b"transfer-encoding", b"te", b"trailer", b"upgrade", b"proxy-authorization",
-    b"proxy-authenticate", b"expect",
-})
 UNKNOWN_MODEL_LABEL = "unknown"  # metric label for requests without a routed model
 NO_DEPLOYMENT_LABEL = "none"
-_METRICS_HEADERS = b"Content-Type: " + CONTENT_TYPE_LATEST.encode() + b"\r\n"
 
 
 @dataclass(slots=True)
@@ -85,18 +94,6 @@ def _error(request: Request, status: int, message: str, err_type: str, code: str
     request.respond(status, openai_error_body(message, err_type, code, param))
 
 
-def forwarded_headers(headers: list[tuple[bytes, bytes]]) -> bytes:
-    """The request headers to pass upstream, as a header block (hop-by-hop ones dropped)."""
-    hop: frozenset[bytes] | set[bytes] = _HOP_HEADERS
-    for name, value in headers:
-        if name.lower() == b"connection":  # it may name more hop-by-hop headers
-            named = {t.strip().lower() for t in value.split(b",")} - {b"close", b"keep-alive", b""}
-            if named:
-                hop = _HOP_HEADERS | named
-    return b"".join([b"%s: %s\r\n" % (name, value) for name, value in headers
-                     if name.lower() not in hop])
-
-
 class Router:
     """Routes OpenAI requests to the deployments of the routing table."""
 
@@ -106,6 +103,8 @@ class Router:
         table: RoutingTable | None = None,
         rng: Callable[[], float] | None = None,
         connections_limit: int = UPSTREAM_CONNECTIONS_LIMIT,
+        read_timeout_s: float = UPSTREAM_READ_TIMEOUT_S,
+        body_timeout_s: float = UPSTREAM_BODY_TIMEOUT_S,
     ) -> None:
         self.metrics = metrics
         self.table = EMPTY_TABLE if table is None else table
@@ -114,10 +113,10 @@ class Router:
         self._stats: dict[str, DeploymentStats] = {}
         self._pool = UpstreamPool(limit=connections_limit,
                                   connect_timeout_s=UPSTREAM_CONNECT_TIMEOUT_S,
-                                  read_timeout_s=UPSTREAM_READ_TIMEOUT_S,
-                                  idle_timeout_s=UPSTREAM_IDLE_TIMEOUT_S)
-        self._pages: dict[str, Callable[[Request], None]] = {
-            "/v1/models": self._models, "/health": self._health, "/metrics": self._metrics}
+                                  read_timeout_s=read_timeout_s,
+                                  idle_timeout_s=UPSTREAM_IDLE_TIMEOUT_S,
+                                  body_timeout_s=body_timeout_s)
+        self._pages: dict[str, Callable[[Request], None]] = {"/v1/models": self._models}
 
     # -- table and counters -------------------------------------------------------
 
@@ -148,48 +147,28 @@ class Router:
         path = request.path
         if path in FORWARDED_PATHS:
             if request.method != b"POST":
-                _error(request, 405, f"{path} takes POST, not {request.method.decode()}.",
+                _error(request, 405, f"{path} takes POST, not {shown(request.method)}.",
                        "invalid_request_error", "method_not_allowed")
                 return
             await self._forward(request, path)
             return
         page = self._pages.get(path)
         if page is None:
-            _error(request, 404, f"No route for {path}; the gateway serves "
+            _error(request, 404, f"No route for {shown(path)}; the gateway serves "
                    f"{', '.join(FORWARDED_PATHS)}, {', '.join(self._pages)}.",
                    "invalid_request_error", "not_found")
         elif request.method not in (b"GET", b"HEAD"):
-            _error(request, 405, f"{path} takes GET, not {request.method.decode()}.",
+            _error(request, 405, f"{path} takes GET, not {shown(request.method)}.",
                    "invalid_request_error", "method_not_allowed")
         else:
             page(request)
 
-    async def handle_metrics(self, request: Request) -> None:
-        """Handler for a metrics-only listener: GET /metrics."""
-        if request.path != "/metrics":
-            _error(request, 404, f"No route for {request.path}; this port serves /metrics.",
-                   "invalid_request_error", "not_found")
-        elif request.method not in (b"GET", b"HEAD"):
-            _error(request, 405, f"/metrics takes GET, not {request.method.decode()}.",
-                   "invalid_request_error", "method_not_allowed")
-        else:
-            self._metrics(request)
-
     # -- small pages --------------------------------------------------------------
-
-    def _metrics(self, request: Request) -> None:
-        request.respond(200, generate_latest(self.metrics.registry), _METRICS_HEADERS)
 
     def _models(self, request: Request) -> None:
         data = [{"id": m, "object": "model", "created": 0, "owned_by": "gearshift"}
                 for m in self.table.model_names()]
         request.respond(200, json.dumps({"object": "list", "data": data}).encode())
-
-    def _health(self, request: Request) -> None:
-        body = {"status": "ok" if self.table_loaded else "no routing table yet",
-                "routes_version": self.table.version, "routes_source": self.table.source,
-                "models": len(self.table.models)}
-        request.respond(200 if self.table_loaded else 503, json.dumps(body).encode())
 
     # -- forwarding -----------------------------------------------------------------
 
@@ -201,12 +180,11 @@ class Router:
             return
         table = self.table
         if model not in table.models:
-            known = ", ".join(table.model_names()) or "(none)"
             self.metrics.error(UNKNOWN_MODEL_LABEL, "unknown_model")
             self.metrics.request_done(UNKNOWN_MODEL_LABEL, NO_DEPLOYMENT_LABEL, 404)
-            _error(request, 404, f"The model `{model}` does not exist on this gateway. "
-                   f"Known models: {known}.", "invalid_request_error", "model_not_found",
-                   "model")
+            _error(request, 404, f"The model {shown(model)} does not exist on this gateway; "
+                   "GET /v1/models lists the models it serves.", "invalid_request_error",
+                   "model_not_found", "model")
             return
         headers = forwarded_headers(request.head.headers)
         tried: list[Endpoint] = []
@@ -250,8 +228,15 @@ class Router:
             payload: Any = json.loads(body)
         except ValueError as err:
             message = f"Request body is not valid JSON: {err}."
+        except RecursionError:  # the parser's own depth limit (about 1000 levels)
+            message = f"Request body nests objects and arrays more than {MAX_JSON_DEPTH} deep."
+            code = "json_too_deep"
         else:
-            if not isinstance(payload, dict):
+            if not depth_within(body, payload, MAX_JSON_DEPTH):
+                message = (f"Request body nests objects and arrays more than {MAX_JSON_DEPTH} "
+                           "deep.")
+                code = "json_too_deep"
+            elif not isinstance(payload, dict):
                 message = f"Request body must be a JSON object, got {type(payload).__name__}."
             else:
                 model = payload.get("model")
@@ -278,11 +263,12 @@ class Router:
             payload = json.loads(body)
             payload["model"] = ep.served_model_name
             body = json.dumps(payload).encode()
-        data = b"%s%sContent-Length: %d\r\n\r\n%s" % (ep.request_starts[path], headers,
-                                                      len(body), body)
+        data = b"%s%sContent-Length: %d\r\n\r\n" % (ep.request_starts[path], headers, len(body))
+        if len(body) <= SEND_JOINED_BYTES:  # one write for the usual small request
+            data, body = data + body, b""
         try:
             try:
-                upstream = await self._pool.request(ep.upstream_key, data)
+                upstream = await self._pool.request(ep.upstream_key, data, body)
             except UpstreamError as err:
                 stat.errors_total += 1
                 if isinstance(err, UpstreamConnectError):
@@ -306,40 +292,41 @@ class Router:
         encoding = head.header(b"content-encoding")
         if encoding:
             out_headers += b"Content-Encoding: " + encoding + b"\r\n"
+        if head.status >= 500:
+            stat.errors_total += 1
+            raise _Retry(f"HTTP {head.status}", await _error_answer(upstream, head.status,
+                                                                    out_headers))
         event_stream = ctype.lower().startswith(b"text/event-stream")
-        streaming = event_stream or head.content_length is None
+        length = head.content_length
+        whole = not event_stream and length is not None and length <= RELAY_WHOLE_BYTES
         try:
-            data = await (upstream.readany() if streaming else upstream.read())
+            data = await (upstream.read() if whole else upstream.readany())
         except UpstreamError as err:
             stat.errors_total += 1
             raise _Retry(f"reading response: {type(err).__name__}: {err}") from None
-        if head.status >= 500:
-            stat.errors_total += 1
-            if streaming:  # collect the (short) error body so it can be passed on whole
-                try:
-                    data += await upstream.read()
-                except UpstreamError:
-                    upstream.close()
-            raise _Retry(f"HTTP {head.status}", _Answer(head.status, out_headers, data))
-        if streaming and not data and upstream.at_eof and head.status == 200 and event_stream:
+        if not whole and not data and upstream.at_eof and head.status == 200 and event_stream:
             stat.errors_total += 1
             raise _Retry("stream ended before its first chunk")
         stat.requests_total += 1
         self.metrics.request_done(model, ep.deployment_id, head.status)
         if rename is not None:
             data = data.replace(*rename)
-        if not streaming:
+        if whole:
             self.metrics.first_byte(model, time.perf_counter() - t0)
             request.respond(head.status, data, out_headers)
             return
-        await self._stream(request, upstream, head.status, data,
-                           out_headers + b"Cache-Control: no-cache\r\n", stat, model, t0, rename)
+        if event_stream:
+            out_headers += b"Cache-Control: no-cache\r\n"
+        # A large body keeps the engine's Content-Length unless renaming changes its size.
+        keep_length = length if not event_stream and rename is None else None
+        await self._stream(request, upstream, head.status, data, out_headers, keep_length,
+                           stat, model, t0, rename)
 
     async def _stream(self, request: Request, upstream: UpstreamConnection, status: int,
-                      first: bytes, headers: bytes, stat: DeploymentStats, model: str,
-                      t0: float, rename: tuple[bytes, bytes] | None) -> None:
+                      first: bytes, headers: bytes, length: int | None, stat: DeploymentStats,
+                      model: str, t0: float, rename: tuple[bytes, bytes] | None) -> None:
         try:
-            request.start_stream(status, headers)
+            request.start_stream(status, headers, length)
             self.metrics.first_byte(model, time.perf_counter() - t0)
             await request.write(first)
         except ConnectionError:
@@ -352,7 +339,7 @@ class Router:
             except UpstreamError as err:
                 stat.errors_total += 1
                 self.metrics.error(model, "truncated")
-                log.warning("model %s: stream from %s:%d broke after the first byte (%s: %s); "
+                log.warning("model %s: response from %s:%d broke after the first byte (%s: %s); "
                             "ending the client's response", model, upstream.key[0],
                             upstream.key[1], type(err).__name__, err)
                 upstream.close()
@@ -369,6 +356,34 @@ class Router:
                 upstream.close()
                 return
         request.end_stream()
+
+
+async def _error_answer(upstream: UpstreamConnection, status: int, headers: bytes) -> _Answer:
+    """An engine's 5xx answer to pass on if no other endpoint does better.
+
+    Its body is kept only up to MAX_ERROR_BODY_BYTES; a larger one, or one that
+    breaks off, is replaced by the gateway's own error body with the same status."""
+    pieces: list[bytes] = []
+    size = 0
+    reason = ""
+    try:
+        while True:
+            piece = await upstream.readany()
+            if not piece:
+                break
+            size += len(piece)
+            if size > MAX_ERROR_BODY_BYTES:
+                reason = f"its body is larger than {MAX_ERROR_BODY_BYTES} bytes"
+                break
+            pieces.append(piece)
+    except UpstreamError as err:
+        reason = f"its body broke off ({err})"
+    if not reason:
+        return _Answer(status, headers, b"".join(pieces))
+    upstream.close()
+    body = openai_error_body(f"The engine answered HTTP {status}; {reason}.",
+                             "upstream_error", "upstream_error")
+    return _Answer(status, JSON_HEADERS, body)
 
 
 def _rename(model: str, served: str) -> tuple[bytes, bytes] | None:

@@ -1,9 +1,13 @@
-"""The gateway process: HTTP listener, optional metrics listener, controller link.
+"""The gateway process: API listener, optional operator listener, controller link.
 
 `Gateway` starts and stops everything in one event loop, so tests run it
 in-process on port 0 and the CLI runs it until a signal arrives. The routing
 table comes from the controller (`controller`), from a static file (`routes_file`),
 or both: the file is then the table served until the controller sends its own.
+
+The API listener serves the OpenAI API only. `/metrics`, `/healthz` (alive) and
+`/readyz` (has a routing table) are on a separate operator listener
+(`metrics_listen`), so that nothing about the gateway's insides faces clients.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import os
 import signal
 import socket
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry
@@ -31,9 +35,16 @@ from gearshift.gateway.controller_link import (
     report_loop,
     watch_routes,
 )
-from gearshift.gateway.listener import Handler, HttpListener
+from gearshift.gateway.limits import ClientLimits
+from gearshift.gateway.listener import HttpListener
 from gearshift.gateway.metrics import GatewayMetrics
-from gearshift.gateway.proxy import UPSTREAM_CONNECTIONS_LIMIT, Router
+from gearshift.gateway.ops_listener import OpsListener
+from gearshift.gateway.proxy import (
+    UPSTREAM_BODY_TIMEOUT_S,
+    UPSTREAM_CONNECTIONS_LIMIT,
+    UPSTREAM_READ_TIMEOUT_S,
+    Router,
+)
 from gearshift.gateway.routes import RoutingTable, load_routes_file
 
 log = logging.getLogger(__name__)
@@ -55,13 +66,15 @@ class GatewayConfig:
     listen_port: int = 8000
     controller: str | None = None  # HOST:PORT of the controller's gRPC server
     routes_file: str | None = None
-    metrics_port: int | None = None  # None: /metrics on the listen port only
-    metrics_host: str | None = None  # defaults to listen_host
+    metrics_listen: tuple[str, int] | None = None  # /metrics, /healthz, /readyz; None: off
     gateway_id: str = ""
     report_interval_s: float = REPORT_INTERVAL_S
     backoff_initial_s: float = BACKOFF_INITIAL_S
     backoff_max_s: float = BACKOFF_MAX_S
     connections_limit: int = UPSTREAM_CONNECTIONS_LIMIT
+    client_limits: ClientLimits = field(default_factory=ClientLimits)
+    upstream_read_timeout_s: float = UPSTREAM_READ_TIMEOUT_S
+    upstream_body_timeout_s: float = UPSTREAM_BODY_TIMEOUT_S
 
     def check(self, have_table: bool = False) -> None:
         """Raise ConfigError naming the option that is wrong."""
@@ -73,11 +86,14 @@ class GatewayConfig:
                 parse_controllers(self.controller)
             except ConfigError as err:
                 raise ConfigError(f"gateway: {err.message}") from None
-        ports: list[tuple[str, int | None]] = [("--listen", self.listen_port),
-                                               ("--metrics-port", self.metrics_port)]
+        ports: list[tuple[str, int | None]] = [
+            ("--listen", self.listen_port),
+            ("--metrics-listen", None if self.metrics_listen is None else self.metrics_listen[1])]
         for name, port in ports:
             if port is not None and not 0 <= port <= 65535:
                 raise ConfigError(f"gateway: {name} port must be 0..65535, got {port}")
+        for problem in self.client_limits.check():
+            raise ConfigError(f"gateway: {problem}")
 
 
 class Gateway:
@@ -94,8 +110,11 @@ class Gateway:
         if config.routes_file:
             table = load_routes_file(config.routes_file)
         self.router = Router(self.metrics, table=table, rng=rng,
-                             connections_limit=config.connections_limit)
-        self._listeners: list[HttpListener] = []
+                             connections_limit=config.connections_limit,
+                             read_timeout_s=config.upstream_read_timeout_s,
+                             body_timeout_s=config.upstream_body_timeout_s)
+        self._listener: HttpListener | None = None
+        self._ops: OpsListener | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._link: ControllerLink | None = None
         self.port = 0
@@ -105,6 +124,13 @@ class Gateway:
     def url(self) -> str:
         return f"http://{self.config.listen_host}:{self.port}"
 
+    @property
+    def metrics_url(self) -> str:
+        """http://HOST:PORT of the operator listener (empty when it is off)."""
+        if self.config.metrics_listen is None or not self.metrics_port:
+            return ""
+        return f"http://{self.config.metrics_listen[0]}:{self.metrics_port}"
+
     async def start(self) -> None:
         try:
             await self._start()
@@ -113,12 +139,16 @@ class Gateway:
             raise
 
     async def _start(self) -> None:
-        self.port = await self._listen(self.router.handle, self.config.listen_host,
-                                       self.config.listen_port)
-        if self.config.metrics_port is not None:
-            self.metrics_port = await self._listen(
-                self.router.handle_metrics, self.config.metrics_host or self.config.listen_host,
-                self.config.metrics_port)
+        config = self.config
+        listener = HttpListener(self.router.handle, config.client_limits,
+                                on_refusal=self.metrics.refused)
+        self.metrics.track_clients(config.client_limits, lambda: len(listener.connections),
+                                   lambda: listener.budget.used)
+        self.port = await _bind(listener.start, config.listen_host, config.listen_port)
+        self._listener = listener
+        if config.metrics_listen is not None:
+            self._ops = OpsListener(self.metrics.registry, ready=lambda: self.router.table_loaded)
+            self.metrics_port = await _bind(self._ops.start, *config.metrics_listen)
         if self.config.controller:
             # TLS files from $GEARSHIFT_TLS_*, token from $GEARSHIFT_TOKEN(_FILE): never argv.
             tls, token = TlsFiles.from_env(), load_token()
@@ -134,15 +164,6 @@ class Gateway:
         log.info("gateway %s listening on %s (routes from %s)", self.gateway_id, self.url,
                  self.config.controller or self.router.table.source)
 
-    async def _listen(self, handler: Handler, host: str, port: int) -> int:
-        listener = HttpListener(handler)
-        try:
-            bound = await listener.start(host, port, backlog=1024)
-        except OSError as err:
-            raise ConfigError(f"gateway: cannot listen on {host}:{port}: "
-                              f"{err.strerror or err}") from None
-        self._listeners.append(listener)
-        return bound
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -151,13 +172,25 @@ class Gateway:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
-        for listener in self._listeners:
-            await listener.stop(SHUTDOWN_GRACE_S)
-        self._listeners.clear()
+        if self._ops is not None:
+            await self._ops.stop()
+            self._ops = None
+        if self._listener is not None:
+            await self._listener.stop(SHUTDOWN_GRACE_S)
+            self._listener = None
         self.router.close()
         if self._link is not None:
             await self._link.close()
             self._link = None
+
+
+async def _bind(start: Callable[[str, int], Coroutine[Any, Any, int]], host: str,
+                port: int) -> int:
+    try:
+        return await start(host, port)
+    except OSError as err:
+        raise ConfigError(f"gateway: cannot listen on {host}:{port}: "
+                          f"{err.strerror or err}") from None
 
 
 def run_event_loop(main: Coroutine[Any, Any, T]) -> T:

@@ -3,9 +3,13 @@
 `UpstreamConnection` writes a serialized request (`send`), parses the response
 head (`wait_head`), then hands the body over whole (`read`) or as it arrives
 (`readany`). While a streamed body waits for a slow client, reading from the
-engine pauses, so nothing piles up in memory. A read timeout applies while
-someone waits for the engine; an idle timeout closes the connection while it
-sits in the pool (`gearshift.gateway.upstream_pool`). Every failure is an
+engine pauses, so nothing piles up in memory. The response head must arrive
+within the read timeout of the request going out (bytes that do not complete it
+do not extend it); once the body has started, a gap longer than the body timeout
+while someone waits ends the exchange; an idle timeout closes the connection
+while it sits in the pool (`gearshift.gateway.upstream_pool`). At most
+`MAX_INTERIM_RESPONSES` 1xx heads are skipped; 101 and malformed statuses are
+protocol errors. Every failure is an
 `UpstreamError` (a ConnectionError); `UpstreamConnectError` means the endpoint
 could not be reached at all.
 
@@ -19,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from gearshift.gateway.http11 import (
     MAX_HEAD_BYTES,
+    MAX_INTERIM_RESPONSES,
     ChunkedDecoder,
     HttpError,
     ResponseHead,
@@ -74,12 +79,15 @@ class UpstreamConnection(asyncio.Protocol):
         self._error: UpstreamError | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._last = self._loop.time()
+        self._sent_at = self._last
+        self._interim = 0
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
 
     # -- exchange -------------------------------------------------------------------------
 
-    def send(self, data: bytes) -> None:
-        """Start an exchange: write the serialized request."""
+    def send(self, data: bytes, body: bytes = b"") -> None:
+        """Start an exchange: write the serialized request (a large body apart, uncopied)."""
         self._state = _HEAD
         self.head = None
         self.got_data = False
@@ -92,11 +100,13 @@ class UpstreamConnection(asyncio.Protocol):
         self._reusable = False
         self._whole = False
         self._error = None
-        self._last = self._loop.time()
+        self._interim = 0
+        self._last = self._sent_at = self._loop.time()
         if self._timer is None:
-            self._timer = self._loop.call_at(self._last + self._pool.idle_timeout_s,
-                                             self._on_timer)
+            self._arm(self._last + min(self._pool.idle_timeout_s, self._pool.read_timeout_s))
         self.transport.write(data)
+        if body:
+            self.transport.write(body)
 
     async def wait_head(self) -> ResponseHead:
         while self.head is None:
@@ -221,6 +231,9 @@ class UpstreamConnection(asyncio.Protocol):
                 if len(buf) > MAX_HEAD_BYTES:
                     self._protocol_error(f"response head larger than {MAX_HEAD_BYTES} bytes")
                 return
+            if end > MAX_HEAD_BYTES:
+                self._protocol_error(f"response head larger than {MAX_HEAD_BYTES} bytes")
+                return
             try:
                 head = parse_response_head(bytes(buf[:end]))
             except HttpError as err:
@@ -229,6 +242,11 @@ class UpstreamConnection(asyncio.Protocol):
             del buf[:end + 4]
             if head.status >= 200:
                 break  # 1xx heads are interim: the real one follows
+            self._interim += 1
+            if self._interim > MAX_INTERIM_RESPONSES:
+                self._protocol_error(f"more than {MAX_INTERIM_RESPONSES} interim (1xx) "
+                                     "responses")
+                return
         self.head = head
         self._state = _BODY
         if head.chunked:
@@ -240,6 +258,11 @@ class UpstreamConnection(asyncio.Protocol):
         buf.clear()
         if rest or head.content_length == 0:
             self._body(rest)
+        if not self._complete and not self.closed:
+            # The body is still to come: its gap timeout may be due before the timer.
+            due = self._last + self._pool.body_timeout_s
+            if self._timer_at > due:
+                self._arm(due)
 
     def _body(self, data: bytes) -> None:
         head = self.head
@@ -290,13 +313,20 @@ class UpstreamConnection(asyncio.Protocol):
             return
         now = self._loop.time()
         pool = self._pool
-        if self._state in (_HEAD, _BODY):
-            if self._waiter is not None and now - self._last >= pool.read_timeout_s:
-                self._fail(UpstreamTimeout(f"no data from the engine for "
-                                           f"{pool.read_timeout_s:g} s"))
+        if self._state == _HEAD:
+            if now - self._sent_at >= pool.read_timeout_s:
+                self._fail(UpstreamTimeout(f"no complete response head from the engine "
+                                           f"within {pool.read_timeout_s:g} s"))
                 self.close()
                 return
-            limit = self._last + pool.read_timeout_s
+            limit = self._sent_at + pool.read_timeout_s
+        elif self._state == _BODY:
+            if self._waiter is not None and now - self._last >= pool.body_timeout_s:
+                self._fail(UpstreamTimeout(f"no body data from the engine for "
+                                           f"{pool.body_timeout_s:g} s"))
+                self.close()
+                return
+            limit = self._last + pool.body_timeout_s
         elif self._state == _IDLE:
             if now - self._last >= pool.idle_timeout_s:
                 self.close()
@@ -304,7 +334,13 @@ class UpstreamConnection(asyncio.Protocol):
             limit = self._last + pool.idle_timeout_s
         else:
             limit = now + pool.idle_timeout_s
-        self._timer = self._loop.call_at(min(limit, now + pool.idle_timeout_s), self._on_timer)
+        self._arm(min(limit, now + pool.idle_timeout_s))
+
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = when
+        self._timer = self._loop.call_at(when, self._on_timer)
 
     def make_idle(self) -> None:
         self._state = _IDLE

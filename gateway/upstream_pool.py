@@ -30,10 +30,13 @@ class UpstreamPool:
     """Kept-alive connections to every engine, at most `limit` open at once."""
 
     def __init__(self, limit: int, connect_timeout_s: float, read_timeout_s: float,
-                 idle_timeout_s: float) -> None:
+                 idle_timeout_s: float, body_timeout_s: float | None = None) -> None:
+        """`read_timeout_s` bounds the wait for a response head, `body_timeout_s` (default:
+        the same) a gap in its body."""
         self.limit = limit
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
+        self.body_timeout_s = read_timeout_s if body_timeout_s is None else body_timeout_s
         self.idle_timeout_s = idle_timeout_s
         self._idle: dict[UpstreamKey, list[UpstreamConnection]] = {}
         self._open: set[UpstreamConnection] = set()
@@ -41,11 +44,13 @@ class UpstreamPool:
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._ssl: ssl.SSLContext | None = None
 
-    async def request(self, key: UpstreamKey, data: bytes) -> UpstreamConnection:
-        """Send `data` to the engine at `key`; the connection, once the response head is in."""
+    async def request(self, key: UpstreamKey, data: bytes, body: bytes = b"",
+                      ) -> UpstreamConnection:
+        """Send `data` (then `body`) to the engine at `key`; the connection, once the response
+        head is in."""
         for fresh in (False, True):
             conn = await self._acquire(key, fresh)
-            conn.send(data)
+            conn.send(data, body)
             try:
                 await conn.wait_head()
             except UpstreamError as err:

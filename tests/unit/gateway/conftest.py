@@ -1,5 +1,6 @@
-"""Real loopback parts for the gateway tests: small aiohttp upstreams, a gRPC controller
-that only implements WatchRoutes/ReportGateway, and the gateway itself on port 0."""
+"""Real loopback parts for the gateway tests: small aiohttp upstreams, hand-scripted raw
+engines, a gRPC controller that only implements WatchRoutes/ReportGateway, and the gateway
+itself on port 0 (with its metrics listener on another port 0)."""
 
 from __future__ import annotations
 
@@ -112,6 +113,60 @@ class FakeController(control_pb2_grpc.ControlServiceServicer):
         return control_pb2.GatewayReportAck()
 
 
+Script = Callable[[int, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+class Engine:
+    """A loopback server whose answers are written by `script(connection_number, r, w)`."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.connections = 0
+        self.requests = 0
+        self.closed = 0
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> Engine:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def read_request(self, reader: asyncio.StreamReader) -> bytes:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:"))
+        self.requests += 1
+        return head + await reader.readexactly(length)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            await self.script(self.connections, reader, writer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+            self.closed += 1
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[Callable[[Script], Awaitable[Engine]]]:
+    started: list[Engine] = []
+
+    async def make(script: Script) -> Engine:
+        started.append(await Engine(script).start())
+        return started[-1]
+
+    yield make
+    for e in started:
+        await e.stop()
+
+
 @pytest.fixture
 async def upstreams() -> AsyncIterator[Callable[..., Awaitable[Upstream]]]:
     started: list[Upstream] = []
@@ -142,6 +197,7 @@ async def gateways() -> AsyncIterator[Callable[..., Awaitable[Gateway]]]:
 
     async def make(routes: dict[str, Any] | None = None, **overrides: Any) -> Gateway:
         rng = overrides.pop("rng", None)
+        overrides.setdefault("metrics_listen", ("127.0.0.1", 0))
         config = GatewayConfig(listen_host="127.0.0.1", listen_port=0, **overrides)
         table = None if routes is None else table_from_mapping(routes, where="test routes")
         gw = Gateway(config, registry=CollectorRegistry(), rng=rng, table=table)

@@ -28,10 +28,12 @@ def free_port() -> int:
 def test_serves_from_routes_file_and_stops_on_sigterm(tmp_path) -> None:  # type: ignore[no-untyped-def]
     routes = tmp_path / "routes.yaml"
     routes.write_text("llama:\n  - endpoint: http://127.0.0.1:9\n")
-    port = free_port()
+    port, ops = free_port(), free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "gearshift.gateway", "--routes", str(routes),
-         "--listen", f"127.0.0.1:{port}", "--log-level", "WARNING"],
+         "--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{ops}",
+         "--max-connections", "10", "--body-budget-mib", "8", "--max-body-mib", "2",
+         "--log-level", "WARNING"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         body = None
@@ -43,6 +45,12 @@ def test_serves_from_routes_file_and_stops_on_sigterm(tmp_path) -> None:  # type
             except (urllib.error.URLError, ConnectionError):
                 time.sleep(0.05)
         assert [m["id"] for m in body["data"]] == ["llama"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{ops}/readyz", timeout=5) as r:
+            assert r.status == 200
+        with urllib.request.urlopen(f"http://127.0.0.1:{ops}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        assert "gearshift_gateway_client_connections_limit 10.0" in text
+        assert "gearshift_gateway_request_body_budget_bytes 8.388608e+06" in text
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
     finally:
@@ -67,3 +75,9 @@ def test_needs_a_source_of_routes(monkeypatch) -> None:  # type: ignore[no-untyp
     assert result.exit_code == 1 and "HOST:PORT" in result.output
     result = CliRunner().invoke(gateway, ["--routes", "x.yaml", "--listen", "bad"])
     assert result.exit_code == 2 and "--listen" in result.output
+    result = CliRunner().invoke(gateway, ["--routes", "x.yaml", "--metrics-listen", "9401"])
+    assert result.exit_code == 2 and "--metrics-listen" in result.output
+    result = CliRunner().invoke(gateway, ["--routes", "x.yaml", "--max-body-mib", "200"])
+    assert result.exit_code == 2 and "--body-budget-mib" in result.output
+    result = CliRunner().invoke(gateway, ["--routes", "x.yaml", "--max-connections", "0"])
+    assert result.exit_code == 2 and "--max-connections" in result.output

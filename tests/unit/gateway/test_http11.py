@@ -39,7 +39,22 @@ def test_request_head_fields_and_keep_alive() -> None:
     (b"POST v1 HTTP/1.1", 400, "must be a path"),
     (b"GET / HTTP/2.0", 505, "HTTP/2.0"),
     (b"GET / HTTP/1.1\r\nBad Name: x", 400, "malformed header line"),
-    (b"GET / HTTP/1.1\r\n folded", 400, "malformed header line"),
+    (b"GET / HTTP/1.1\r\n folded", 400, "obs-fold"),
+    (b"GET / HTTP/1.1\r\nX-A: a\r\n b", 400, "obs-fold"),
+    (b"GET / HTTP/1.1\r\nX-A: a\nTransfer-Encoding: chunked", 400, "0x0a"),
+    (b"GET / HTTP/1.1\r\nX-A: a\rTransfer-Encoding: chunked", 400, "0x0d"),
+    (b"GET / HTTP/1.1\r\nX-A: a\x00b", 400, "0x00"),
+    (b"GET / HTTP/1.1\r\nX-A: a\x7fb", 400, "0x7f"),
+    (b"GET / HTTP/1.1\r\nX-A\x01: a", 400, "0x01"),
+    (b"GET /a\x80b HTTP/1.1", 400, "must be a path"),
+    (b"GET / HTTP/1.1\nHost: x", 400, "0x0a"),
+    (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked, chunked", 400, "single"),
+    (b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked", 400, "single"),
+    (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked", 400,
+     "single"),
+    (b"POST / HTTP/1.1\r\nTransfer-Encoding: \"chunked\"", 400, "single"),
+    (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked;q=1", 400, "single"),
+    (b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked", 400, "HTTP/1.0"),
     (b"POST / HTTP/1.1\r\nContent-Length: -1", 400, "Content-Length"),
     (b"POST / HTTP/1.1\r\nContent-Length: 0x10", 400, "Content-Length"),
     (b"POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2", 400, "conflicting"),
@@ -69,6 +84,24 @@ def test_response_head_framing() -> None:
     with pytest.raises(HttpError) as err:
         parse_response_head(b"ICY 200 OK")
     assert err.value.status == 502
+
+
+@pytest.mark.parametrize(("head", "needle"), [
+    (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\nSet-Cookie: a=b", "0x0a"),
+    (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\rSet-Cookie: a=b", "0x0d"),
+    (b"HTTP/1.1 200 OK\r\nX-A: \x00", "0x00"),
+    (b"HTTP/1.1 200 OK\r\nX-A: a\r\n\tb", "obs-fold"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked", "single"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: identity", "single"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2", "conflicting"),
+    (b"HTTP/1.1 099 Odd", "status line"),
+    (b"HTTP/1.1 600 Odd", "status line"),
+    (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c", "101"),
+])
+def test_bad_response_heads_are_502(head: bytes, needle: str) -> None:
+    with pytest.raises(HttpError) as err:
+        parse_response_head(head)
+    assert err.value.status == 502 and needle in err.value.message
 
 
 def encode_chunked(parts: list[bytes], trailer: bytes = b"") -> bytes:
@@ -102,11 +135,29 @@ def test_chunked_decoding_is_independent_of_how_bytes_arrive(parts: list[bytes],
     b"0x3\r\nabc\r\n0\r\n\r\n",  # ... and a prefix
     b"3\r\nabcd\r\n0\r\n\r\n",  # data longer than its size
     b"1" * 2000,  # a size line that never ends
+    b" 3\r\nabc\r\n0\r\n\r\n",  # leading whitespace
+    b"3\nabc\r\n0\r\n\r\n",  # a bare LF ends the size line
+    b"3;a\nb\r\nabc\r\n0\r\n\r\n",  # a bare LF inside an extension
+    b"3;\r\nabc\r\n0\r\n\r\n",  # an extension without a name
+    b"3;a=\"x\r\nabc\r\n0\r\n\r\n",  # an unterminated quoted value
+    b"3 4\r\nabc\r\n0\r\n\r\n",  # two numbers
+    b"1111111111111111\r\n",  # 16 hex digits: past any body the gateway accepts
+    b"0\r\nX-A: a\x00\r\n\r\n",  # a trailer with a control character
+    b"0\r\nno colon\r\n\r\n",  # a trailer that is not a field line
+    b"0\r\n" + b"X-A: 1\r\n" * 101 + b"\r\n",  # too many trailer lines
 ])
 def test_bad_chunked_bodies_are_rejected(wire: bytes) -> None:
+    """Chunk-size lines and trailers follow RFC 9112 7.1 exactly."""
     with pytest.raises(HttpError) as err:
         ChunkedDecoder().feed(wire)
     assert err.value.status == 400 and "chunk" in err.value.message
+
+
+def test_chunk_extensions_in_their_grammar_are_accepted() -> None:
+    wire = b"3 ; name=value ; flag ; q=\"a b\\\"c\"\r\nabc\r\n0\r\nX-T: 1\r\n\r\n"
+    decoder = ChunkedDecoder()
+    out, rest = decoder.feed(wire)
+    assert decoder.done and out == [b"abc"] and rest == b""
 
 
 @given(st.binary(max_size=300))

@@ -100,7 +100,7 @@ async def test_http10_stream_is_delimited_by_close(llama) -> None:  # type: igno
     (b"POST /v1/completions HTTP/1.1\r\nContent-Length: 999999999999\r\n\r\n", 413, "limit"),
     (b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\n\r\n", 431, "larger than"),
     (b"POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nxyz\r\n", 400,
-     "chunk size"),
+     "chunk-size"),
 ])
 async def test_unreadable_requests_get_a_clear_error_and_a_close(llama, wire: bytes, status: int,  # type: ignore[no-untyped-def]
                                                                  needle: str) -> None:
@@ -115,7 +115,7 @@ async def test_unreadable_requests_get_a_clear_error_and_a_close(llama, wire: by
 
 async def test_small_pages_unknown_paths_and_methods(llama) -> None:  # type: ignore[no-untyped-def]
     _a, _gw, reader, writer = llama
-    writer.write(b"HEAD /health HTTP/1.1\r\nHost: gw\r\n\r\n")
+    writer.write(b"HEAD /v1/models HTTP/1.1\r\nHost: gw\r\n\r\n")
     head = await reader.readuntil(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200 ") and b"Content-Length: " in head
     writer.write(b"GET /v1/models HTTP/1.1\r\nHost: gw\r\n\r\n")
@@ -124,7 +124,7 @@ async def test_small_pages_unknown_paths_and_methods(llama) -> None:  # type: ig
     writer.write(b"GET /v1/completions HTTP/1.1\r\nHost: gw\r\n\r\n")
     status, _h, body = await read_response(reader)
     assert status == 405 and "POST" in json.loads(body)["error"]["message"]
-    writer.write(b"POST /health HTTP/1.1\r\nHost: gw\r\nContent-Length: 0\r\n\r\n")
+    writer.write(b"POST /v1/models HTTP/1.1\r\nHost: gw\r\nContent-Length: 0\r\n\r\n")
     status, _h, _b = await read_response(reader)
     assert status == 405
     writer.write(b"GET /nope HTTP/1.1\r\nHost: gw\r\n\r\n")

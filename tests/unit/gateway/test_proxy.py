@@ -68,7 +68,7 @@ async def test_client_errors(upstreams, gateways, http) -> None:
         assert r.status == 404
         err = (await r.json())["error"]
     assert err["code"] == "model_not_found" and "gpt-9" in err["message"]
-    assert "idle, llama" in err["message"]
+    assert "llama" not in err["message"]  # the 404 does not list the models
     async with http.post(f"{gw.url}/v1/completions", data=b"{not json") as r:
         assert r.status == 400
         assert (await r.json())["error"]["code"] == "invalid_json"
@@ -81,7 +81,7 @@ async def test_client_errors(upstreams, gateways, http) -> None:
         assert r.status == 503
         assert (await r.json())["error"]["code"] == "no_endpoint"
     assert a.hits == 0
-    async with http.get(f"{gw.url}/health") as r:
+    async with http.get(f"{gw.metrics_url}/readyz") as r:
         assert r.status == 200
 
 
@@ -112,7 +112,7 @@ async def test_retry_before_first_byte_on_refused_connection(upstreams, gateways
         async with http.post(f"{gw.url}/v1/completions", json={"model": "llama"}) as r:
             statuses.append(r.status)
     assert statuses == [200] * 20 and good.hits == 20
-    async with http.get(f"{gw.url}/metrics") as r:
+    async with http.get(f"{gw.metrics_url}/metrics") as r:
         text = await r.text()
     assert sample(text, "gearshift_gateway_retries_total", model="llama") >= 1
     assert sample(text, "gearshift_gateway_errors_total", model="llama") == 0
@@ -151,7 +151,7 @@ async def test_no_retry_after_first_byte(upstreams, gateways, http) -> None:
                 got += chunk
     assert b'"served_by": "cut"' in got
     assert cut.hits == 1 and good.hits == 0
-    async with http.get(f"{gw.url}/metrics") as r:
+    async with http.get(f"{gw.metrics_url}/metrics") as r:
         text = await r.text()
     assert sample(text, "gearshift_gateway_errors_total", model="llama", reason="truncated") == 1
     assert sample(text, "gearshift_gateway_retries_total", model="llama") == 0
@@ -187,18 +187,23 @@ async def test_leaving_gets_no_new_requests_while_in_flight_finish(upstreams, ga
         {"old": 0, "new": 0}
 
 
-async def test_metrics_on_listen_port_and_metrics_port(upstreams, gateways, http) -> None:
+async def test_metrics_and_health_only_on_the_metrics_listener(upstreams, gateways,
+                                                              http) -> None:
     a = await upstreams("a")
-    gw = await gateways({"llama": [{"endpoint": a.url, "deployment_id": "d1"}]}, metrics_port=0)
+    gw = await gateways({"llama": [{"endpoint": a.url, "deployment_id": "d1"}]})
     async with http.post(f"{gw.url}/v1/completions", json={"model": "llama"}) as r:
         assert r.status == 200
     async with http.post(f"{gw.url}/v1/completions", json={"model": "nope"}) as r:
         assert r.status == 404
-    assert gw.metrics_port
-    async with http.get(f"http://127.0.0.1:{gw.metrics_port}/metrics") as r:
+    async with http.get(f"{gw.metrics_url}/metrics") as r:
         text = await r.text()
-    async with http.get(f"{gw.url}/metrics") as r:
-        assert "gearshift_gateway_requests_total" in await r.text()
+    for path in ("/metrics", "/health", "/healthz", "/readyz"):  # the API port serves the API
+        async with http.get(f"{gw.url}{path}") as r:
+            assert r.status == 404
+            assert "gearshift_gateway" not in await r.text()
+    async with http.get(f"{gw.metrics_url}/v1/models") as r:
+        assert r.status == 404
+    assert sample(text, "gearshift_gateway_client_connections_limit") == 4096
     assert sample(text, "gearshift_gateway_requests_total", model="llama", deployment="d1",
                   code="200") == 1
     assert sample(text, "gearshift_gateway_ttft_seconds_count", model="llama") == 1
