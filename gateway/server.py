@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry
 from gearshift.common.credentials import TlsFiles, load_token, secure_channel
 from gearshift.common.endpoints import parse_controllers
 from gearshift.common.errors import ConfigError
+from gearshift.common.ops_http import OpsListener
 from gearshift.gateway.controller_link import (
     BACKOFF_INITIAL_S,
     BACKOFF_MAX_S,
@@ -38,7 +39,6 @@ from gearshift.gateway.controller_link import (
 from gearshift.gateway.limits import ClientLimits
 from gearshift.gateway.listener import HttpListener
 from gearshift.gateway.metrics import GatewayMetrics
-from gearshift.gateway.ops_listener import OpsListener
 from gearshift.gateway.proxy import (
     UPSTREAM_BODY_TIMEOUT_S,
     UPSTREAM_CONNECTIONS_LIMIT,

@@ -1,4 +1,4 @@
-"""The operator listener on its own, as any daemon would run it: a registry and callbacks,
+"""The operator listener (gearshift.common.ops_http) as any daemon runs it: a registry and callbacks,
 real HTTP over loopback."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from gearshift.gateway.ops_listener import OpsListener
+from gearshift.common.ops_http import OpsListener
 
 pytestmark = pytest.mark.timeout(30)
 
