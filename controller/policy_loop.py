@@ -31,7 +31,7 @@ from gearshift.common.errors import (
 )
 from gearshift.controller.canary import Sla
 from gearshift.controller.fleet import FleetState
-from gearshift.controller.policy_facts import model_facts, rate_forecast
+from gearshift.controller.policy_facts import model_facts, rate_forecast, refresh_forecasts
 from gearshift.controller.rate_history import RateHistory
 from gearshift.controller.store import Store
 from gearshift.controller.tables import (
@@ -206,7 +206,9 @@ class PolicyLoop:
         version, policy = current
         self._retry_approved()
         signals, states = {}, {}
-        for model in sorted(set(self.history.models()) | {m.model for m in self.fleet.models()}):
+        models = sorted(set(self.history.models()) | {m.model for m in self.fleet.models()})
+        refresh_forecasts(self.forecaster, models, policy, now)
+        for model in models:
             facts, state = self.model_facts(model, policy), self.model_state(model, now)
             if facts is None or state is None:
                 continue
