@@ -115,7 +115,7 @@ def _capacity(store: Any, models: int, levels: list[float], now: float) -> None:
                 request_rate_mean=load, request_rate_max=load * 1.2,
                 ttft_p99_s=0.3 * (1 - load / (1.25 * cap)) ** -1.5 * rng.lognormvariate(0, 0.05),
                 itl_p99_s=None))
-        if len(rows) >= 50_000:
+        if len(rows) >= 5_000:
             learner.observe(rows)
             rows = []
     learner.observe(rows)

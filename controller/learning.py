@@ -68,6 +68,10 @@ class CapacityLearner:
         self.store = store
         self.models: dict[CapacityKey, CapacityModel] = {}
         self._dirty: set[CapacityKey] = set()
+        # (model, engine) -> its capacity models: `best` runs for every model at every
+        # tick, and a scan of the whole fleet's keys made the tick quadratic.
+        self._index: dict[tuple[str, str], list[CapacityModel]] = {}
+        self._indexed = 0  # len(self.models) when the index was built
 
     def load(self) -> None:
         for key, data in self.store.settings_with_prefix(SETTING_PREFIX).items():
@@ -111,8 +115,13 @@ class CapacityLearner:
     def best(self, model: str, engine: str, gpu_model: str | None,
              sla_ttft_p99_s: float | None, sla_itl_p99_s: float | None) -> LearnedCapacity | None:
         """The estimate from the model with the most points for this engine (and GPU)."""
-        candidates = [m for k, m in self.models.items() if k.model == model and k.engine == engine
-                      and (gpu_model is None or k.gpu_model == gpu_model)]
+        if self._indexed != len(self.models):
+            self._index = {}
+            for key, m in self.models.items():
+                self._index.setdefault((key.model, key.engine), []).append(m)
+            self._indexed = len(self.models)
+        candidates = [m for m in self._index.get((model, engine), ())
+                      if gpu_model is None or m.key.gpu_model == gpu_model]
         if not candidates or (sla_ttft_p99_s is None and sla_itl_p99_s is None):
             return None
         chosen = max(candidates, key=len)
