@@ -28,6 +28,11 @@ STEP_S = 300
 
 def synthetic_trace(days: int = SYNTH_DAYS, models: int = SYNTH_MODELS, seed: int = 1) -> Trace:
     """Diurnal traffic with noise, bursts and revisions, for a mixed fleet."""
+    return parse_trace(synthetic_lines(days, models, seed), source="synthetic")
+
+
+def synthetic_lines(days: int = SYNTH_DAYS, models: int = SYNTH_MODELS, seed: int = 1) -> list[str]:
+    """The JSON lines (DESIGN §7 trace format) of `synthetic_trace`."""
     rng = random.Random(seed)
     sizes = [(8, 10.0, 1.16, 1800, 150.0), (2, 18.0, 1.2, 900, 100.0), (1, 40.0, 0.95, 120, 60.0)]
     profiles, shapes = {}, {}
@@ -56,7 +61,7 @@ def synthetic_trace(days: int = SYNTH_DAYS, models: int = SYNTH_MODELS, seed: in
             burst = rng.uniform(2, 5) if rng.random() < 0.002 else 1.0
             rps = max(0.0, level * (1 + swing * day_phase) * rng.uniform(0.9, 1.1) * burst)
             lines.append(json.dumps({"kind": "traffic", "ts": ts, "model": name, "rps": round(rps, 3)}))
-    return parse_trace(lines, source="synthetic")
+    return lines
 
 
 def main(traces_dir: Path) -> dict[str, Any]:

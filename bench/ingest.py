@@ -14,10 +14,21 @@ machine's CPU goes to the controller being measured.
 
 Prints one JSON object:
   agents, interval_s, reports_per_s, ack_p50_ms, ack_p99_ms,
-  controller_cpu_s_per_1k_reports, controller_cores, controller_rss_mb, lost_reports
-(+ agent_errors when some agents failed). Controller CPU is read from the
-controller process over the measured window. `lost_reports` counts reports sent
-in the measured window that were never acked.
+  controller_cpu_s_per_1k_reports, controller_cores, controller_rss_mb, lost_reports,
+  streams_failed, stream_errors, report_bytes, agent_processes, agent_cores,
+  controller_fds, controller_fd_limit,
+  agent_max_process_cores, controller_split
+Controller CPU is read from the controller process over the measured window, and
+split by thread (`controller_split`): the event loop (the main thread), the store
+writer (named `gs-store-writer`), the rest (gRPC's own threads), and the garbage
+collector's pauses (from the controller's metrics, inside the thread that ran it).
+`agent_cores` is the simulated agents' own CPU over the window (all processes;
+`agent_max_process_cores` the busiest one: near 1.0 it, not the controller, is the
+bottleneck). `streams_failed` counts agent streams that ended in an error, and
+`stream_errors` the first distinct errors (with where they happened: connect or
+stream) and how many streams each ended. `report_bytes` is one report's
+serialized size. `lost_reports` counts reports sent in the measured window that
+were never acked.
 """
 
 from __future__ import annotations
@@ -27,15 +38,21 @@ import asyncio
 import json
 import multiprocessing as mp
 import random
+import re
 import sys
 import tempfile
 import time
+import urllib.request
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 WARMUP_S = 3.0  # worker processes importing and starting their loops
+# Agents per simulator process by default: at 10 s intervals one process runs about
+# 1,000 streams at a small share of a core, so it never becomes what is measured.
+AGENTS_PER_WORKER = 1000
 ACK_GRACE_S = 2.0  # how long an agent waits for its last acks after the window
 
 
@@ -55,6 +72,17 @@ def _deployment(agent: int, i: int, rng: random.Random) -> Any:
     return d
 
 
+class _StreamError(Exception):
+    def __init__(self, where: str, exc: Any) -> None:
+        super().__init__(f"{where}: {exc.code().name}: {exc.details()}")
+
+
+def _error_kind(exc: BaseException) -> str:
+    """An error's text without the numbers that make every agent's unique."""
+    text = str(exc) if isinstance(exc, _StreamError) else f"{type(exc).__name__}: {exc}"
+    return re.sub(r"\d+", "N", text)[:200]
+
+
 class _Stats:
     def __init__(self) -> None:
         self.acks: list[float] = []
@@ -62,6 +90,7 @@ class _Stats:
         self.lost = 0
         self.connected = 0
         self.errors: list[str] = []
+        self.cpu_window: list[float] = []  # this process's CPU seconds at t_measure, t_end
 
 
 async def _agent(idx: int, stub: Any, args: argparse.Namespace, stats: _Stats,
@@ -86,8 +115,11 @@ async def _agent(idx: int, stub: Any, args: argparse.Namespace, stats: _Stats,
 
     await asyncio.sleep(max(0.0, start_at - loop.time()))
     call = stub.Connect()
-    await call.write(hello)
-    welcome = await call.read()
+    try:
+        await call.write(hello)
+        welcome = await call.read()
+    except grpc.aio.AioRpcError as exc:
+        raise _StreamError("connect", exc) from None
     if welcome is grpc.aio.EOF or welcome.WhichOneof("body") != "welcome":
         raise RuntimeError(f"agent {idx}: expected a welcome, got {welcome!r}")
     stats.connected += 1
@@ -113,7 +145,10 @@ async def _agent(idx: int, stub: Any, args: argparse.Namespace, stats: _Stats,
             sent_at[seq] = now
             if now >= t_measure:
                 stats.sent += 1
-            await call.write(msg)
+            try:
+                await call.write(msg)
+            except grpc.aio.AioRpcError as exc:
+                raise _StreamError("stream", exc) from None
             due += args.interval_s
             await asyncio.sleep(max(0.0, due - loop.time()))
         await asyncio.sleep(ACK_GRACE_S)
@@ -145,8 +180,10 @@ async def _worker_main(args: argparse.Namespace, agent_ids: list[int], t_end_wal
             start_at = loop.time() + start_rng.uniform(0, args.interval_s)  # jittered start-up
             tasks.append(asyncio.create_task(
                 _agent(idx, stub, args, stats, start_at, t_end, t_measure)))
+    for at in (t_measure, t_end):
+        loop.call_at(at, lambda: stats.cpu_window.append(time.process_time()))
     results = await asyncio.gather(*tasks, return_exceptions=True)
-    stats.errors = [repr(r)[:300] for r in results if isinstance(r, BaseException)]
+    stats.errors = [_error_kind(r) for r in results if isinstance(r, BaseException)]
     for ch in channels:
         await ch.close()
     return stats
@@ -155,9 +192,46 @@ async def _worker_main(args: argparse.Namespace, agent_ids: list[int], t_end_wal
 def _worker(args: argparse.Namespace, agent_ids: list[int], t_end_wall: float,
             t_measure_wall: float, q: Any) -> None:
     stats = asyncio.run(_worker_main(args, agent_ids, t_end_wall, t_measure_wall))
+    cpu = stats.cpu_window[1] - stats.cpu_window[0] if len(stats.cpu_window) == 2 else float("nan")
     q.put({"acks": stats.acks, "sent": stats.sent, "lost": stats.lost,
-           "connected": stats.connected, "errors": stats.errors[:5],
-           "failed": len(stats.errors)})
+           "connected": stats.connected, "errors": dict(Counter(stats.errors)),
+           "failed": len(stats.errors), "cpu_s": cpu,
+           "report_bytes": _report_bytes(args)})
+
+
+def _report_bytes(args: argparse.Namespace) -> int:
+    from gearshift.v1 import agent_pb2
+
+    msg = agent_pb2.AgentMessage()
+    msg.report.interval_s, msg.report.seq = args.interval_s, 1
+    msg.report.deployments.extend(_deployment(0, i, random.Random(0))
+                                  for i in range(args.deployments_per_agent))
+    return msg.ByteSize()
+
+
+def _thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds per role of the controller's threads: the event loop (main thread),
+    the store writer, the rest (gRPC's threads)."""
+    out = {"event_loop": 0.0, "writer": 0.0, "other_threads": 0.0}
+    for t in psutil.Process(pid).threads():
+        try:
+            name = Path(f"/proc/{pid}/task/{t.id}/comm").read_text().strip()
+        except OSError:
+            name = ""
+        role = ("event_loop" if t.id == pid else "writer" if name == "gs-store-writer"
+                else "other_threads")
+        out[role] += t.user_time + t.system_time
+    return out
+
+
+def _gc_seconds(metrics_port: int) -> float:
+    """Total garbage-collector pause time the controller's metrics report."""
+    if not metrics_port:
+        return float("nan")
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("gearshift_controller_gc_pause_seconds_sum"))
 
 
 def main() -> int:
@@ -167,7 +241,8 @@ def main() -> int:
     p.add_argument("--deployments-per-agent", type=int, default=8)
     p.add_argument("--interval-s", type=float, default=10.0)
     p.add_argument("--duration-s", type=float, default=30.0)
-    p.add_argument("--workers", type=int, default=2, help="agent processes")
+    p.add_argument("--workers", type=int, default=0,
+                   help=f"agent processes (default: one per {AGENTS_PER_WORKER} agents, at least 2)")
     p.add_argument("--agents-per-channel", type=int, default=100,
                    help="agent streams sharing one connection")
     p.add_argument("--controller", default="",
@@ -175,6 +250,8 @@ def main() -> int:
     p.add_argument("--controller-pid", type=int, default=0,
                    help="with --controller: its process id, to measure its CPU and memory")
     args = p.parse_args()
+    if args.workers == 0:
+        args.workers = max(2, -(-args.agents // AGENTS_PER_WORKER))
     if args.agents < 1 or args.workers < 1 or args.agents_per_channel < 1 \
             or args.interval_s <= 0 or args.duration_s <= 0:
         p.error("--agents, --workers, --agents-per-channel, --interval-s and --duration-s "
@@ -205,9 +282,15 @@ def main() -> int:
                 pr.start()
             time.sleep(max(0.0, t_measure - time.time()))
             cpu0 = sum(ctl_ps.cpu_times()[:2]) if ctl_ps else 0.0
+            split0 = _thread_cpu(pid) if ctl_ps else {}
+            gc0 = _gc_seconds(fleet.metrics_port if ctl else 0)
             time.sleep(max(0.0, t_end - time.time()))
             cpu1 = sum(ctl_ps.cpu_times()[:2]) if ctl_ps else 0.0
+            split1 = _thread_cpu(pid) if ctl_ps else {}
+            gc1 = _gc_seconds(fleet.metrics_port if ctl else 0)
             rss_mb = ctl_ps.memory_info().rss / 1e6 if ctl_ps else 0.0
+            fds = ctl_ps.num_fds() if ctl_ps else 0
+            fd_limit = ctl_ps.rlimit(psutil.RLIMIT_NOFILE)[0] if ctl_ps else 0
             stats = [q.get(timeout=args.interval_s + ACK_GRACE_S + 120) for _ in procs]
             for pr in procs:
                 pr.join(10)
@@ -233,10 +316,19 @@ def main() -> int:
         "controller_rss_mb": round(rss_mb, 1),
         "lost_reports": sum(s["lost"] for s in stats),
     }
-    failed = sum(s["failed"] for s in stats)
-    if failed:
-        out["agents_failed"] = failed
-        out["agent_errors"] = [e for s in stats for e in s["errors"]][:5]
+    errors: Counter[str] = Counter()
+    for s in stats:
+        errors.update(s["errors"])
+    out["streams_failed"] = sum(s["failed"] for s in stats)
+    out["stream_errors"] = dict(errors.most_common(5))
+    out["report_bytes"] = stats[0]["report_bytes"] if stats else 0
+    out["agent_processes"] = args.workers
+    out["controller_fds"], out["controller_fd_limit"] = fds, fd_limit
+    out["agent_cores"] = round(sum(s["cpu_s"] for s in stats) / args.duration_s, 3)
+    out["agent_max_process_cores"] = round(max(s["cpu_s"] for s in stats) / args.duration_s, 3)
+    out["controller_split"] = {
+        **{f"{k}_cores": round((split1[k] - split0[k]) / args.duration_s, 3) for k in split1},
+        "gc_s": round(gc1 - gc0, 3)}
     print(json.dumps(out))
     return 0
 

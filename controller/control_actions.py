@@ -242,7 +242,8 @@ class ActionRpcs:
         if request.model not in history.models():
             raise NotFound(f"no request-rate history for model {request.model!r}")
         ts, rps = history.arrays(request.model)
-        return control_pb2.GetRateHistoryResponse(ts=ts, rps=rps, resolution_s=history.resolution_s)
+        return control_pb2.GetRateHistoryResponse(ts=ts.tolist(), rps=rps.tolist(),
+                                                  resolution_s=history.resolution_s)
 
     async def PublishRevision(self, request: control_pb2.PublishRevisionRequest,
                               context: aio.ServicerContext) -> control_pb2.PublishRevisionResponse:

@@ -98,6 +98,17 @@ class DecisionQueries:
         with self._session() as s:
             return list(s.exec(q).all())
 
+    def last_decision_times(self, statuses: tuple[DecisionStatus, ...]) -> dict[str, datetime]:
+        """Per model, the creation time of its newest decision in one of `statuses` (one
+        query for the whole fleet: the policy tick reads every model's)."""
+        table = DecisionRow.__table__  # type: ignore[attr-defined]
+        newest = sa.func.max(table.c.created_at, type_=table.c.created_at.type)
+        q = (sa.select(table.c.model, newest)
+             .where(table.c.status.in_([_status(st) for st in statuses]))
+             .group_by(table.c.model))
+        with self._engine.connect() as conn:
+            return {model: at for model, at in conn.execute(q)}
+
     def update_decision_status(self, decision_id: str, status: DecisionStatus, reason: str = "",
                                expected_from: DecisionStatus | None = None) -> bool:
         """Set a decision's status; with `expected_from`, only if it currently has that
@@ -133,6 +144,17 @@ class DecisionQueries:
             res = conn.execute(stmt.values(**values).on_conflict_do_nothing(
                 index_elements=["model", "revision"]).returning(col(RevisionRow.id)))
             return res.first() is not None
+
+    def revision_times(self) -> dict[str, list[datetime]]:
+        """Per model, when each of its revisions was published, oldest first (one query for
+        the whole fleet)."""
+        table = RevisionRow.__table__  # type: ignore[attr-defined]
+        out: dict[str, list[datetime]] = {}
+        with self._engine.connect() as conn:
+            for model, at in conn.execute(sa.select(table.c.model, table.c.published_at)
+                                          .order_by(table.c.published_at)):
+                out.setdefault(model, []).append(at)
+        return out
 
     def list_revisions(self, model: str, since: datetime | None = None) -> list[RevisionRow]:
         """Revisions of `model` published at or after `since`, oldest first."""

@@ -10,17 +10,23 @@ for the decision core, by the rule shared with the blind backtest
 or the default ratio, each cited with where it came from and why.
 
 Forecasts are refitted at most every `FORECAST_REFIT_S` per model, because a fit
-costs a fraction of a second; the policy loop asks for the policy's horizon and
+costs a fraction of a second, and a policy tick spends at most
+`FORECAST_TICK_BUDGET_S` fitting them, stalest first (`Forecaster.refresh`): a
+large fleet's forecasts are refreshed over several ticks and decisions cite the
+age of the one they used. The policy loop asks for the policy's horizon and
 sustained quantile, and the forecast enters the savings estimate of its decisions.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from numpy.typing import ArrayLike
 
 from gearshift.common.engines import ENGINE_NAMES
 from gearshift.controller.store import Store
@@ -45,6 +51,7 @@ log = logging.getLogger(__name__)
 
 SETTING_PREFIX = "capacity/"
 FORECAST_REFIT_S = 900.0
+FORECAST_TICK_BUDGET_S = 0.25  # wall time a policy tick may spend fitting forecasts
 FORECAST_HORIZON_S = 24 * 3600.0  # when the caller names none (the policy loop names its own)
 FORECAST_QUANTILE = 0.1
 FORECAST_MIN_STEP_S = 300.0  # the forecast works on 5-minute bins (or the history's, if coarser)
@@ -61,6 +68,10 @@ class CapacityLearner:
         self.store = store
         self.models: dict[CapacityKey, CapacityModel] = {}
         self._dirty: set[CapacityKey] = set()
+        # (model, engine) -> its capacity models: `best` runs for every model at every
+        # tick, and a scan of the whole fleet's keys made the tick quadratic.
+        self._index: dict[tuple[str, str], list[CapacityModel]] = {}
+        self._indexed = 0  # len(self.models) when the index was built
 
     def load(self) -> None:
         for key, data in self.store.settings_with_prefix(SETTING_PREFIX).items():
@@ -104,8 +115,13 @@ class CapacityLearner:
     def best(self, model: str, engine: str, gpu_model: str | None,
              sla_ttft_p99_s: float | None, sla_itl_p99_s: float | None) -> LearnedCapacity | None:
         """The estimate from the model with the most points for this engine (and GPU)."""
-        candidates = [m for k, m in self.models.items() if k.model == model and k.engine == engine
-                      and (gpu_model is None or k.gpu_model == gpu_model)]
+        if self._indexed != len(self.models):
+            self._index = {}
+            for key, m in self.models.items():
+                self._index.setdefault((key.model, key.engine), []).append(m)
+            self._indexed = len(self.models)
+        candidates = [m for m in self._index.get((model, engine), ())
+                      if gpu_model is None or m.key.gpu_model == gpu_model]
         if not candidates or (sla_ttft_p99_s is None and sla_itl_p99_s is None):
             return None
         chosen = max(candidates, key=len)
@@ -144,7 +160,17 @@ def live_capacities(learner: CapacityLearner | None, model: str, gpu_model: str 
 
 
 class Forecaster:
-    def __init__(self, history: Callable[[str], tuple[list[float], list[float]]],
+    """Rate forecasts per model, fitted from the history and cached.
+
+    A fit costs a tenth of a second or more, so a policy tick never fits every model
+    of a large fleet: `refresh` fits the models whose forecast is missing or older than
+    FORECAST_REFIT_S — never-forecast ones first, then the oldest — until
+    FORECAST_TICK_BUDGET_S has been spent, and `cached` reads the latest forecast
+    without fitting (its age is cited by the decision). A small fleet is refitted
+    whole at every tick, as before; a large one cycles through its models.
+    """
+
+    def __init__(self, history: Callable[[str], tuple[ArrayLike, ArrayLike]],
                  step_s: float, clock: Callable[[], float] = time.time) -> None:
         self._history = history
         self._step_s = step_s
@@ -157,10 +183,39 @@ class Forecaster:
         """The forecast from the samples before `now`, reused for FORECAST_REFIT_S (never
         one made after `now`, which could have seen later samples)."""
         now = self._clock() if now is None else now
+        if (fc := self._fresh(model, now, horizon_s, quantile, FORECAST_REFIT_S)) is not None:
+            return fc
+        return self._fit(model, now, horizon_s, quantile)
+
+    def refresh(self, models: Iterable[str], now: float, *, horizon_s: float,
+                quantile: float, budget_s: float = FORECAST_TICK_BUDGET_S) -> int:
+        """Fit the stalest of `models` (missing first, then oldest) until `budget_s` of
+        wall time is spent (at least one fit when one is due); returns how many."""
+        due = [m for m in models if self._fresh(m, now, horizon_s, quantile, FORECAST_REFIT_S) is None]
+        due.sort(key=lambda m: self._cache[m][0] if m in self._cache else -math.inf)
+        start, fitted = time.perf_counter(), 0
+        for model in due:
+            if fitted and time.perf_counter() - start >= budget_s:
+                break
+            self._fit(model, now, horizon_s, quantile)
+            fitted += 1
+        return fitted
+
+    def cached(self, model: str, now: float, *, horizon_s: float,
+               quantile: float) -> Forecast | None:
+        """The latest forecast of `model` made at or before `now` for this horizon and
+        quantile, whatever its age; None when there is none (nothing is fitted here)."""
+        return self._fresh(model, now, horizon_s, quantile, math.inf)
+
+    def _fresh(self, model: str, now: float, horizon_s: float, quantile: float,
+               max_age_s: float) -> Forecast | None:
         cached = self._cache.get(model)
         if (cached is not None and cached[1:3] == (horizon_s, quantile)
-                and 0.0 <= now - cached[0] < FORECAST_REFIT_S):
+                and 0.0 <= now - cached[0] < max_age_s):
             return cached[3]
+        return None
+
+    def _fit(self, model: str, now: float, horizon_s: float, quantile: float) -> Forecast:
         ts, rps = self._history(model)
         fc = decision_forecast(ts, rps, now, horizon_s,
                                step_s=max(self._step_s, FORECAST_MIN_STEP_S), quantile=quantile)

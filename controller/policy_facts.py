@@ -9,7 +9,7 @@ is the rate forecast over the policy's horizon. Both are pure reads.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from gearshift.common.engines import ENGINE_NAMES
@@ -73,10 +73,20 @@ def model_facts(fleet: FleetState, ready: list[tuple[str, agent_pb2.DeploymentRe
 
 def rate_forecast(forecaster: Forecaster | None, model: str, policy: Policy,
                   now: float) -> Forecast | None:
-    """The rate forecast over the policy's horizon at its sustained quantile (it sets
-    the traffic level of the savings estimate; `policies.economics`)."""
+    """The latest rate forecast over the policy's horizon at its sustained quantile (it
+    sets the traffic level of the savings estimate; `policies.economics`); None until
+    one was fitted (`refresh_forecasts`)."""
     if forecaster is None:
         return None
     spec = policy.doc.spec
-    return forecaster.forecast(model, now, horizon_s=spec.cost.horizon,
-                               quantile=spec.signals.sustained_quantile)
+    return forecaster.cached(model, now, horizon_s=spec.cost.horizon,
+                             quantile=spec.signals.sustained_quantile)
+
+
+def refresh_forecasts(forecaster: Forecaster | None, models: Iterable[str], policy: Policy,
+                      now: float) -> None:
+    """Refit the stalest forecasts within the tick's budget (`Forecaster.refresh`)."""
+    if forecaster is not None:
+        spec = policy.doc.spec
+        forecaster.refresh(models, now, horizon_s=spec.cost.horizon,
+                           quantile=spec.signals.sustained_quantile)

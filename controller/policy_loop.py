@@ -31,7 +31,7 @@ from gearshift.common.errors import (
 )
 from gearshift.controller.canary import Sla
 from gearshift.controller.fleet import FleetState
-from gearshift.controller.policy_facts import model_facts, rate_forecast
+from gearshift.controller.policy_facts import model_facts, rate_forecast, refresh_forecasts
 from gearshift.controller.rate_history import RateHistory
 from gearshift.controller.store import Store
 from gearshift.controller.tables import (
@@ -60,6 +60,20 @@ TRIAL_PREFIX = "trial/"
 
 def _utc(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, UTC)
+
+
+@dataclass
+class TickReads:
+    """The store's part of one tick, read once for the fleet."""
+
+    trials: dict[str, Any]  # "trial/<model>/<engine>" -> the stored trial result
+    last_switch: dict[str, datetime]  # model -> newest done or rolled-back decision
+    revisions: dict[str, list[datetime]]  # model -> publication times
+    migrations: dict[str, MigrationRow]  # model -> its active migration
+
+    def trial_result(self, model: str, engine: str) -> dict[str, Any] | None:
+        value = self.trials.get(f"{TRIAL_PREFIX}{model}/{engine}")
+        return value if isinstance(value, dict) else None
 
 
 @dataclass
@@ -148,18 +162,21 @@ class PolicyLoop:
         return [(h, d) for h, d, _ in self.fleet.deployments_of(model)
                 if d.phase == agent_pb2.DEPLOYMENT_PHASE_READY]
 
-    def model_facts(self, model: str, policy: Policy) -> ModelFacts | None:
+    def model_facts(self, model: str, policy: Policy,
+                    reads: TickReads | None = None) -> ModelFacts | None:
         ready = self._ready(model)
         if not ready:
             return None
-        return model_facts(self.fleet, ready, model, self.priors(model), policy, self.learner,
-                           self.trial_result)
+        reads = reads or self._reads([model])
+        return model_facts(self.fleet, ready, model, priors_for(policy.doc.spec.models, model),
+                           policy, self.learner, reads.trial_result)
 
-    def model_state(self, model: str, now: float) -> ModelState | None:
+    def model_state(self, model: str, now: float, reads: TickReads | None = None) -> ModelState | None:
         ready = self._ready(model)
         if not ready:
             return None
-        active = self._active_migration(model)
+        reads = reads or self._reads([model])
+        active = reads.migrations.get(model)
         engines = sorted({d.engine for _, d in ready})
         engine = active.from_engine if active is not None else engines[0]
         if active is None and len(engines) > 1:
@@ -167,22 +184,27 @@ class PolicyLoop:
         seen = self._seen.get(model)
         if seen is None or seen.engine != engine:
             seen = self._seen[model] = _Seen(engine, now if seen else self.fleet.started)
-        # A move that was rolled back counts as a switch for the cooldown: it cost a
-        # build and a canary, and trying again at once would repeat it.
-        last = [d.created_at.timestamp() for status in (DecisionStatus.DONE, DecisionStatus.ROLLED_BACK)
-                for d in self.store.list_decisions(model=model, status=status, limit=1)]
+        last = reads.last_switch.get(model)
         return ModelState(
             engine=engine, since=seen.since,
-            last_switch=max(last) if last else None,
+            last_switch=last.timestamp() if last is not None else None,
             migrating_to=active.to_engine if active is not None else None)
 
-    def _active_migration(self, model: str) -> MigrationRow | None:
-        if self.orchestrator is None:
-            return None
-        for row in self.orchestrator.list(active_only=True):
-            if row.model == model:
-                return row
-        return None
+    def _reads(self, models: list[str]) -> TickReads:
+        """What a tick reads from the store, in a few queries for the whole fleet."""
+        migrations: dict[str, MigrationRow] = {}
+        if self.orchestrator is not None:
+            for row in self.orchestrator.list(active_only=True):
+                migrations.setdefault(row.model, row)  # newest first, as before
+        # A move that was rolled back counts as a switch for the cooldown: it cost a
+        # build and a canary, and trying again at once would repeat it.
+        return TickReads(
+            trials=self.store.settings_with_prefix(TRIAL_PREFIX),
+            last_switch=self.store.last_decision_times((DecisionStatus.DONE,
+                                                        DecisionStatus.ROLLED_BACK)),
+            revisions=self.store.revision_times() if len(models) != 1 else
+            {models[0]: [r.published_at for r in self.store.list_revisions(models[0])]},
+            migrations=migrations)
 
     def sample_rates(self, now: float) -> None:
         if not self.history.due(now):
@@ -206,12 +228,15 @@ class PolicyLoop:
         version, policy = current
         self._retry_approved()
         signals, states = {}, {}
-        for model in sorted(set(self.history.models()) | {m.model for m in self.fleet.models()}):
-            facts, state = self.model_facts(model, policy), self.model_state(model, now)
+        models = sorted(set(self.history.models()) | {m.model for m in self.fleet.models()})
+        refresh_forecasts(self.forecaster, models, policy, now)
+        reads = self._reads(models)
+        for model in models:
+            facts, state = self.model_facts(model, policy, reads), self.model_state(model, now, reads)
             if facts is None or state is None:
                 continue
             ts, rps = self.history.arrays(model)
-            revs = [r.published_at.timestamp() for r in self.store.list_revisions(model)]
+            revs = [at.timestamp() for at in reads.revisions.get(model, ())]
             hist = ModelHistory.of(ts, rps, sorted(revs), self.history.resolution_s)
             signals[model] = compute_signals(model, hist, facts, now, policy.signal_settings,
                                              rate_forecast(self.forecaster, model, policy, now))

@@ -33,6 +33,7 @@ from gearshift.controller.grpc_server import build_server
 from gearshift.controller.ha import Leadership
 from gearshift.controller.leader import LeaderElector
 from gearshift.controller.learning import CapacityLearner, Forecaster
+from gearshift.controller.limits import raise_open_files_limit
 from gearshift.controller.metrics import ControllerMetrics
 from gearshift.controller.migration_store import MigrationPhase, MigrationRepository, MigrationRow
 from gearshift.controller.orchestrator import MigrationOrchestrator, OrchestratorSettings
@@ -341,6 +342,7 @@ class Controller:
 
 
 async def run_controller(config: ControllerConfig, *, ready_file: Path | None = None) -> None:
+    raise_open_files_limit()  # one connection per agent host: thousands of descriptors
     controller = Controller(config)
     await controller.start()
     # The process's collector settings (not the Controller's: tests run several in one

@@ -1,11 +1,11 @@
 """Capacity from load observations: the monotone fit, the SLA crossing and its band.
 
 `estimate_metric` fits p99 latency as a non-decreasing function of load
-(scikit-learn `isotonic_regression` over the observations sorted by load, after
-dropping outliers: minutes whose p99 is over 10x the median p99 of every higher
-load, which no monotone curve can produce) and returns the largest load at
-which the fit stays within the SLA, interpolated in log latency between
-neighbours. The uncertainty band is the 5th..95th percentile of the same
+(SciPy's `isotonic_regression`, the one scikit-learn's wraps, over the
+observations sorted by load, after dropping outliers: minutes whose p99 is over
+10x the median p99 of every higher load, which no monotone curve can produce)
+and returns the largest load at which the fit stays within the SLA,
+interpolated in log latency between neighbours. The uncertainty band is the 5th..95th percentile of the same
 estimate over bootstrap resamples of the observations. When every observed load
 meets the SLA the result is only a lower bound (`status="lower_bound"`, the
 highest load seen); when even the lowest one misses it, an upper bound. Too few
@@ -19,13 +19,14 @@ ratios of the two estimates' bootstrap draws.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
-from sklearn.isotonic import isotonic_regression
+from scipy.optimize import isotonic_regression
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -71,10 +72,17 @@ def outlier_mask(loads: FloatArray, lat: FloatArray) -> npt.NDArray[np.bool_]:
     """p99s far above what every higher load showed: impossible for a monotone curve."""
     flags = np.zeros(loads.size, dtype=bool)
     order = np.argsort(loads)
-    for rank, i in enumerate(order):
-        above = lat[order[rank + 1:]]
-        if above.size >= 3 and lat[i] > OUTLIER_FACTOR * max(float(np.median(above)), 1e-6):
-            flags[i] = True
+    # The median of the p99s above each rank, from the top down over one sorted list
+    # (the same figures as np.median of each suffix, in O(n log n) list work).
+    above: list[float] = []
+    for rank in range(loads.size - 1, -1, -1):
+        i = int(order[rank])
+        m = len(above)
+        if m >= 3:
+            median = above[m // 2] if m % 2 else (above[m // 2 - 1] + above[m // 2]) / 2
+            if lat[i] > OUTLIER_FACTOR * max(median, 1e-6):
+                flags[i] = True
+        bisect.insort(above, float(lat[i]))
     return flags
 
 
@@ -101,7 +109,7 @@ def monotone_fit(loads: FloatArray, lat: FloatArray) -> tuple[FloatArray, FloatA
     """(loads ascending, the non-decreasing least-squares fit of p99 at each)."""
     order = np.argsort(loads, kind="stable")
     y = lat[order]
-    fit = y.copy() if y.size < 2 else isotonic_regression(y, increasing=True)
+    fit = y.copy() if y.size < 2 else isotonic_regression(y, increasing=True).x
     return loads[order], np.asarray(fit, dtype=np.float64)
 
 

@@ -1,0 +1,205 @@
+"""Policy evaluation at fleet scale: one full tick of the default policy over N models,
+through the controller's own code (`PolicyLoop.evaluate`: signals, forecast,
+capacity, decide, storing decisions).
+
+    python bench/evaluate.py --models 10000
+
+The fleet is built the way a running controller holds it:
+- a real store (SQLite in a temp dir, migrated) with the policy applied, two
+  published revisions per model, and each model's capacity observations stored as
+  the learner persists them (`capacity/<label>` settings, read back by
+  `CapacityLearner.load`, as at start-up);
+- agents' hellos and reports in `FleetState`: hosts of 8 GPUs with one ready
+  deployment per model (vLLM and TensorRT-LLM alternately), with metrics and p99s;
+- the rate history of the controller keeps (`--history-days`, default 8: its retention) at
+  `--resolution-s` (default 300 s), a daily cycle with noise per model, fed to the
+  controller's `RateHistory` as its sampling would.
+
+Then one evaluation tick is timed (wall and CPU), with the resident memory added
+by the whole fleet (`rss_mb`: over the process before the fleet was built, both
+after a collection and malloc_trim, so that the set-up's freed garbage is not
+counted).
+Targets: tick_s <= 1 s and rss_mb <= 300 MB at 10,000 models. Prints one JSON
+object: models, tick_s, tick_cpu_s, per_model_us, rss_mb, decisions, setup_s,
+and the targets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import gc
+import json
+import math
+import random
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_POLICY = ROOT / "policies" / "examples" / "default.yaml"
+TARGET_TICK_S = 1.0
+TARGET_RSS_MB = 300.0
+GPUS_PER_HOST = 8
+CAPACITY_POINTS = 120  # stored capacity observations per model (load bins x newest)
+
+
+def _deployment(i: int, rate: float, rng: random.Random) -> Any:
+    from gearshift.v1 import agent_pb2
+
+    d = agent_pb2.DeploymentReport(
+        deployment_id=f"dep-{i}", engine="vllm" if i % 2 else "tensorrt-llm",
+        engine_version="0.11.0", model=f"model-{i:05d}", revision="r2",
+        phase=agent_pb2.DEPLOYMENT_PHASE_READY, endpoint=f"http://10.0.{i // 250}.{i % 250}:8000",
+        request_rate=rate, running_requests=rng.randint(0, 64), waiting_requests=0,
+        tensor_parallel_size=1, metrics_present=True)
+    d.gpu_indices.append(i % GPUS_PER_HOST)
+    for q, p99 in ((d.ttft, 0.4), (d.itl, 0.03), (d.e2e, 4.0)):
+        q.present, q.p50_s, q.p99_s, q.mean_s, q.count = True, p99 / 3, p99, p99 / 2, 100
+    return d
+
+
+def _fleet(models: int, rates: list[float], now: float) -> Any:
+    from gearshift.controller.fleet import FleetState
+    from gearshift.v1 import agent_pb2
+
+    fleet = FleetState(clock=lambda: now)
+    rng = random.Random(5)
+    for h in range(math.ceil(models / GPUS_PER_HOST)):
+        hello = agent_pb2.Hello(host_id=f"host-{h:05d}", agent_version="bench",
+                                protocol_version=agent_pb2.PROTOCOL_VERSION_1)
+        for g in range(GPUS_PER_HOST):
+            hello.gpus.add(index=g, model="NVIDIA H100 80GB HBM3", memory_total_bytes=80 << 30)
+        fleet.hello(hello, 10.0)
+        report = agent_pb2.Report(seq=1, interval_s=10.0)
+        report.deployments.extend(_deployment(i, rates[i], rng) for i in
+                                  range(h * GPUS_PER_HOST, min(models, (h + 1) * GPUS_PER_HOST)))
+        fleet.report(hello.host_id, report)
+    return fleet
+
+
+def _history(models: int, levels: list[float], now: float, days: float,
+             resolution_s: float) -> Any:
+    from gearshift.controller.rate_history import RateHistory
+
+    history = RateHistory(resolution_s)
+    rng = random.Random(11)
+    steps = int(days * 86400 / resolution_s)
+    names = [f"model-{i:05d}" for i in range(models)]
+    for k in range(steps, 0, -1):
+        t = now - k * resolution_s
+        day = math.sin(2 * math.pi * (t % 86400) / 86400)
+        history.sample(t, {m: levels[i] * (1 + 0.4 * day) * rng.uniform(0.9, 1.1)
+                           for i, m in enumerate(names)})
+    return history
+
+
+def _capacity(store: Any, models: int, levels: list[float], now: float) -> None:
+    """Each model's serving engine observed over a range of loads, stored as the learner
+    persists it (a model never measured on its other engine: priors fill that one)."""
+    from gearshift.controller.learning import CapacityLearner
+    from gearshift.controller.tables import RollupRow
+
+    learner = CapacityLearner(store)
+    rng = random.Random(17)
+    rows = []
+    for i in range(models):
+        engine, cap = ("vllm" if i % 2 else "tensorrt-llm"), levels[i] * 1.4
+        for k in range(CAPACITY_POINTS):
+            load = cap * rng.uniform(0.3, 0.85)
+            rows.append(RollupRow(
+                model=f"model-{i:05d}", engine=engine,
+                minute=datetime.fromtimestamp(now - (CAPACITY_POINTS - k) * 60, UTC),
+                engine_version="0.11.0", gpu_model="NVIDIA H100 80GB HBM3", reports=6, replicas=1,
+                request_rate_mean=load, request_rate_max=load * 1.2,
+                ttft_p99_s=0.3 * (1 - load / (1.25 * cap)) ** -1.5 * rng.lognormvariate(0, 0.05),
+                itl_p99_s=None))
+        if len(rows) >= 5_000:
+            learner.observe(rows)
+            rows = []
+    learner.observe(rows)
+    learner.save()
+
+
+def _revisions(store: Any, models: int, now: float) -> None:
+    from gearshift.controller.tables import RevisionRow
+
+    table = RevisionRow.__table__  # type: ignore[attr-defined]
+    values = [{"model": f"model-{i:05d}", "revision": f"r{r}", "source": "bench",
+               "published_at": datetime.fromtimestamp(now - (10 - 4 * r) * 86400, UTC)}
+              for i in range(models) for r in (1, 2)]
+    with store.engine.begin() as conn:
+        conn.execute(table.insert(), values)
+
+
+def _live_rss(proc: psutil.Process) -> int:
+    """Resident bytes once freed memory went back to the OS: the set-up's garbage (rows,
+    documents) is freed but would otherwise stay in the allocator's arenas."""
+    gc.collect()
+    if sys.platform == "linux":
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return int(proc.memory_info().rss)
+
+
+def run(models: int, days: float, resolution_s: float, policy_path: Path) -> dict[str, Any]:
+    from gearshift.controller.learning import CapacityLearner, Forecaster
+    from gearshift.controller.policy_loop import PolicyLoop
+    from gearshift.controller.store import Store, default_sqlite_url
+    from gearshift.policies import forecast  # noqa: F401  (scikit-learn: code, not fleet)
+
+    proc = psutil.Process()
+    rss0 = _live_rss(proc)  # the code is imported: what follows is the fleet's
+    now = time.time()
+    rng = random.Random(3)
+    levels = [rng.lognormvariate(1.5, 1.0) for _ in range(models)]
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="gearshift-evaluate-") as tmp:
+        store = Store.open(default_sqlite_url(Path(tmp)))
+        try:
+            _revisions(store, models, now)
+            _capacity(store, models, levels, now)
+            history = _history(models, levels, now, days, resolution_s)
+            fleet = _fleet(models, levels, now)
+            loop = PolicyLoop(store, fleet, history, paused=lambda: False, clock=lambda: now)
+            loop.apply(policy_path.read_text(), str(policy_path), "bench", "")
+            loop.learner = CapacityLearner(store)
+            loop.learner.load()
+            loop.forecaster = Forecaster(history.arrays, resolution_s, clock=lambda: now)
+            fleet.started = now - days * 86400  # the models have been on their engines all along
+            setup_s = time.perf_counter() - t0
+            w0, c0 = time.perf_counter(), time.process_time()
+            decisions = loop.evaluate(now)
+            tick_s, tick_cpu_s = time.perf_counter() - w0, time.process_time() - c0
+            rss_mb = (_live_rss(proc) - rss0) / 1e6
+        finally:
+            store.close()
+    return {"models": models, "tick_s": round(tick_s, 3), "tick_cpu_s": round(tick_cpu_s, 3),
+            "per_model_us": round(tick_s / models * 1e6, 1), "rss_mb": round(rss_mb, 1),
+            "decisions": len(decisions), "history_days": days, "resolution_s": resolution_s,
+            "setup_s": round(setup_s, 1), "target_tick_s": TARGET_TICK_S,
+            "target_rss_mb": TARGET_RSS_MB,
+            "meets_target": tick_s <= TARGET_TICK_S and rss_mb <= TARGET_RSS_MB}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", type=int, default=10_000)
+    p.add_argument("--history-days", type=float, default=8.0)
+    p.add_argument("--resolution-s", type=float, default=300.0)
+    p.add_argument("--policy", type=Path, default=DEFAULT_POLICY)
+    args = p.parse_args()
+    if args.models < 1 or args.history_days <= 0 or not 1 <= args.resolution_s <= 3600:
+        p.error("--models and --history-days must be positive, --resolution-s in 1..3600")
+    print(json.dumps(run(args.models, args.history_days, args.resolution_s, args.policy)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""Quantile gradient boosting with a cheaper leaf update, same results as scikit-learn's.
+
+`HistGradientBoostingRegressor(loss="quantile")` sets every leaf of every tree to
+the quantile of the residuals in that leaf with `numpy.percentile`; with 15 leaves
+and 60 rounds that is about 900 calls per fit whose fixed cost (argument checks,
+dispatch) outweighs the work on a few hundred values, and it was about half of a
+forecast's time. `QuantileGBM` computes the same quantile with one `np.partition`
+and numpy's own "linear" interpolation (Hyndman & Fan method 7, including its
+rounding: the virtual index ``(n - 1) * q`` with ``q = 100 * quantile / 100`` and
+`numpy`'s two-sided lerp), so the trees, and every forecast, are bit-for-bit those
+of the plain estimator (tests compare them). Weighted fits and any residuals with
+NaN go to scikit-learn's code unchanged.
+
+The hook is scikit-learn's loss factory (`_get_loss`), a private method; when a
+scikit-learn release no longer has it, `quantile_regressor` returns the plain
+estimator, slower but the same.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from sklearn.ensemble import HistGradientBoostingRegressor
+
+try:
+    from sklearn._loss.loss import PinballLoss
+except ImportError:  # a scikit-learn without the private loss module: plain estimator
+    PinballLoss = None
+
+
+def percentile_linear(values: npt.NDArray[np.float64], quantile: float) -> float:
+    """`np.percentile(values, 100 * quantile)` (method "linear") of a 1-d array without
+    NaN, bit for bit. Reorders `values` in place (as numpy's partition would a copy)."""
+    n = values.shape[0]
+    q = np.true_divide(np.float64(100 * quantile), 100)
+    virtual = (n - 1) * q
+    below = int(np.floor(virtual))
+    lo = min(max(below, 0), n - 1)
+    hi = min(lo + 1, n - 1) if virtual >= 0 else 0
+    values.partition((lo, hi) if hi != lo else lo)
+    a, b = values[lo], values[hi]
+    gamma = virtual - np.float64(below)
+    diff = b - a
+    # numpy's lerp: from the nearer end, so that gamma = 1 gives b exactly.
+    return float(b - diff * (1 - gamma)) if gamma >= 0.5 else float(a + diff * gamma)
+
+
+if PinballLoss is not None:
+    class _PinballLoss(PinballLoss):  # type: ignore[misc, valid-type]
+        def fit_intercept_only(self, y_true: Any, sample_weight: Any = None) -> Any:
+            if sample_weight is not None or y_true.ndim != 1 or np.isnan(y_true).any():
+                return super().fit_intercept_only(y_true, sample_weight)
+            return np.float64(percentile_linear(np.array(y_true, dtype=np.float64),
+                                                self.closs.quantile))
+
+    class QuantileGBM(HistGradientBoostingRegressor):
+        """`HistGradientBoostingRegressor(loss="quantile")` with the cheaper leaf update."""
+
+        def _get_loss(self, sample_weight: Any) -> Any:
+            return _PinballLoss(sample_weight=sample_weight, quantile=self.quantile)
+
+
+def quantile_regressor(**params: Any) -> HistGradientBoostingRegressor:
+    """A quantile `HistGradientBoostingRegressor` with `params` (loss="quantile" implied)."""
+    params = {**params, "loss": "quantile"}
+    if PinballLoss is None or not hasattr(HistGradientBoostingRegressor, "_get_loss"):
+        return HistGradientBoostingRegressor(**params)
+    return QuantileGBM(**params)
