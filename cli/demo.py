@@ -8,7 +8,9 @@ load generator, each a real process except the load. The scenario:
 - `qwen3-8b` is as busy, but new revisions arrive every ~20 s, so it stays on
   vLLM and each revision rolls out through the same machinery;
 - `mistral-7b` also gets busy, but its TensorRT-LLM engine on host-c is made
-  slow (an emulator fault), so its canary breaks the SLA and is rolled back.
+  slow (an emulator fault), so its canary breaks the SLA and is rolled back;
+- with `--engines vllm,tensorrt-llm,sglang`, `gemma-3-4b` starts on SGLang (host-d)
+  and gets as busy, so it moves from SGLang to TensorRT-LLM.
 
 Decisions and migration steps are printed as they happen; the last line is
 `requests: <sent> sent, <failed> failed`, and the exit status is 0 only when no
@@ -32,9 +34,10 @@ from rich.console import Console
 from rich.table import Table
 
 from gearshift.cli.local_fleet import LocalFleet
+from gearshift.common.engines import ENGINE_NAMES
 from gearshift.v1 import control_pb2, control_pb2_grpc
 
-A, B, C = "llama-3.3-70b", "qwen3-8b", "mistral-7b"
+A, B, C, D = "llama-3.3-70b", "qwen3-8b", "mistral-7b", "gemma-3-4b"
 FAST = {"GEARSHIFT_EMULATOR_LOAD_S": "0.5"}
 DEMO_AGENTS = {
     "host-a": ([{"deployment_id": "llama-70b-vllm", "model": A, "engine": "vllm",
@@ -51,6 +54,14 @@ DEMO_AGENTS = {
                {"vllm": FAST, "tensorrt-llm": {**FAST,
                                                "GEARSHIFT_EMULATOR_FAULTS": '{"latency_factor": 30}'}}),
 }
+
+# With SGLang in --engines: one more host and model, starting on SGLang.
+SGLANG_AGENTS = {
+    "host-d": ([{"deployment_id": "gemma-4b-sglang", "model": D, "engine": "sglang",
+                 "source": "google/gemma-3-4b-it", "revision": "r1", "gpu_indices": [0]}],
+               {"sglang": FAST, "tensorrt-llm": FAST}),
+}
+BASE_ENGINES = ("vllm", "tensorrt-llm")  # the scenario above needs both
 
 DEMO_POLICY = f"""\
 apiVersion: gearshift.dev/v1
@@ -81,8 +92,8 @@ spec:
 CONTROLLER_ARGS = ("--history-resolution", "1", "--canary-steps", "0.25,0.5",
                    "--analysis-intervals", "2")
 PHASE_1_S = 20.0          # light traffic for everyone
-LIGHT_RPS = {A: 3.0, B: 10.0, C: 3.0}
-HEAVY_RPS = {A: 14.0, B: 10.0, C: 12.0}
+LIGHT_RPS = {A: 3.0, B: 10.0, C: 3.0, D: 3.0}
+HEAVY_RPS = {A: 14.0, B: 10.0, C: 12.0, D: 12.0}
 REVISION_EVERY_S = 20.0
 END_STATES = {"done", "rolled_back", "aborted"}
 
@@ -90,9 +101,9 @@ END_STATES = {"done", "rolled_back", "aborted"}
 class LoadGenerator:
     """Poisson arrivals per model through the gateway, half of them streaming."""
 
-    def __init__(self, gateway_url: str) -> None:
+    def __init__(self, gateway_url: str, models: tuple[str, ...] = (A, B, C)) -> None:
         self.gateway_url = gateway_url
-        self.rates = dict(LIGHT_RPS)
+        self.rates = {m: LIGHT_RPS[m] for m in models}
         self.sent = 0
         self.failed = 0
         self.errors: list[str] = []
@@ -174,8 +185,9 @@ async def _publish(stub: control_pb2_grpc.ControlServiceStub, n: int, console: C
         console.print(f"[dim]publish {B} r{n} not started: {exc.details()}[/dim]")
 
 
-async def _scenario(fleet: LocalFleet, duration_s: float, console: Console) -> tuple[LoadGenerator, Watcher]:
-    load = LoadGenerator(fleet.gateway_url)
+async def _scenario(fleet: LocalFleet, duration_s: float, console: Console,
+                    movers: tuple[str, ...] = (A, C)) -> tuple[LoadGenerator, Watcher]:
+    load = LoadGenerator(fleet.gateway_url, (A, B, C, *(m for m in movers if m not in (A, C))))
     stop = asyncio.Event()
     load_task = asyncio.create_task(load.run(stop))
     started = time.monotonic()
@@ -188,15 +200,15 @@ async def _scenario(fleet: LocalFleet, duration_s: float, console: Console) -> t
         while (now := time.monotonic()) - started < duration_s:
             if not heavy and now - started >= PHASE_1_S:
                 heavy = True
-                load.rates.update(HEAVY_RPS)
-                console.print(f"{watcher._t()} [bold]traffic[/bold]: {A} and {C} rise to "
-                              f"{HEAVY_RPS[A]:.0f} and {HEAVY_RPS[C]:.0f} req/s")
+                load.rates.update({m: HEAVY_RPS[m] for m in load.rates})
+                console.print(f"{watcher._t()} [bold]traffic[/bold]: " + ", ".join(
+                    f"{m} rises to {HEAVY_RPS[m]:.0f} req/s" for m in movers))
             if now >= next_revision:
                 await _publish(stub, revision_n, console)
                 revision_n += 1
                 next_revision = now + REVISION_EVERY_S
             await watcher.poll(stub)
-            if heavy and _settled(watcher) and now - started > PHASE_1_S + 30:
+            if heavy and _settled(watcher, movers) and now - started > PHASE_1_S + 30:
                 break
             await asyncio.sleep(1.0)
         await watcher.poll(stub)
@@ -205,10 +217,10 @@ async def _scenario(fleet: LocalFleet, duration_s: float, console: Console) -> t
     return load, watcher
 
 
-def _settled(w: Watcher) -> bool:
-    """Both engine moves (A's and C's) have ended; the demo can stop early."""
+def _settled(w: Watcher, movers: tuple[str, ...] = (A, C)) -> bool:
+    """Every engine move (A's and C's, and D's with SGLang) has ended; the demo can stop early."""
     ends = {m.model: m.phase for m in w.migrations.values() if m.kind == "engine_switch"}
-    return all(ends.get(model) in END_STATES for model in (A, C))
+    return all(ends.get(model) in END_STATES for model in movers)
 
 
 def _summary(fleet: LocalFleet, watcher: Watcher, console: Console) -> dict[str, str]:
@@ -238,8 +250,19 @@ def _summary(fleet: LocalFleet, watcher: Watcher, console: Console) -> dict[str,
 @click.option("--workdir", type=click.Path(path_type=Path), default=None,
               help="keep logs and the SQLite store here (default: a temporary folder)")
 @click.option("--json-summary", is_flag=True, help="also print the summary as one JSON line")
-def demo(duration_s: float, workdir: Path | None, json_summary: bool) -> None:
+@click.option("--engines", "engines_csv", default=",".join(BASE_ENGINES), show_default=True,
+              help="engines in the scenario, comma-separated: vllm and tensorrt-llm, and "
+                   "sglang to add a model that starts on SGLang and moves to TensorRT-LLM")
+def demo(duration_s: float, workdir: Path | None, json_summary: bool, engines_csv: str) -> None:
     """Run the embedded default fleet on loopback: decisions and migrations, live."""
+    engines = tuple(e.strip() for e in engines_csv.split(",") if e.strip())
+    unknown = [e for e in engines if e not in ENGINE_NAMES]
+    if unknown or not set(BASE_ENGINES) <= set(engines):
+        raise click.BadParameter(
+            f"expected {' and '.join(BASE_ENGINES)}, optionally sglang (known engines: "
+            f"{', '.join(ENGINE_NAMES)}), found {engines_csv!r}", param_hint="--engines")
+    agents = {**DEMO_AGENTS, **(SGLANG_AGENTS if "sglang" in engines else {})}
+    movers = (A, C, D) if "sglang" in engines else (A, C)
     console = Console(width=160, highlight=False)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gearshift-demo-") as tmp:
@@ -247,17 +270,18 @@ def demo(duration_s: float, workdir: Path | None, json_summary: bool) -> None:
         try:
             fleet.start_controller(CONTROLLER_ARGS)
             console.print(f"controller on {fleet.controller_addr} (SQLite under {fleet.workdir / 'data'})")
-            for host_id, (deps, env) in DEMO_AGENTS.items():
+            for host_id, (deps, env) in agents.items():
                 fleet.start_agent(host_id, deps, env)
             fleet.start_gateway()
-            console.print(f"gateway on {fleet.gateway_url} (OpenAI-compatible); 3 agents, 3 models")
-            _wait_ready(fleet, len(DEMO_AGENTS))
+            console.print(f"gateway on {fleet.gateway_url} (OpenAI-compatible); {len(agents)} "
+                          f"agents, {len(agents)} models, engines {', '.join(engines)}")
+            _wait_ready(fleet, len(agents))
             policy_path = fleet.workdir / "demo-policy.yaml"
             policy_path.write_text(DEMO_POLICY)
             _apply_policy(fleet, DEMO_POLICY)
             console.print("policy 'demo' applied (auto mode): TensorRT-LLM above 9 sustained req/s, "
                           "vLLM while weights churn")
-            load, watcher = asyncio.run(_scenario(fleet, duration_s, console))
+            load, watcher = asyncio.run(_scenario(fleet, duration_s, console, movers))
             outcome = _summary(fleet, watcher, console)
         finally:
             fleet.stop()

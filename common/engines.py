@@ -204,7 +204,39 @@ TENSORRT_LLM = EngineEntry(
              "tensorrt_llm/metrics/collector.py; tests/fixtures/engine-metrics/SOURCES.md",),
 )
 
-CATALOG: tuple[EngineEntry, ...] = (VLLM, TENSORRT_LLM)
+SGLANG = EngineEntry(
+    name="sglang",
+    display_name="SGLang",
+    executable=("python3", "-m", "sglang.launch_server"),
+    version_probe=("python3", "-c", "import sglang; print(sglang.__version__)"),
+    launch=LaunchFacts(runtime_module="gearshift.agents.runtimes.sglang", deployment_tag="sglang"),
+    # The HTTP server binds before the model is warm: 503 until a one-token generation
+    # succeeds (and again while it exits).
+    health=HealthSemantics(paths=("/health", "/health_generate"),
+                           loading_statuses=frozenset({503}),
+                           note="503 while starting, 200 once a 1-token generation succeeds"),
+    # Only with --enable-metrics, which the runtime always passes.
+    metric_endpoints=(MetricEndpoint("/metrics", MetricFormat.PROMETHEUS),),
+    metric_names=MetricNames(
+        prefixes=("sglang:",),
+        finished=("num_requests",),
+        errors=("num_aborted_requests",),
+        running=("num_running_reqs",),
+        waiting=("num_queue_reqs",),
+        kv_cache_usage=("token_usage",),  # used / total tokens of the KV-cache pool
+        itl=("inter_token_latency_seconds", "time_per_output_token_seconds")),
+    prior=CapacityPrior(1.0, 0.94, 1.22,
+                        "published serving benchmarks put SGLang and vLLM within a few % on "
+                        "dense models, SGLang ahead with shared prefixes: no default lead"),
+    emulator_module="gearshift.agents.emulator.flavor_sglang",
+    sources=("sgl-project/sglang 0.5 line: python/sglang/srt/server_args.py (001067ff), "
+             "python/sglang/srt/entrypoints/http_server.py (0025436e), "
+             "python/sglang/srt/metrics/collector.py (00ae9c15); "
+             "docs/references/production_metrics.md (00b08c49); "
+             "tests/fixtures/engine-metrics/SOURCES.md",),
+)
+
+CATALOG: tuple[EngineEntry, ...] = (VLLM, TENSORRT_LLM, SGLANG)
 ENGINE_NAMES: tuple[str, ...] = tuple(e.name for e in CATALOG)
 BASELINE_ENGINE = VLLM.name  # capacity ratios (priors, `capacity_gain.*`) are relative to it
 _BY_NAME = {e.name: e for e in CATALOG}

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from gearshift.common.engines import engine_entry
+from gearshift.common.engines import ENGINE_NAMES, engine_entry
 from gearshift.policies.economics import CostSettings, MoveEstimate, estimate_move
 from gearshift.policies.loader import Policy
 from gearshift.policies.rules import RULE_KINDS, RuleContext, RuleOutcome
@@ -114,13 +114,20 @@ def cost_settings(policy: Policy) -> CostSettings:
                         hysteresis=policy.doc.spec.guardrails.hysteresis)
 
 
+def _engine_order(policy: Policy, sig: Signals) -> tuple[str, ...]:
+    """`preferences.order` ranks engines for ties; catalog engines it leaves out that the
+    model has facts for come after, in catalog order."""
+    order = policy.doc.spec.preferences.order
+    return (*order, *(e for e in ENGINE_NAMES if e not in order and e in sig.facts.engines))
+
+
 def _candidates(policy: Policy, sig: Signals, current: str,
                 cost: CostSettings) -> tuple[dict[str, MoveEstimate | None], list[tuple[str, str]]]:
     """Engines the model may move to, with estimates; and those refused, with why."""
     prefs = policy.doc.spec.preferences
     allowed: dict[str, MoveEstimate | None] = {}
     refused: list[tuple[str, str]] = []
-    for engine in prefs.order:
+    for engine in _engine_order(policy, sig):
         if engine == current:
             continue
         facts = sig.facts.engines.get(engine)
@@ -215,8 +222,7 @@ def _plan_model(policy: Policy, model: str, sig: Signals, st: ModelState, now: f
         best = max((e for e in candidates.values() if e is not None), default=None,
                    key=lambda e: e.net_usd)
         view = SignalView(sig, st.engine, now - st.since, None if best is None else best.net_usd)
-        order = tuple(policy.doc.spec.preferences.order)
-        ev = _evaluate(policy, RuleContext(view, candidates, order), refused)
+        ev = _evaluate(policy, RuleContext(view, candidates, _engine_order(policy, sig)), refused)
         if ev.outcome is None or ev.outcome.target in (None, st.engine):
             return None
         if not ev.outcome.urgent and _guardrail(policy, st, now) is not None:

@@ -187,10 +187,10 @@ class _Reader:
     def engine_snapshot(self) -> EngineSnapshot:
         n = self._names
         success = self._lookup(*n.finished)
+        error_counter = self._lookup(*n.errors) if n.errors else None
         errors: float | None = None
-        if n.errors and success is not None:
-            errors = self._sum(self._lookup(*n.errors))
-            errors = 0.0 if errors is None else errors
+        if error_counter is not None and success is not None:
+            errors = self._sum(error_counter)
         elif success is not None:
             error_labels = [
                 labels

@@ -130,7 +130,7 @@ def test_spec_round_trips_through_proto_with_engine_defaults():
     ({"deployment_id": "../etc"}, "deployment_id"),
     ({"deployment_id": ""}, "deployment_id"),
     ({"model": " "}, "model must not be empty"),
-    ({"engine": "sglang"}, "engine 'sglang'"),
+    ({"engine": "tgi"}, "engine 'tgi'"),
     ({"engine": "tensorrt-llm", "backend": "onnx"}, "backend 'onnx'"),
     ({"backend": "pytorch"}, "only to tensorrt-llm"),
     ({"port": 70000}, "port 70000"),

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from gearshift.agents.config import load_agent_config, parse_agent_config
+from gearshift.common.engines import ENGINE_NAMES
 from gearshift.common.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[3]
@@ -27,7 +28,7 @@ def test_defaults_fill_engine_executables() -> None:
 @pytest.mark.parametrize("data,needles", [
     ({"report_interval_s": 0}, ["report_interval_s", "found 0"]),
     ({"controller": "nohost"}, ["controller", "HOST:PORT", "'nohost'"]),
-    ({"engines": {"sglang": {}}}, ["unknown engine 'sglang'", "vllm, tensorrt-llm"]),
+    ({"engines": {"tgi": {}}}, ["unknown engine 'tgi'", ", ".join(ENGINE_NAMES)]),
     ({"gpus": {"source": "magic"}}, ["gpus.source", "'magic'"]),
     ({"deployments": [{"deployment_id": "a", "model": "m", "engine": "tgi"}]},
      ["deployments.0.engine", "'tgi'"]),

@@ -310,8 +310,8 @@ def test_create_refuses_bad_requests(make: Callable[..., Harness]) -> None:
         h.orch.create("other", "vllm", "vllm")
     with pytest.raises(InvalidArgument, match="'other' has no ready deployment on vllm"):
         h.orch.create("other", "vllm", "tensorrt-llm")
-    with pytest.raises(InvalidArgument, match="'sglang' is not one of"):
-        h.orch.create("other", "vllm", "sglang")
+    with pytest.raises(InvalidArgument, match="'tgi' is not one of"):
+        h.orch.create("other", "vllm", "tgi")
     with pytest.raises(InvalidArgument, match="target_revision"):
         h.orch.create("other", "vllm", "vllm", kind="revision_rollout")
 

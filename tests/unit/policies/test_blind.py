@@ -20,7 +20,7 @@ from gearshift.policies import blind
 from gearshift.policies.backtest import run_backtest, simulate
 from gearshift.policies.blind import LatencyCurve, LatencyWorld, blind_view
 from gearshift.policies.loader import load_policy, load_policy_file
-from gearshift.policies.trace import ENGINES, read_trace
+from gearshift.policies.trace import read_trace
 
 from .conftest import policy_text
 
@@ -80,14 +80,15 @@ def test_world_is_deterministic_per_seed_and_silent_when_idle(steady) -> None:
 def test_blind_view_hides_capacities_and_latencies(steady) -> None:
     view = blind_view(steady)
     p = view.profiles["llama-70b"]
-    assert all(math.isnan(p.capacity_rps[e]) and math.isnan(p.ttft_p99_ms[e]) for e in ENGINES)
+    assert all(math.isnan(p.capacity_rps[e]) and math.isnan(p.ttft_p99_ms[e]) for e in steady.engines)
     assert p.build_s == steady.profiles["llama-70b"].build_s  # not a capacity: still known
 
 
 def test_policy_path_never_reads_header_capacities(default, steady) -> None:
     """Whatever the policy's view says about capacity (NaN or nonsense), nothing changes."""
     nonsense = dataclasses.replace(steady, profiles={m: dataclasses.replace(
-        p, capacity_rps=dict.fromkeys(ENGINES, 1e9), ttft_p99_ms=dict.fromkeys(ENGINES, 1.0))
+        p, capacity_rps=dict.fromkeys(steady.engines, 1e9),
+        ttft_p99_ms=dict.fromkeys(steady.engines, 1.0))
         for m, p in steady.profiles.items()})
     hidden_out, hidden_dec = simulate(default, steady, blind=True)
     odd_out, odd_dec = simulate(default, steady, blind=True, policy_view=nonsense)

@@ -10,6 +10,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gearshift.common.engines import ENGINE_NAMES
 from gearshift.common.errors import InvalidArgument
 from gearshift.policies.loader import PolicyError, load_policy, load_policy_file, policy_json_schema
 from gearshift.policies.rules import RULE_KINDS
@@ -77,7 +78,7 @@ def test_rule_kinds_and_signals_are_checked_against_the_registries(policy_yaml) 
     assert "p.yaml:15: spec.rules[3].params.minNetSavings: unknown key" in text
     assert "did you mean 'minNetSavingsUsd'?" in text
     assert "p.yaml:16: spec.rules[4].name: expected a unique rule name, found 'd' again" in text
-    assert "p.yaml:16: spec.rules[4]: expected 'prefer: vllm|tensorrt-llm'" in text
+    assert f"p.yaml:16: spec.rules[4]: expected 'prefer: {'|'.join(ENGINE_NAMES)}'" in text
 
 
 def test_cross_field_checks(policy_yaml) -> None:
