@@ -12,11 +12,11 @@ from __future__ import annotations
 import fnmatch
 import math
 from collections.abc import Callable, Iterable
-from typing import get_args
 
-from gearshift.policies.schema import Condition, Engine, PolicyDoc
+from gearshift.common.engines import ENGINE_NAMES
+from gearshift.policies.schema import Condition, PolicyDoc
 
-ENGINES: tuple[str, ...] = get_args(Engine)
+ENGINES: tuple[str, ...] = tuple(ENGINE_NAMES)
 Path = tuple[str | int, ...]
 At = Callable[[Path, str], None]
 
