@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from gearshift.cli.policy_cmds import policy
+from gearshift.common.engines import ENGINE_NAMES
 from gearshift.policies.backtest import run_backtest
 from gearshift.policies.loader import PolicyError, load_policy, policy_mode
 from gearshift.policies.trace import read_trace
@@ -78,7 +79,7 @@ def with_rule(rule: str, extra: str = "") -> str:
 
 
 def test_contradictions_nan_and_no_engine_left_are_warnings_and_strict_errors() -> None:
-    text = with_rule(THRESHOLD, "    exclude: [vllm, tensorrt-llm]")
+    text = with_rule(THRESHOLD, f"    exclude: [{', '.join(ENGINE_NAMES)}]")
     p = load_policy(text, "p.yaml")
     joined = "\n".join(p.warnings)
     assert "spec.rules[0].when: the conditions on 'rps_current' can never all hold (gt 10 and lt 5)" in joined
