@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROTOS := $(wildcard proto/gearshift/v1/*.proto)
 
-.PHONY: demo test proto lint bench clean check-proto
+.PHONY: demo test proto lint bench clean check-proto fuzz
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -19,6 +19,18 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python scripts/gen_proto.py --check
 	$(BIN)/pytest -q -p no:cacheprovider tests
+
+# Coverage-guided (atheris, the optional `fuzz` extra) for FUZZ_SECONDS per parser when it
+# installs; otherwise the hypothesis properties with many more examples. Bounded either way.
+FUZZ_SECONDS ?= 30
+FUZZ_EXAMPLES ?= 2000
+fuzz: $(STAMP)
+	@if $(BIN)/pip install --quiet -e '.[dev,fuzz]'; then \
+		FUZZ_SECONDS=$(FUZZ_SECONDS) $(BIN)/python scripts/fuzz.py; \
+	else \
+		echo "atheris did not install: running the hypothesis properties with $(FUZZ_EXAMPLES) examples each"; \
+		GEARSHIFT_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/pytest -q -p no:cacheprovider tests/unit/fuzz; \
+	fi
 
 proto: $(STAMP)
 	$(BIN)/python scripts/gen_proto.py

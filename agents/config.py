@@ -17,6 +17,10 @@ from gearshift.common.engines import ENGINE_NAMES, engine_entry, is_engine
 from gearshift.common.errors import ConfigError
 from gearshift.common.ops_http import parse_listen
 
+MAX_CONFIG_BYTES = 1024 * 1024  # an agent config is a page of YAML
+MAX_CONFIG_NODES = 100_000  # YAML nodes counted with aliases expanded (alias bombs)
+MAX_CONFIG_DEPTH = 32  # the schema nests five levels; anything deeper is a mistake
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -31,6 +35,13 @@ class EmulatedGpuConfig(_Strict):
 class GpuConfig(_Strict):
     source: Literal["auto", "nvml", "emulated", "none"] = "auto"
     emulated: EmulatedGpuConfig | None = None
+
+    @model_validator(mode="after")
+    def _emulated_block(self) -> GpuConfig:
+        if self.source == "emulated" and self.emulated is None:
+            raise ValueError("source 'emulated' needs an 'emulated' block "
+                             "(e.g. emulated: {count: 8, model: NVIDIA H100 80GB HBM3})")
+        return self
 
 
 class EngineConfig(_Strict):
@@ -145,7 +156,8 @@ def _format_error(source: str, err: ValidationError, data: Any) -> str:
         if e["type"] == "extra_forbidden":
             lines.append(f"{source}: {path}: unknown key")
         else:
-            lines.append(f"{source}: {path}: {e['msg']}; found {found!r}")
+            msg = e["msg"].removeprefix("Value error, ")
+            lines.append(f"{source}: {path}: {msg}; found {found!r}")
     return "invalid agent config:\n  " + "\n  ".join(lines)
 
 
@@ -172,12 +184,7 @@ def load_agent_config(path: Path | None, overrides: dict[str, Any] | None = None
     source = "<defaults>"
     if path is not None:
         source = str(path)
-        try:
-            loaded = yaml.safe_load(path.read_text())
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        loaded = _load_yaml(path)
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level, found {type(loaded).__name__}")
         data = dict(loaded or {})
@@ -186,3 +193,59 @@ def load_agent_config(path: Path | None, overrides: dict[str, Any] | None = None
             data[k] = v
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})
     return parse_agent_config(data, source)
+
+
+def _load_yaml(path: Path) -> Any:
+    """The file's YAML value, read up to MAX_CONFIG_BYTES and checked for size and
+    depth before it is built (every refusal is a one-line `ConfigError`)."""
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    return parse_yaml_bytes(data, path)
+
+
+def parse_yaml_bytes(data: bytes, path: Path | str) -> Any:
+    """The YAML value of a config file's bytes (see `_load_yaml`)."""
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        if node is None:
+            return None
+        _check_shape(node, path)
+        return yaml.SafeLoader(text).construct_document(node)
+    except yaml.YAMLError as exc:
+        first = str(exc).strip().splitlines()
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(ln.strip() for ln in first)}"
+                          ) from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested more than {MAX_CONFIG_DEPTH} levels deep") from None
+    except (ValueError, TypeError) as exc:  # e.g. a malformed timestamp scalar
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+
+
+def _check_shape(root: yaml.Node, path: Path | str) -> None:
+    """Depth and node count (aliases expanded), walked without recursion."""
+    stack: list[tuple[yaml.Node, int]] = [(root, 1)]
+    nodes = 0
+    while stack:
+        node, depth = stack.pop()
+        nodes += 1
+        if nodes > MAX_CONFIG_NODES:
+            raise ConfigError(f"{path}: more than {MAX_CONFIG_NODES} YAML nodes "
+                              f"(aliases expanded)")
+        if depth > MAX_CONFIG_DEPTH:
+            raise ConfigError(f"{path}:{node.start_mark.line + 1}: nested more than "
+                              f"{MAX_CONFIG_DEPTH} levels deep")
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                stack.append((k, depth + 1))
+                stack.append((v, depth + 1))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((n, depth + 1) for n in node.value)

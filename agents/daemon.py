@@ -76,6 +76,7 @@ class Agent:
         self.epoch_seen = 0
         self.endpoints = ControllerEndpoints(config.controller, "controller")
         self.controller_id = ""  # the controller of the current stream
+        self._session_token = ""  # from the last Welcome: proves a reconnect is this agent
         self._last_heard = 0.0
         self._follower_seen = -FOLLOWER_RECENT_S  # when a follower last answered
         self.connected = asyncio.Event()
@@ -265,7 +266,8 @@ class Agent:
     def _hello(self) -> agent_pb2.Hello:
         hello = agent_pb2.Hello(
             host_id=self.config.host_id, agent_version=AGENT_VERSION,
-            protocol_version=agent_pb2.PROTOCOL_VERSION_1, emulated_gpus=self.gpus.emulated)
+            protocol_version=agent_pb2.PROTOCOL_VERSION_1, emulated_gpus=self.gpus.emulated,
+            session_token=self._session_token)
         hello.labels.update(self.config.labels)
         hello.gpus.extend(self.gpus.read())
         for name in ENGINE_NAMES:
@@ -303,6 +305,7 @@ class Agent:
         self.epoch_seen = max(self.epoch_seen, first.welcome.controller_epoch)
         self.commands.observe_epoch(first.welcome.controller_epoch)
         self.controller_id = first.welcome.controller_id
+        self._session_token = first.welcome.session_token
         self._last_heard = time.monotonic()
         self.endpoints.succeeded()
         self._call = call

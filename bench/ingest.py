@@ -62,7 +62,7 @@ def _deployment(agent: int, i: int, rng: random.Random) -> Any:
     d = agent_pb2.DeploymentReport(
         deployment_id=f"a{agent}-d{i}", engine="vllm" if i % 2 else "tensorrt-llm",
         engine_version="0.11.0", model=f"model-{(agent * 8 + i) % 200}", revision="r1",
-        phase=agent_pb2.DEPLOYMENT_PHASE_READY, endpoint=f"http://10.0.0.1:{8000 + i}",
+        phase=agent_pb2.DEPLOYMENT_PHASE_READY, endpoint=f"http://127.0.0.1:{8000 + i}",
         request_rate=rng.uniform(1, 50), running_requests=rng.randint(0, 64),
         waiting_requests=rng.randint(0, 8), prompt_tokens_per_s=rng.uniform(100, 5000),
         generation_tokens_per_s=rng.uniform(100, 5000), kv_cache_usage=rng.random(),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar, TypeVar
@@ -12,11 +13,16 @@ import grpc
 
 from gearshift.common.credentials import TlsFiles, load_token, secure_channel
 from gearshift.common.endpoints import ControllerEndpoints
-from gearshift.common.errors import ErrorCode, GearshiftError, error_for
+from gearshift.common.errors import ErrorCode, GearshiftError, Unavailable, error_for
 from gearshift.v1 import control_pb2_grpc
 
 DEFAULT_CONTROLLER = "127.0.0.1:50051"
 RPC_TIMEOUT_S = 10.0
+# A controller answers a connection at once; a port that accepts and then stays
+# silent (not a gRPC server, a hung process) fails after this, like a refused port.
+CONNECT_TIMEOUT_S = 5.0
+_SETTLED = (grpc.ChannelConnectivity.READY, grpc.ChannelConnectivity.TRANSIENT_FAILURE,
+            grpc.ChannelConnectivity.SHUTDOWN)
 
 T = TypeVar("T")
 
@@ -75,7 +81,13 @@ class FollowingStub:
     def _stub(self) -> control_pb2_grpc.ControlServiceStub:
         addr = self.endpoints.current
         if addr not in self._channels:
-            self._channels[addr] = self._open(addr)
+            channel = self._open(addr)
+            try:
+                wait_settled(channel, addr, CONNECT_TIMEOUT_S)
+            except Unavailable:
+                channel.close()
+                raise
+            self._channels[addr] = channel
         return control_pb2_grpc.ControlServiceStub(self._channels[addr])
 
     def close(self) -> None:
@@ -104,6 +116,26 @@ class FollowingStub:
                             and code == grpc.StatusCode.FAILED_PRECONDITION:
                         raise  # refused, and no leader named: say so
         return call_following
+
+
+def wait_settled(channel: grpc.Channel, addr: str, timeout_s: float) -> None:
+    """Wait until `channel` is connected or has failed to connect (a refused port:
+    the call that follows fails at once with UNAVAILABLE); `Unavailable` when it is
+    still connecting after `timeout_s` (the port accepted and never answered)."""
+    settled = threading.Event()
+
+    def on_state(state: grpc.ChannelConnectivity) -> None:
+        if state in _SETTLED:
+            settled.set()
+
+    channel.subscribe(on_state, try_to_connect=True)
+    try:
+        if not settled.wait(timeout_s):
+            raise Unavailable(f"controller {addr}: the connection was accepted but nothing "
+                              f"answered within {timeout_s:g} s (not a gearshift controller, "
+                              f"or a hung one?)")
+    finally:
+        channel.unsubscribe(on_state)
 
 
 @contextmanager

@@ -8,7 +8,6 @@ import click
 
 from gearshift.cli.client import call, control_stub
 from gearshift.cli.output import (
-    enum_name,
     fmt_ms,
     fmt_rate,
     output_option,
@@ -16,6 +15,7 @@ from gearshift.cli.output import (
     print_table,
     to_dict,
 )
+from gearshift.controller.enum_labels import enum_label
 from gearshift.v1 import agent_pb2, control_pb2
 
 
@@ -26,11 +26,11 @@ def _age(ts_s: float) -> str:
 
 
 def host_state(v: int) -> str:
-    return enum_name("HOST_STATE_", control_pb2.HostState.Name(v))
+    return enum_label(control_pb2.HostState, "HOST_STATE_", v)
 
 
 def phase(v: int) -> str:
-    return enum_name("DEPLOYMENT_PHASE_", agent_pb2.DeploymentPhase.Name(v))
+    return enum_label(agent_pb2.DeploymentPhase, "DEPLOYMENT_PHASE_", v)
 
 
 @click.group()

@@ -45,18 +45,27 @@ def policy() -> None:
     """Write, check and replay engine policies."""
 
 
+def echo_warnings(warnings: list[str] | tuple[str, ...]) -> None:
+    for w in warnings:
+        click.echo(f"warning: {w}", err=True)
+
+
 @policy.command("validate")
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
-def validate(files: tuple[str, ...]) -> None:
+@click.option("--strict", is_flag=True, default=False,
+              help="Treat warnings (conditions that never hold, NaN, no engine left) as errors.")
+def validate(files: tuple[str, ...], strict: bool) -> None:
     """Check policy FILES; print each one's version, or every problem found."""
     problems: list[str] = []
     for path in files:
         try:
-            p = load_policy_file(path)
+            p = load_policy_file(path, strict=strict)
         except GearshiftError as exc:
             problems.append(exc.message)
             continue
-        click.echo(f"{path}: ok ({p.version}, mode {p.mode}, {len(p.doc.spec.rules)} rules)")
+        echo_warnings(p.warnings)
+        click.echo(f"{path}: ok ({p.version}, mode {p.mode}, {len(p.doc.spec.rules)} rules"
+                   f"{f', {len(p.warnings)} warnings' if p.warnings else ''})")
         for line in p.deprecations:
             click.echo(f"warning: {line}", err=True)
     if problems:
@@ -92,7 +101,10 @@ def backtest(policy_file: str, trace_file: str, output: str, compare_file: str |
         trace = read_trace(trace_file)
     except GearshiftError as exc:
         raise click.ClickException(exc.message) from None
-    result = run_backtest(pol, trace, compare=other, blind=blind)
+    try:
+        result = run_backtest(pol, trace, compare=other, blind=blind)
+    except GearshiftError as exc:  # e.g. figures the cost model cannot price exactly
+        raise click.ClickException(exc.message) from None
     if output == "json":
         click.echo(json.dumps(result))
         return

@@ -17,6 +17,9 @@ import click
 from gearshift.cli.client import call, control_stub
 from gearshift.cli.explain import fmt_time
 from gearshift.cli.output import output_option, print_json, print_table, to_dict
+from gearshift.cli.policy_cmds import echo_warnings
+from gearshift.common.errors import GearshiftError
+from gearshift.policies.loader import read_policy_text as read_text
 from gearshift.v1 import control_pb2
 
 DIGEST_SHOWN_CHARS = 12
@@ -37,13 +40,9 @@ def operator_id() -> str:
 
 def read_policy_text(path: str) -> str:
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except UnicodeDecodeError as exc:
-        raise click.ClickException(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})"
-                                   ) from None
-    except OSError as exc:
-        raise click.ClickException(f"{path}: cannot read: {exc.strerror}") from None
+        return read_text(path)
+    except GearshiftError as exc:
+        raise click.ClickException(exc.message) from None
 
 
 def _describe(p: control_pb2.PolicyVersion) -> str:
@@ -55,10 +54,12 @@ def _describe(p: control_pb2.PolicyVersion) -> str:
 @click.option("--version", "version", type=click.IntRange(min=1), default=None, metavar="N",
               help="make stored version N active again instead of applying FILE")
 @click.option("--comment", default="", help="why, kept in the policy history")
+@click.option("--strict", is_flag=True, default=False,
+              help="refuse a policy with warnings (conditions that never hold, NaN, ...)")
 @output_option
 @click.pass_context
 def apply(ctx: click.Context, file: str | None, version: int | None, comment: str,
-          output: str) -> None:
+          strict: bool, output: str) -> None:
     """Apply the policy in FILE on the controller, or restore --version N."""
     if file is not None and version is not None:
         raise click.UsageError("give either FILE or --version N, not both "
@@ -66,7 +67,7 @@ def apply(ctx: click.Context, file: str | None, version: int | None, comment: st
     if file is None and version is None:
         raise click.UsageError("give FILE (a policy to apply) or --version N "
                                "(a stored version to make active again)")
-    req = control_pb2.ApplyPolicyRequest(applied_by=operator_id(), comment=comment)
+    req = control_pb2.ApplyPolicyRequest(applied_by=operator_id(), comment=comment, strict=strict)
     if file is not None:
         req.yaml_text = read_policy_text(file)
         req.source = file
@@ -77,7 +78,9 @@ def apply(ctx: click.Context, file: str | None, version: int | None, comment: st
         resp = call(stub.ApplyPolicy, req)
     if output == "json":
         print_json(to_dict(resp))
-    elif resp.changed:
+        return
+    echo_warnings(list(resp.warnings))
+    if resp.changed:
         click.echo(f"applied {_describe(resp.policy)}")
     else:
         click.echo(f"unchanged: version {resp.policy.version} is already active")

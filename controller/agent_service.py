@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -24,7 +26,7 @@ from gearshift.controller.fleet import FleetState, HostEntry
 from gearshift.controller.interceptors import grpc_status
 from gearshift.controller.metrics import ControllerMetrics
 from gearshift.controller.security import check_peer_host
-from gearshift.controller.validation import check_hello, check_report
+from gearshift.controller.validation import IPAddress, check_hello, check_report, peer_ip
 from gearshift.v1 import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,14 @@ class AgentConnection:
     outbox: asyncio.Queue[agent_pb2.ControllerMessage | None] = field(
         default_factory=lambda: asyncio.Queue(maxsize=OUTBOX_LIMIT))
     closed: bool = False
+    # Given in the Welcome; a second stream for this host must present it.
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    peer: str = ""
+    peer_addr: IPAddress | None = None  # parsed once: endpoints must be on it
+    endpoints_ok: set[str] = field(default_factory=set)  # already checked on this stream
+    # Why the controller ended the stream (None: the agent ended it, or a refusal below).
+    end_status: grpc.StatusCode | None = None
+    end_message: str = ""
 
     def send(self, msg: agent_pb2.ControllerMessage) -> bool:
         if self.closed:
@@ -52,7 +62,10 @@ class AgentConnection:
             return False
         return True
 
-    def close(self) -> None:
+    def close(self, status: grpc.StatusCode | None = None, message: str = "") -> None:
+        """End the stream; a controller-side reason ends it with that status."""
+        if status is not None and self.end_status is None:
+            self.end_status, self.end_message = status, message
         self.closed = True
         with contextlib.suppress(asyncio.QueueFull):
             self.outbox.put_nowait(None)
@@ -116,10 +129,20 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
 
         host_id = first.hello.host_id
         previous = self.connections.get(host_id)
-        if previous is not None:
+        if previous is not None and not previous.closed:
+            token = first.hello.session_token
+            if not (token and hmac.compare_digest(token.encode(), previous.token.encode())):
+                self.metrics.rejected.labels("host_taken").inc()
+                log.warning("a stream from %s claims host %s, connected from %s; refused",
+                            context.peer(), host_id, previous.peer)
+                await context.abort(grpc.StatusCode.ALREADY_EXISTS,
+                                    f"host {host_id!r} is connected on another stream; a "
+                                    "reconnect must present that stream's session token")
+                return
             log.info("host %s reconnected; closing its previous stream", host_id)
-            previous.close()
-        conn = AgentConnection(host_id)
+            previous.close(grpc.StatusCode.ABORTED,
+                           f"host {host_id!r} reconnected on a new stream; this one is closed")
+        conn = AgentConnection(host_id, peer=context.peer(), peer_addr=peer_ip(context.peer()))
         self.connections[host_id] = conn
         entry = self.fleet.hello(first.hello, self.report_interval_s)
         self.metrics.agents_connected.inc()
@@ -129,7 +152,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             self._on_hello(entry)
         yield agent_pb2.ControllerMessage(welcome=agent_pb2.Welcome(
             report_interval_s=self.report_interval_s, controller_epoch=self.epoch,
-            controller_id=self.controller_id))
+            controller_id=self.controller_id, session_token=conn.token))
 
         reader = asyncio.create_task(self._read(it, host_id, entry, conn))
         try:
@@ -141,6 +164,12 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             failure = reader.exception() if reader.done() else None
             if isinstance(failure, GearshiftError):
                 await context.abort(grpc_status(failure), failure.message)
+            elif failure is not None:  # a bug: still end with a status and a message
+                await context.abort(grpc.StatusCode.INTERNAL,
+                                    f"the controller failed on this agent's message: "
+                                    f"{type(failure).__name__}")
+            elif conn.end_status is not None:
+                await context.abort(conn.end_status, conn.end_message)
         finally:
             reader.cancel()
             conn.closed = True
@@ -178,7 +207,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                        conn: AgentConnection) -> None:
         t0 = time.perf_counter()
         try:
-            check_report(report)
+            check_report(report, host_id, conn.peer_addr, conn.endpoints_ok)
         except GearshiftError:
             self.metrics.rejected.labels("bad_report").inc()
             raise

@@ -12,14 +12,14 @@ import logging
 import math
 from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from google.protobuf import json_format
 from grpc import aio
 
 from gearshift.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from gearshift.controller.tables import DecisionRow, DecisionStatus, PolicyVersionRow
-from gearshift.policies.loader import PolicyError
+from gearshift.policies.loader import MAX_POLICY_BYTES, PolicyError, policy_mode
 from gearshift.v1 import control_pb2
 
 if TYPE_CHECKING:
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAX_POLICY_BYTES = 256 * 1024
 MAX_LIST = 1000
 
 
@@ -95,6 +94,8 @@ class ActionRpcs:
     orchestrator: MigrationOrchestrator | None
     set_paused: Callable[[bool], None]
     publish_revision: Callable[[str, str, str], tuple[MigrationRow | None, str]]
+    # mode by digest of the YAML text: a stored version never changes
+    _modes: ClassVar[dict[str, str]] = {}
 
     # -- policies ---------------------------------------------------------------------
 
@@ -107,10 +108,12 @@ class ActionRpcs:
     async def ValidatePolicy(self, request: control_pb2.ValidatePolicyRequest,
                              context: aio.ServicerContext) -> control_pb2.ValidatePolicyResponse:
         try:
-            policy = self.policy_loop.validate(self._policy_text(request.yaml_text), request.source)
+            policy = self.policy_loop.validate(self._policy_text(request.yaml_text), request.source,
+                                               request.strict)
         except PolicyError as err:
             return control_pb2.ValidatePolicyResponse(valid=False, errors=list(err.problems))
-        return control_pb2.ValidatePolicyResponse(valid=True, name=policy.name, digest=policy.digest)
+        return control_pb2.ValidatePolicyResponse(valid=True, name=policy.name, digest=policy.digest,
+                                                  warnings=list(policy.warnings))
 
     def _active_version(self) -> int | None:
         active = self.policy_loop.active()
@@ -120,17 +123,26 @@ class ActionRpcs:
                           context: aio.ServicerContext) -> control_pb2.ApplyPolicyResponse:
         if request.restore_version and request.yaml_text:
             raise InvalidArgument("give either a policy text or restore_version, not both")
+        warnings: list[str] = []
         if request.restore_version:
             row, changed = self.policy_loop.restore(request.restore_version)
         elif request.yaml_text:
-            row, changed = self.policy_loop.apply(self._policy_text(request.yaml_text),
-                                                  request.source, request.applied_by, request.comment)
+            row, changed, policy = self.policy_loop.apply(
+                self._policy_text(request.yaml_text), request.source, request.applied_by,
+                request.comment, strict=request.strict)
+            warnings = list(policy.warnings)
         else:
             raise InvalidArgument("nothing to apply: the policy text is empty")
-        active = self.policy_loop.active()
         return control_pb2.ApplyPolicyResponse(
-            policy=policy_msg(row, self._active_version(), active[1].mode if active else ""),
-            changed=changed)
+            policy=policy_msg(row, self._active_version(), self._mode(row)), changed=changed,
+            warnings=warnings)
+
+    def _mode(self, row: PolicyVersionRow) -> str:
+        """The mode a stored version sets (cached by digest: versions never change)."""
+        mode = self._modes.get(row.digest)
+        if mode is None:
+            mode = self._modes[row.digest] = policy_mode(row.yaml_text)
+        return mode
 
     async def GetPolicy(self, request: control_pb2.GetPolicyRequest,
                         context: aio.ServicerContext) -> control_pb2.PolicyVersion:
@@ -140,13 +152,14 @@ class ActionRpcs:
         row = self.policy_loop.store.get_policy_version(version)
         if row is None:
             raise NotFound(f"policy version {version} does not exist")
-        return policy_msg(row, self._active_version())
+        return policy_msg(row, self._active_version(), self._mode(row))
 
     async def PolicyHistory(self, request: control_pb2.PolicyHistoryRequest,
                             context: aio.ServicerContext) -> control_pb2.PolicyHistoryResponse:
         active = self._active_version()
         return control_pb2.PolicyHistoryResponse(versions=[
-            policy_msg(r, active) for r in self.policy_loop.store.list_policy_versions()])
+            policy_msg(r, active, self._mode(r))
+            for r in self.policy_loop.store.list_policy_versions()])
 
     # -- decisions --------------------------------------------------------------------
 

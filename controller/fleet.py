@@ -152,6 +152,14 @@ class FleetState:
             self._routes_changed(self._index_host(host_id, before, shape))
         return True
 
+    def forget(self, host_id: str) -> None:
+        """Remove a host that is gone (see `Persistence.prune_hosts`) with its deployments."""
+        entry = self.hosts.pop(host_id, None)
+        if entry is None:
+            return
+        self._counts.subtract((s[4], s[2]) for s in entry.shape)
+        self._routes_changed(self._index_host(host_id, entry.shape, ()))
+
     def disconnected(self, host_id: str, entry: HostEntry) -> None:
         if self.hosts.get(host_id) is entry:
             entry.connected = False

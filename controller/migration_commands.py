@@ -20,6 +20,7 @@ from typing import Any
 
 from gearshift.common.errors import InvalidArgument
 from gearshift.controller.canary import Sla
+from gearshift.controller.enum_labels import enum_label
 from gearshift.controller.fleet import FleetState
 from gearshift.controller.migration_store import (
     FINAL_COMMAND_PHASES,
@@ -93,17 +94,13 @@ class OrchestratorSettings:
 
 
 def phase_name(value: int) -> str:
-    """A command phase, e.g. "succeeded"."""
-    return agent_pb2.CommandPhase.Name(value).removeprefix("COMMAND_PHASE_").lower()  # type: ignore[arg-type]
+    """A command phase, e.g. "succeeded" ("unknown" for one a newer agent added)."""
+    return enum_label(agent_pb2.CommandPhase, "COMMAND_PHASE_", value)
 
 
 def deployment_phase_name(value: int) -> str:
-    """A deployment phase, e.g. "starting" (a number the proto does not know: as is)."""
-    try:
-        name = agent_pb2.DeploymentPhase.Name(value)  # type: ignore[arg-type]
-    except ValueError:
-        return f"phase {value}"
-    return name.removeprefix("DEPLOYMENT_PHASE_").lower()
+    """A deployment phase, e.g. "starting" ("unknown" for one a newer agent added)."""
+    return enum_label(agent_pb2.DeploymentPhase, "DEPLOYMENT_PHASE_", value)
 
 
 class Failed(Exception):

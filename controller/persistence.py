@@ -19,6 +19,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from gearshift.controller.enum_labels import UNKNOWN, enum_label
 from gearshift.controller.fleet import FleetState, HostEntry
 from gearshift.controller.rollup import RollupAggregator
 from gearshift.controller.store import Store, default_sqlite_url
@@ -33,17 +34,22 @@ log = logging.getLogger(__name__)
 # stalls the event loop building thousands of rows at once.
 HOST_SAVE_INTERVAL_S = 300.0
 HOSTS_SAVED_PER_TICK = 200
+# Hosts that are gone are forgotten: one that said hello and never reported after
+# HELLO_ONLY_RETENTION_S, any other after HOST_RETENTION_S without a report.
+HELLO_ONLY_RETENTION_S = 600.0
+HOST_RETENTION_S = 7 * 86400.0
 
 
 def _dt(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, UTC)
 
 
-def _phase_name(phase: int) -> str:
-    return agent_pb2.DeploymentPhase.Name(phase).removeprefix("DEPLOYMENT_PHASE_").lower()
+def _aware(dt: datetime) -> datetime:
+    return dt if dt.tzinfo is not None else dt.replace(tzinfo=UTC)  # SQLite drops the zone
 
 
-_PHASE_NAMES = {v: _phase_name(v) for v in agent_pb2.DeploymentPhase.values()}
+_PHASE_NAMES = {v: enum_label(agent_pb2.DeploymentPhase, "DEPLOYMENT_PHASE_", v)
+                for v in agent_pb2.DeploymentPhase.values()}
 
 
 class Persistence:
@@ -122,7 +128,7 @@ class Persistence:
             self.writer.submit_revision(dep.model, dep.revision, _dt(ts), "agent")
         return {"deployment_id": dep.deployment_id, "host_id": host_id, "model": dep.model,
                 "engine": dep.engine, "engine_version": dep.engine_version,
-                "revision": dep.revision, "phase": _PHASE_NAMES.get(dep.phase, str(dep.phase)),
+                "revision": dep.revision, "phase": _PHASE_NAMES.get(dep.phase, UNKNOWN),
                 "endpoint": dep.endpoint, "updated": _dt(ts)}
 
     def tick(self, fleet: FleetState, now: float) -> None:
@@ -145,6 +151,36 @@ class Persistence:
             for e in due:
                 self.writer.submit_host(self._host_row(e))
                 self._hosts_saved_at[e.hello.host_id] = e.last_report_ts
+
+    def prune_hosts(self, fleet: FleetState, now: float, *,
+                    hello_only_s: float = HELLO_ONLY_RETENTION_S,
+                    retention_s: float = HOST_RETENTION_S) -> list[str]:
+        """Forget hosts that are gone, in memory then in the store; returns their ids."""
+        return sorted({*self.prune_fleet(fleet, now, hello_only_s=hello_only_s,
+                                         retention_s=retention_s),
+                       *self.prune_stored(set(fleet.hosts), now, hello_only_s=hello_only_s,
+                                          retention_s=retention_s)})
+
+    def prune_fleet(self, fleet: FleetState, now: float, *,
+                    hello_only_s: float = HELLO_ONLY_RETENTION_S,
+                    retention_s: float = HOST_RETENTION_S) -> list[str]:
+        """The in-memory half of `prune_hosts` (on the event loop)."""
+        drop = [hid for hid, e in fleet.hosts.items() if not e.connected
+                and now - e.last_report_ts > (retention_s if e.reports else hello_only_s)]
+        for hid in drop:
+            fleet.forget(hid)
+            self._hosts_saved_at.pop(hid, None)
+        return drop
+
+    def prune_stored(self, live: set[str], now: float, *,
+                     hello_only_s: float = HELLO_ONLY_RETENTION_S,
+                     retention_s: float = HOST_RETENTION_S) -> list[str]:
+        """The store half of `prune_hosts` (blocking: off the event loop)."""
+        stored = [h.host_id for h in self.store.list_hosts() if h.host_id not in live
+                  and now - _aware(h.last_seen).timestamp()
+                  > (retention_s if h.last_report_seq is not None else hello_only_s)]
+        self.store.delete_hosts(stored)
+        return stored
 
     def close(self, fleet: FleetState) -> None:
         rows = self.rollups.flush_all()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -41,9 +41,10 @@ from gearshift.controller.tables import (
     PolicyVersionRow,
 )
 from gearshift.policies.core import ModelState, decide
-from gearshift.policies.loader import Policy, load_policy
+from gearshift.policies.loader import Policy, PolicyError, load_policy
 from gearshift.policies.priors import priors_for
 from gearshift.policies.schema import ModelPriors
+from gearshift.policies.semantics import selector_warnings
 from gearshift.policies.signals import ModelFacts, ModelHistory, compute_signals
 from gearshift.v1 import agent_pb2
 
@@ -94,6 +95,10 @@ class PolicyLoop:
         self._policy: tuple[int, Policy] | None = None
         self._seen: dict[str, _Seen] = {}
         self.on_policy_change: Callable[[Policy], None] | None = None
+        # Builds what a policy implies (its schedule) before it is stored; raises
+        # InvalidArgument when it cannot, and nothing is stored.
+        self.prepare: Callable[[Policy], object] | None = None
+        self._unloadable: int | None = None  # stored active version that no longer loads
         self.learner: CapacityLearner | None = None
         self.forecaster: Forecaster | None = None
 
@@ -105,23 +110,44 @@ class PolicyLoop:
             return None
         if self._policy is not None and self._policy[0] == version:
             return self._policy
+        if self._unloadable == version:
+            return None
         row = self.store.get_policy_version(version)
         if row is None:
             log.error("active policy version %s is missing from the store", version)
             return None
-        self._policy = (version, load_policy(row.yaml_text, f"policy version {version}"))
+        try:
+            self._policy = (version, load_policy(row.yaml_text, f"policy version {version}"))
+        except PolicyError as exc:
+            # Stored by an older release with looser checks: the controller still leads
+            # and serves every command, with no active policy until one is applied.
+            log.error("active policy version %s cannot be used; apply another: %s",
+                      version, exc.message)
+            self._unloadable = version
+            return None
         return self._policy
 
-    def validate(self, yaml_text: str, source: str) -> Policy:
-        return load_policy(yaml_text, source or "<policy>")
+    def validate(self, yaml_text: str, source: str, strict: bool = False) -> Policy:
+        policy = load_policy(yaml_text, source or "<policy>", strict=strict)
+        return self._with_fleet_warnings(policy, strict)
 
-    def apply(self, yaml_text: str, source: str, applied_by: str, comment: str) -> tuple[PolicyVersionRow, bool]:
-        policy = load_policy(yaml_text, source or "<policy>")  # raises: nothing changes
+    def _with_fleet_warnings(self, policy: Policy, strict: bool) -> Policy:
+        known = {m.model for m in self.fleet.models()}
+        extra = selector_warnings(policy.doc, known, policy.source)
+        if extra and strict:
+            raise PolicyError(extra)
+        return replace(policy, warnings=(*policy.warnings, *extra)) if extra else policy
+
+    def apply(self, yaml_text: str, source: str, applied_by: str, comment: str,
+              strict: bool = False) -> tuple[PolicyVersionRow, bool, Policy]:
+        policy = self.validate(yaml_text, source, strict)  # raises: nothing changes
         current = self.active()
         if current is not None:
             row = self.store.get_policy_version(current[0])
             if row is not None and row.yaml_text == yaml_text:
-                return row, False
+                return row, False, policy
+        if self.prepare is not None:
+            self.prepare(policy)  # raises: nothing stored
         version = self.store.add_policy_version(policy.name, yaml_text, applied_by, comment)
         self.store.set_setting(SETTING_ACTIVE_POLICY_VERSION, version)
         self._policy = (version, policy)
@@ -131,7 +157,7 @@ class PolicyLoop:
             self.on_policy_change(policy)
         row = self.store.get_policy_version(version)
         assert row is not None
-        return row, True
+        return row, True, policy
 
     def restore(self, version: int) -> tuple[PolicyVersionRow, bool]:
         row = self.store.get_policy_version(version)
@@ -141,6 +167,8 @@ class PolicyLoop:
         current = self.active()
         if current is not None and current[0] == version:
             return row, False
+        if self.prepare is not None:
+            self.prepare(policy)
         self.store.set_setting(SETTING_ACTIVE_POLICY_VERSION, version)
         self._policy = (version, policy)
         if self.on_policy_change is not None:

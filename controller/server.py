@@ -18,11 +18,12 @@ import socket
 import time
 from pathlib import Path
 
+import grpc
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 from grpc import aio
 
-from gearshift.common.errors import NotFound
+from gearshift.common.errors import InvalidArgument, NotFound
 from gearshift.common.ops_http import OpsListener
 from gearshift.controller.agent_service import AgentService
 from gearshift.controller.config import ControllerConfig
@@ -35,12 +36,14 @@ from gearshift.controller.leader import LeaderElector
 from gearshift.controller.learning import CapacityLearner, Forecaster
 from gearshift.controller.limits import raise_open_files_limit
 from gearshift.controller.metrics import ControllerMetrics
+from gearshift.controller.migration_commands import deployment_phase_name
 from gearshift.controller.migration_store import MigrationPhase, MigrationRepository, MigrationRow
 from gearshift.controller.orchestrator import MigrationOrchestrator, OrchestratorSettings
 from gearshift.controller.persistence import Persistence
 from gearshift.controller.policy_loop import PolicyLoop, RateHistory
 from gearshift.controller.rollup import to_rows
 from gearshift.controller.tables import RollupRow
+from gearshift.policies.loader import Policy
 from gearshift.v1 import agent_pb2, control_pb2
 
 log = logging.getLogger(__name__)
@@ -51,6 +54,17 @@ HOUSEKEEPING_INTERVAL_S = 5.0
 ROUTES_WARMUP_INTERVALS = 3
 ROUTES_WARMUP_MIN_S = 30.0
 RECENT_HOST_S = 600.0
+HOST_PRUNE_INTERVAL_S = 60.0
+DEFAULT_POLICY_INTERVAL_S = 60.0  # with no policy, or one that cannot be scheduled
+
+
+def _policy_trigger(policy: Policy) -> IntervalTrigger:
+    """The policy's evaluation schedule; InvalidArgument when it cannot be built."""
+    try:
+        return IntervalTrigger(seconds=max(1.0, policy.doc.spec.interval))
+    except (OverflowError, ValueError) as exc:
+        raise InvalidArgument(f"{policy.source}: spec.interval: cannot be scheduled "
+                              f"({policy.doc.spec.interval:g}s: {exc})") from None
 
 
 class Controller:
@@ -84,6 +98,7 @@ class Controller:
         self._elector_task: asyncio.Task[None] | None = None
         self._leader_tasks: list[asyncio.Task[None]] = []
         self._led = False  # led at least once: owns what it learned
+        self._pruned_at = 0.0  # when gone hosts were last forgotten
         self.scheduler: AsyncIOScheduler | None = None
         self.server: aio.Server | None = None
         self.port = 0
@@ -113,6 +128,7 @@ class Controller:
         self.policy_loop.learner = self.learner
         self.policy_loop.forecaster = Forecaster(self.history.arrays, config.history_resolution_s)
         self.policy_loop.on_policy_change = lambda _p: self._schedule_policy()
+        self.policy_loop.prepare = _policy_trigger
         recent = time.time() - RECENT_HOST_S
         self.control.expected_hosts = {h.host_id for h in store.list_hosts()
                                        if h.last_seen.timestamp() >= recent}
@@ -149,7 +165,9 @@ class Controller:
             t.cancel()
         self._leader_tasks = []
         for conn in list(self.agents.connections.values()):
-            conn.close()  # agents follow the refusal of their next hello to the new leader
+            # agents follow the refusal of their next hello to the new leader
+            conn.close(grpc.StatusCode.UNAVAILABLE,
+                       f"controller {self.config.controller_id} no longer leads")
         self.control.end_route_streams()
         log.warning("controller %s no longer leads (epoch %d)", self.config.controller_id,
                     self.epoch)
@@ -189,10 +207,16 @@ class Controller:
         if self.scheduler is None or not self.leading:
             return
         active = self.policy_loop.active()
-        interval_s = max(1.0, active[1].doc.spec.interval) if active else 60.0
-        self.scheduler.add_job(self._evaluate, IntervalTrigger(seconds=interval_s), id="policy",
+        trigger = IntervalTrigger(seconds=DEFAULT_POLICY_INTERVAL_S)
+        if active is not None:
+            try:
+                trigger = _policy_trigger(active[1])
+            except InvalidArgument as exc:  # never lose the lead over a stored version
+                log.error("%s; evaluating every %.0fs until another policy is applied",
+                          exc.message, DEFAULT_POLICY_INTERVAL_S)
+        self.scheduler.add_job(self._evaluate, trigger, id="policy",
                                replace_existing=True, max_instances=1, coalesce=True)
-        log.info("policy evaluation every %.0fs", interval_s)
+        log.info("policy evaluation every %.0fs", trigger.interval.total_seconds())
 
     def _evaluate(self) -> None:
         if not self.leading:
@@ -294,6 +318,14 @@ class Controller:
                 if not self.leading:
                     continue
                 self.persistence.save_hosts(self.fleet)
+                if time.time() - self._pruned_at >= HOST_PRUNE_INTERVAL_S:
+                    self._pruned_at = time.time()
+                    pruned = self.persistence.prune_fleet(self.fleet, self._pruned_at)
+                    pruned += await asyncio.to_thread(self.persistence.prune_stored,
+                                                      set(self.fleet.hosts), self._pruned_at)
+                    if pruned:
+                        log.info("forgot %d hosts that are gone: %s", len(pruned),
+                                 ", ".join(pruned[:10]))
                 learned = self.learner.snapshot()
                 if learned:
                     await asyncio.to_thread(self.persistence.store.set_settings, learned)
@@ -310,8 +342,8 @@ class Controller:
             self.metrics.hosts.labels(state).set(by_state.get(value, 0))
         self.metrics.deployments.clear()
         for (engine, phase_value), n in self.fleet.deployment_counts().items():
-            phase = agent_pb2.DeploymentPhase.Name(phase_value).removeprefix("DEPLOYMENT_PHASE_")
-            self.metrics.deployments.labels(engine, phase.lower()).set(n)
+            phase = deployment_phase_name(phase_value)
+            self.metrics.deployments.labels(engine, phase).inc(n)  # unknown phases add up
         self.metrics.route_version.set(self.fleet.route_version)
 
     async def stop(self, grace_s: float = 2.0) -> None:
@@ -325,7 +357,8 @@ class Controller:
         for t in self._tasks + self._leader_tasks:
             t.cancel()
         for conn in list(self.agents.connections.values()):
-            conn.close()
+            conn.close(grpc.StatusCode.UNAVAILABLE,
+                       f"controller {self.config.controller_id} is shutting down")
         if self.server is not None:
             await self.server.stop(grace_s)
         if self._ops is not None:

@@ -202,6 +202,16 @@ class Store(DecisionQueries):
         with self._session() as s:
             return list(s.exec(select(HostRow).order_by(col(HostRow.host_id))).all())
 
+    def delete_hosts(self, host_ids: Iterable[str]) -> int:
+        """Remove hosts and their deployments; returns how many hosts were removed."""
+        ids = list(host_ids)
+        if not ids:
+            return 0
+        with self._engine.begin() as conn:
+            conn.execute(sa.delete(DeploymentRow).where(col(DeploymentRow.host_id).in_(ids)))
+            result = conn.execute(sa.delete(HostRow).where(col(HostRow.host_id).in_(ids)))
+        return int(result.rowcount or 0)
+
     def upsert_deployments(self, rows: Iterable[DeploymentRow]) -> None:
         self.write_batch(WriteBatch(deployments=list(rows)))
 

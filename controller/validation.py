@@ -7,8 +7,10 @@ agent's log says exactly what was wrong.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
+from urllib.parse import urlsplit
 
 from gearshift.common.engines import ENGINE_NAMES
 from gearshift.common.errors import FailedPrecondition, InvalidArgument
@@ -20,6 +22,18 @@ MAX_GPUS_PER_HOST = 64
 MAX_DEPLOYMENTS_PER_REPORT = 256
 MAX_LABELS = 64
 MAX_LABEL_LEN = 256
+# Physical bounds on what one engine can do, per GPU it runs on: far above any real
+# engine, far below what breaks a sum over the fleet.
+MAX_REQUEST_RATE_PER_GPU = 10_000.0  # finished requests per second
+MAX_TOKENS_PER_S_PER_GPU = 10_000_000.0
+MAX_REQUESTS_IN_FLIGHT_PER_GPU = 1_000_000.0
+MAX_LATENCY_S = 7 * 86400.0
+MAX_REPORT_INTERVAL_S = 86400.0
+MAX_GPU_TEMPERATURE_C = 200.0
+MIN_GPU_TEMPERATURE_C = -60.0
+MAX_GPU_POWER_W = 10_000.0
+MAX_ENDPOINT_LEN = 512
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
 def check_hello(hello: agent_pb2.Hello) -> None:
@@ -40,6 +54,8 @@ def check_hello(hello: agent_pb2.Hello) -> None:
                 f"{MAX_LABEL_LEN} characters")
     if len(hello.gpus) > MAX_GPUS_PER_HOST:
         raise InvalidArgument(f"hello.gpus: at most {MAX_GPUS_PER_HOST}, found {len(hello.gpus)}")
+    for i, g in enumerate(hello.gpus):
+        _check_gpu(f"hello.gpus[{i}]", g)
     for i, eng in enumerate(hello.engines):
         if eng.engine not in KNOWN_ENGINES:
             raise InvalidArgument(
@@ -47,9 +63,26 @@ def check_hello(hello: agent_pb2.Hello) -> None:
                 f"found {eng.engine!r}")
 
 
-def _finite_nonneg(path: str, value: float) -> None:
-    if not math.isfinite(value) or value < 0:
-        raise InvalidArgument(f"{path}: expected a finite number >= 0, found {value!r}")
+def _finite_nonneg(path: str, value: float, high: float = math.inf) -> None:
+    if not math.isfinite(value) or value < 0 or value > high:
+        bound = f"from 0 to {high:g}" if math.isfinite(high) else ">= 0"
+        raise InvalidArgument(f"{path}: expected a finite number {bound}, found {value!r}")
+
+
+def _check_gpu(path: str, g: agent_pb2.GpuInfo) -> None:
+    _finite_nonneg(f"{path}.utilization", g.utilization, 1.0)
+    _finite_nonneg(f"{path}.power_w", g.power_w, MAX_GPU_POWER_W)
+    t = g.temperature_c
+    if not (math.isfinite(t) and MIN_GPU_TEMPERATURE_C <= t <= MAX_GPU_TEMPERATURE_C):
+        raise InvalidArgument(f"{path}.temperature_c: expected a finite number from "
+                              f"{MIN_GPU_TEMPERATURE_C:g} to {MAX_GPU_TEMPERATURE_C:g}, found {t!r}")
+    if g.memory_total_bytes and g.memory_used_bytes > g.memory_total_bytes:
+        raise InvalidArgument(f"{path}.memory_used_bytes: expected at most memory_total_bytes "
+                              f"({g.memory_total_bytes}), found {g.memory_used_bytes}")
+
+
+def _gpus_of(d: agent_pb2.DeploymentReport) -> int:
+    return max(1, len(d.gpu_indices), d.tensor_parallel_size)
 
 
 def _looks_valid(d: agent_pb2.DeploymentReport) -> bool:
@@ -57,20 +90,106 @@ def _looks_valid(d: agent_pb2.DeploymentReport) -> bool:
     nums = (d.request_rate, d.running_requests, d.waiting_requests, d.prompt_tokens_per_s,
             d.generation_tokens_per_s, d.kv_cache_usage, d.ttft.p99_s, d.ttft.p50_s, d.ttft.mean_s,
             d.itl.p99_s, d.itl.p50_s, d.itl.mean_s, d.e2e.p99_s, d.e2e.p50_s, d.e2e.mean_s)
+    gpus = _gpus_of(d)
     return (bool(d.deployment_id) and bool(d.model) and d.engine in KNOWN_ENGINES
-            and math.isfinite(sum(nums)) and min(nums) >= 0 and d.kv_cache_usage <= 1.0)
+            and math.isfinite(sum(nums)) and min(nums) >= 0 and d.kv_cache_usage <= 1.0
+            and d.request_rate <= MAX_REQUEST_RATE_PER_GPU * gpus
+            and d.prompt_tokens_per_s + d.generation_tokens_per_s <= MAX_TOKENS_PER_S_PER_GPU * gpus
+            and d.running_requests + d.waiting_requests <= MAX_REQUESTS_IN_FLIGHT_PER_GPU * gpus
+            and max(nums[6:]) <= MAX_LATENCY_S)
 
 
-def check_report(report: agent_pb2.Report) -> None:
+def peer_ip(peer: str) -> IPAddress | None:
+    """The IP address in a gRPC peer string ("ipv4:10.0.0.5:5123", "ipv6:[::1]:5123");
+    None for another transport (a Unix socket)."""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv4":
+        host = rest.rpartition(":")[0]
+    elif kind == "ipv6":
+        host = rest.rpartition("]")[0].removeprefix("[").split("%", 1)[0]
+    else:
+        return None
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
+def check_endpoint(path: str, endpoint: str, host_id: str,
+                   peer: IPAddress | None) -> None:
+    """An engine endpoint gateways will send traffic to: an http(s) URL with no
+    credentials, path or query, on an address of the reporting host (the address its
+    stream comes from, a loopback address when that is loopback, or its host id)."""
+    def refuse(why: str) -> InvalidArgument:
+        where = f" ({peer})" if peer is not None else ""
+        return InvalidArgument(f"{path}: expected http(s)://HOST:PORT on the reporting host"
+                               f"{where}, found {endpoint[:80]!r}: {why}")
+    if len(endpoint) > MAX_ENDPOINT_LEN:
+        raise refuse(f"longer than {MAX_ENDPOINT_LEN} characters")
+    try:
+        url = urlsplit(endpoint)
+        port = url.port
+    except ValueError as exc:
+        raise refuse(str(exc)) from None
+    if url.scheme not in ("http", "https"):
+        raise refuse("the scheme must be http or https")
+    if url.username is not None or url.password is not None:
+        raise refuse("no credentials allowed")
+    if url.path not in ("", "/") or url.query or url.fragment:
+        raise refuse("no path, query or fragment allowed")
+    host = url.hostname or ""
+    if not host or port is None or port == 0:
+        raise refuse("a host and a port are required")
+    try:
+        ip: IPAddress | None = ipaddress.ip_address(host)
+    except ValueError:
+        ip = None
+    if ip is None:
+        if host == host_id.lower() or (host == "localhost" and peer is not None
+                                        and peer.is_loopback):
+            return
+        raise refuse("a name other than the host id")
+    if ip.is_unspecified or ip.is_multicast:
+        raise refuse("not a unicast address")
+    if peer is None or ip == peer or (ip.is_loopback and peer.is_loopback):
+        return
+    raise refuse("not the address this host connects from")
+
+
+def check_report(report: agent_pb2.Report, host_id: str = "",
+                 peer: IPAddress | None = None,
+                 endpoints_ok: set[str] | None = None) -> None:
+    """Check one report. `endpoints_ok` (endpoints already checked for this stream)
+    keeps the URL check off the common path: endpoints rarely change."""
     if report.seq == 0:
         raise InvalidArgument("report.seq: expected a sequence number >= 1, found 0")
+    if not (math.isfinite(report.interval_s) and 0 <= report.interval_s <= MAX_REPORT_INTERVAL_S):
+        raise InvalidArgument(f"report.interval_s: expected a finite number from 0 to "
+                              f"{MAX_REPORT_INTERVAL_S:g}, found {report.interval_s!r}")
     if len(report.gpus) > MAX_GPUS_PER_HOST:
         raise InvalidArgument(f"report.gpus: at most {MAX_GPUS_PER_HOST}, found {len(report.gpus)}")
+    for i, g in enumerate(report.gpus):
+        if not (0 <= g.utilization <= 1.0 and 0 <= g.power_w <= MAX_GPU_POWER_W
+                and MIN_GPU_TEMPERATURE_C <= g.temperature_c <= MAX_GPU_TEMPERATURE_C
+                and (not g.memory_total_bytes or g.memory_used_bytes <= g.memory_total_bytes)):
+            _check_gpu(f"report.gpus[{i}]", g)  # comparisons with NaN are all False
     if len(report.deployments) > MAX_DEPLOYMENTS_PER_REPORT:
         raise InvalidArgument(
             f"report.deployments: at most {MAX_DEPLOYMENTS_PER_REPORT}, "
             f"found {len(report.deployments)}")
+    seen: dict[str, int] = {}
     for i, d in enumerate(report.deployments):
+        first = seen.setdefault(d.deployment_id, i)
+        if first != i:
+            raise InvalidArgument(f"report.deployments[{i}].deployment_id: {d.deployment_id!r} "
+                                  f"again (first at deployments[{first}]); ids must be unique")
+        if d.endpoint and (endpoints_ok is None or d.endpoint not in endpoints_ok):
+            check_endpoint(f"report.deployments[{i}].endpoint", d.endpoint, host_id, peer)
+            if endpoints_ok is not None:
+                endpoints_ok.add(d.endpoint)
         if _looks_valid(d):
             continue
         p = f"report.deployments[{i}]"
@@ -81,13 +200,23 @@ def check_report(report: agent_pb2.Report) -> None:
                 f"{p}.engine: expected one of {', '.join(KNOWN_ENGINES)}, found {d.engine!r}")
         if not d.model:
             raise InvalidArgument(f"{p}.model: expected a model name, found ''")
-        for name in ("request_rate", "running_requests", "waiting_requests",
-                     "prompt_tokens_per_s", "generation_tokens_per_s", "kv_cache_usage"):
-            _finite_nonneg(f"{p}.{name}", getattr(d, name))
-        if d.kv_cache_usage > 1.0:
-            raise InvalidArgument(f"{p}.kv_cache_usage: expected 0..1, found {d.kv_cache_usage}")
+        gpus = _gpus_of(d)
+        per_gpu = f" ({gpus} GPU{'s' if gpus > 1 else ''})"
+        _finite_nonneg(f"{p}.request_rate{per_gpu}", d.request_rate,
+                       MAX_REQUEST_RATE_PER_GPU * gpus)
+        for name in ("running_requests", "waiting_requests"):
+            _finite_nonneg(f"{p}.{name}{per_gpu}", getattr(d, name),
+                           MAX_REQUESTS_IN_FLIGHT_PER_GPU * gpus)
+        for name in ("prompt_tokens_per_s", "generation_tokens_per_s"):
+            _finite_nonneg(f"{p}.{name}{per_gpu}", getattr(d, name), MAX_TOKENS_PER_S_PER_GPU * gpus)
+        if d.prompt_tokens_per_s + d.generation_tokens_per_s > MAX_TOKENS_PER_S_PER_GPU * gpus:
+            raise InvalidArgument(f"{p}: prompt and generation tokens per second together: at "
+                                  f"most {MAX_TOKENS_PER_S_PER_GPU * gpus:g}{per_gpu}")
+        if d.running_requests + d.waiting_requests > MAX_REQUESTS_IN_FLIGHT_PER_GPU * gpus:
+            raise InvalidArgument(f"{p}: running and waiting requests together: at most "
+                                  f"{MAX_REQUESTS_IN_FLIGHT_PER_GPU * gpus:g}{per_gpu}")
+        _finite_nonneg(f"{p}.kv_cache_usage", d.kv_cache_usage, 1.0)
         for qname in ("ttft", "itl", "e2e"):
             q = getattr(d, qname)
-            if q.present:
-                for f in ("p50_s", "p99_s", "mean_s"):
-                    _finite_nonneg(f"{p}.{qname}.{f}", getattr(q, f))
+            for f in ("p50_s", "p99_s", "mean_s"):
+                _finite_nonneg(f"{p}.{qname}.{f}", getattr(q, f), MAX_LATENCY_S)

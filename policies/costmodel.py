@@ -13,16 +13,28 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from gearshift.common.errors import InvalidArgument
 from gearshift.policies.trace import ModelProfile, Trace
 
 FLAP_WINDOW_S = 24 * 3600
 SECONDS_PER_HOUR = 3600.0
 REPLICA_EPSILON = 1e-9  # DESIGN §6: keeps r*(1+h)/cap == integer from rounding up
+# Counts of replicas and GPUs above this are not exact in float64 (2**53), and GPU
+# counts per step must fit int64 when summed over a long trace: refused, not wrapped.
+MAX_EXACT_COUNT = 2**40
+
+
+class CostModelError(InvalidArgument):
+    """The inputs need figures the cost model cannot compute exactly (an overflow)."""
 
 
 def replicas(rps: float, capacity_rps: float, headroom: float, min_replicas: int) -> int:
     """Replicas needed for `rps` with `headroom` on an engine serving `capacity_rps` each."""
-    return max(min_replicas, math.ceil(rps * (1 + headroom) / capacity_rps - REPLICA_EPSILON))
+    needed = rps * (1 + headroom) / capacity_rps - REPLICA_EPSILON
+    if not math.isfinite(needed) or needed > MAX_EXACT_COUNT:
+        raise CostModelError(f"{rps:g} rps at {capacity_rps:g} rps per replica needs more than "
+                             f"{MAX_EXACT_COUNT} replicas: cannot be priced exactly")
+    return max(min_replicas, math.ceil(needed))
 
 
 def delay_steps(build_s: float, cold_start_s: float, step_s: float) -> int:
@@ -73,9 +85,19 @@ class ModelReplay:
         import numpy as np
 
         rps = np.asarray(self._rps, dtype=np.float64)
-        self._gpus = {e: (np.maximum(p.min_replicas, np.ceil(
-            rps * (1 + trace.headroom) / cap - REPLICA_EPSILON)) * p.gpus_per_replica
-        ).astype(np.int64).tolist() for e, cap in p.capacity_rps.items()}
+        self._gpus: dict[str, list[int]] = {}
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            for e, cap in p.capacity_rps.items():
+                gpus = np.maximum(p.min_replicas, np.ceil(
+                    rps * (1 + trace.headroom) / cap - REPLICA_EPSILON)) * p.gpus_per_replica
+                worst = float(gpus.max(initial=0.0))
+                if not math.isfinite(worst) or worst > MAX_EXACT_COUNT:
+                    raise CostModelError(
+                        f"model {model!r} on {e}: {worst:g} GPUs at the busiest step (rps up to "
+                        f"{float(rps.max(initial=0.0)):g}, {cap:g} rps per replica, "
+                        f"{p.gpus_per_replica} GPUs per replica); at most {MAX_EXACT_COUNT} can "
+                        f"be priced exactly")
+                self._gpus[e] = gpus.astype(np.int64).tolist()
         self._breaks_sla = {e: p.ttft_p99_ms[e] > p.sla_ttft_p99_ms for e in p.ttft_p99_ms}
         self.serving = initial_engine or p.initial_engine
         self.pending: tuple[str, int] | None = None  # (target, ready step)

@@ -17,12 +17,14 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, get_args, get_origin
 
 import yaml
 from apscheduler.triggers.cron import CronTrigger
+from apscheduler.triggers.interval import IntervalTrigger
 from pydantic import BaseModel, ValidationError
 
 from gearshift.common.engines import ENGINE_NAMES
@@ -34,10 +36,18 @@ from gearshift.policies.rules import (
     STRING_OPERATORS,
     condition_operator,
 )
-from gearshift.policies.schema import PolicyDoc, Rule
+from gearshift.policies.schema import PolicyDoc, Rule, format_duration
+from gearshift.policies.semantics import doc_warnings
 from gearshift.policies.signals import DEPRECATED_SIGNALS, SIGNALS, SignalSettings
 
 MAX_YAML_NODES = 20_000  # refuses alias bombs
+MAX_POLICY_BYTES = 256 * 1024  # a policy is a page of YAML; the controller's limit too
+# Ranges of the durations the live loop schedules and the backtest adds to dates.
+MIN_INTERVAL_S = 1.0
+MAX_INTERVAL_S = 7 * 86400.0
+MIN_WINDOW_S = 1.0  # the demo compresses a day into seconds
+MAX_WINDOW_S = 366 * 86400.0
+MAX_MAINTENANCE_WINDOW_S = 31 * 86400.0
 Path = tuple[str | int, ...]
 
 
@@ -61,6 +71,7 @@ class Policy:
     windows: tuple[tuple[CronTrigger, float], ...]  # maintenance windows (trigger, duration s)
     source: str = "<policy>"
     deprecations: tuple[str, ...] = ()  # deprecated names used, each with where and its successor
+    warnings: tuple[str, ...] = ()  # valid, but probably not what was meant (`semantics`)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Policy) and other.digest == self.digest
@@ -186,18 +197,29 @@ def _found(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+_VALIDATOR_TAGS = frozenset(("float", "int", "bool", "str", "list", "dict", "none"))
+_TAGGED = re.compile(r"^[a-z][a-z-]*\[.*\]$", re.DOTALL)  # function-before[...], literal[...]
+
+
+def _is_validator_tag(part: str | int) -> bool:
+    """True for the parts pydantic adds to an error location for a union member or a
+    validator (``function-before[...]``, ``literal['a']``, ``float``): not YAML keys.
+    A key such as ``intervl`` or ``interval`` is kept (matching on prefixes once
+    dropped it, and the error was reported at its parent)."""
+    return isinstance(part, str) and (part in _VALIDATOR_TAGS or bool(_TAGGED.match(part)))
+
+
 def _stage_one(err: ValidationError, marks: _Marks, source: str, root: type[BaseModel],
                prefix: Path = ()) -> list[str]:
     out = []
     for e in err.errors():
-        loc = (*prefix, *(p for p in e["loc"] if not (isinstance(p, str) and p.startswith(
-            ("function-", "literal[", "float", "int", "bool", "str", "list[")))))
+        loc = (*prefix, *(p for p in e["loc"] if not _is_validator_tag(p)))
         where = f"{source}:{_line(marks, loc)}: {_dotted(loc) or '<top>'}"
         kind = e["type"]
         if kind == "extra_forbidden":
             known = _fields_at(root, loc[len(prefix):-1])
             out.append(f"{where}: unknown key; expected one of {', '.join(known) or '(none)'}"
-                       f"{_suggest(str(loc[-1]), known)}")
+                       f"{_suggest(str(loc[-1]), known) if loc else ''}")
         elif kind == "missing":
             out.append(f"{where}: required key is missing")
         elif kind == "literal_error":
@@ -246,15 +268,10 @@ def _stage_two(doc: PolicyDoc, marks: _Marks, source: str) -> tuple[list[str], l
             params.append(None)
         _check_rule_shape(rule, kind.conditions, kind.prefer, base, at)
     s = spec.signals
-    if s.long_window < s.window:
+    out_of_range = _check_durations(doc, at)
+    if s.long_window < s.window and not out_of_range:
         at(("spec", "signals", "longWindow"), f"expected at least the window ({s.window:g}s), "
            f"found {s.long_window:g}s")
-    if s.window <= 0:
-        at(("spec", "signals", "window"), "expected a duration > 0, found 0")
-    if spec.interval <= 0:
-        at(("spec", "interval"), "expected a duration > 0, found 0")
-    if spec.cost.horizon <= 0:
-        at(("spec", "cost", "horizon"), "expected a duration > 0, found 0")
     prefs = spec.preferences
     if len(set(prefs.order)) != len(prefs.order):
         at(("spec", "preferences", "order"), f"expected each engine once, found {prefs.order}")
@@ -270,9 +287,103 @@ def _stage_two(doc: PolicyDoc, marks: _Marks, source: str) -> tuple[list[str], l
         except (ValueError, TypeError) as exc:
             at((*path, "cron"), f"expected a five-field crontab ('min hour day month weekday'), "
                f"found {w.cron!r} ({exc})")
-        if w.duration <= 0:
-            at((*path, "duration"), "expected a duration > 0, found 0")
+            continue
+        if _never_fires(w.cron):
+            at((*path, "cron"), f"expected a crontab that fires, found {w.cron!r}: no month "
+               f"it names has the day it names")
     return problems, params, windows
+
+
+_DAYS_IN_MONTH = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+
+
+def _cron_values(field: str, low: int, high: int) -> set[int] | None:
+    """The numbers a crontab field names (None when it uses names or other syntax)."""
+    out: set[int] = set()
+    for part in field.split(","):
+        base, _, step_text = part.partition("/")
+        step = int(step_text) if step_text.isdigit() and int(step_text) > 0 else 1
+        if step_text and step_text != str(step):
+            return None
+        if base == "*":
+            first, last = low, high
+        elif base.isdigit():
+            first = last = int(base)
+            if step_text:
+                last = high
+        elif "-" in base and all(x.isdigit() for x in base.split("-", 1)):
+            first, last = (int(x) for x in base.split("-", 1))
+        else:
+            return None
+        out.update(range(first, last + 1, step))
+    return out
+
+
+def _never_fires(cron: str) -> bool:
+    """True for a crontab whose days never occur in its months ('0 0 31 2 *'): the
+    scheduler would search to the year 9999 on every evaluation to find nothing."""
+    fields = cron.split()
+    if len(fields) != 5 or fields[4] != "*":
+        return False  # a weekday field also lets it fire (cron ORs day and weekday)
+    days, months = _cron_values(fields[2], 1, 31), _cron_values(fields[3], 1, 12)
+    if not days or not months:
+        return False
+    return all(min(days) > _DAYS_IN_MONTH[m - 1] for m in months if 1 <= m <= 12)
+
+
+def _duration_bounds(doc: PolicyDoc) -> list[tuple[Path, float, float, float]]:
+    """(path, value, low, high) of every duration the live loop and the backtest use."""
+    spec = doc.spec
+    s, g = spec.signals, spec.guardrails
+    out: list[tuple[Path, float, float, float]] = [
+        (("spec", "interval"), spec.interval, MIN_INTERVAL_S, MAX_INTERVAL_S),
+        (("spec", "signals", "window"), s.window, MIN_WINDOW_S, MAX_WINDOW_S),
+        (("spec", "signals", "longWindow"), s.long_window, MIN_WINDOW_S, MAX_WINDOW_S),
+        (("spec", "signals", "revisionWindow"), s.revision_window, MIN_WINDOW_S, MAX_WINDOW_S),
+        (("spec", "signals", "minHistory"), s.min_history, 0.0, MAX_WINDOW_S),
+        (("spec", "guardrails", "minDwell"), g.min_dwell, 0.0, MAX_WINDOW_S),
+        (("spec", "guardrails", "cooldown"), g.cooldown, 0.0, MAX_WINDOW_S),
+        (("spec", "cost", "horizon"), spec.cost.horizon, MIN_WINDOW_S, MAX_WINDOW_S),
+    ]
+    for i, w in enumerate(g.maintenance_windows):
+        out.append((("spec", "guardrails", "maintenanceWindows", i, "duration"), w.duration,
+                    MIN_INTERVAL_S, MAX_MAINTENANCE_WINDOW_S))
+    for pattern, m in spec.models.items():
+        for engine, p in m.engines.items():
+            for key, value in (("coldStart", p.cold_start), ("build", p.build)):
+                if value is not None:
+                    out.append((("spec", "models", pattern, "engines", engine, key), value,
+                                0.0, MAX_WINDOW_S))
+    return out
+
+
+def _check_durations(doc: PolicyDoc, at: Any) -> bool:
+    """Range-check every duration; True when one was out of range."""
+    bad = False
+    for path, value, low, high in _duration_bounds(doc):
+        if not low <= value <= high:
+            bad = True
+            shown = "0" if value == 0 else f"{value:.6g}s"
+            at(path, f"expected a duration from {format_duration(low)} to {format_duration(high)}, "
+               f"found {shown}")
+    return bad
+
+
+def _check_applicable(policy: Policy, marks: _Marks, source: str) -> None:
+    """Build what the live loop and the backtest derive from the policy (its schedule,
+    its maintenance windows over the horizon) so that a policy that loads can run:
+    the ranges above make this hold, and a failure here is a clear error, not a
+    controller that cannot schedule a stored version."""
+    spec = policy.doc.spec
+    try:
+        IntervalTrigger(seconds=spec.interval)
+        now = datetime.now(UTC).timestamp()
+        for t in (now, now + spec.cost.horizon, now + spec.signals.long_window):
+            policy.in_maintenance_window(t)
+        timedelta(seconds=spec.signals.long_window + spec.cost.horizon)
+    except (OverflowError, ValueError) as exc:
+        raise PolicyError([f"{source}:{_line(marks, ('spec',))}: spec: cannot be scheduled "
+                           f"({exc})"]) from None
 
 
 def _check_rule_shape(rule: Rule, conditions: bool, prefer: bool, base: Path, at: Any) -> None:
@@ -319,8 +430,9 @@ def _by_line(problems: list[str], source: str) -> list[str]:
     return sorted(problems, key=line)
 
 
-def load_policy(text: str, source: str = "<policy>") -> Policy:
-    """Parse and validate a policy; raise `PolicyError` listing every problem."""
+def load_policy(text: str, source: str = "<policy>", *, strict: bool = False) -> Policy:
+    """Parse and validate a policy; raise `PolicyError` listing every problem (and,
+    when `strict`, every semantic warning)."""
     marks = _Marks()
     problems: list[str] = []
     try:
@@ -351,9 +463,18 @@ def load_policy(text: str, source: str = "<policy>") -> Policy:
         raise PolicyError(_by_line(problems, source))
     canonical = json.dumps(doc.model_dump(by_alias=True, mode="json"), sort_keys=True,
                            separators=(",", ":"))
-    return Policy(name=doc.metadata.name, digest=hashlib.sha256(canonical.encode()).hexdigest(),
-                  doc=doc, rule_params=tuple(params), windows=tuple(windows), source=source,
-                  deprecations=tuple(_deprecations(doc, marks, source)))
+    warnings: list[str] = []
+    doc_warnings(doc, lambda path, text: warnings.append(
+        f"{source}:{_line(marks, path)}: {_dotted(path)}: {text}"))
+    if strict and warnings:
+        raise PolicyError(_by_line(warnings, source))
+    policy = Policy(name=doc.metadata.name,
+                    digest=hashlib.sha256(canonical.encode()).hexdigest(),
+                    doc=doc, rule_params=tuple(params), windows=tuple(windows), source=source,
+                    warnings=tuple(_by_line(warnings, source)),
+                    deprecations=tuple(_deprecations(doc, marks, source)))
+    _check_applicable(policy, marks, source)
+    return policy
 
 
 def _deprecations(doc: PolicyDoc, marks: _Marks, source: str) -> list[str]:
@@ -370,13 +491,24 @@ def _deprecations(doc: PolicyDoc, marks: _Marks, source: str) -> list[str]:
     return found
 
 
-def load_policy_file(path: str) -> Policy:
+def load_policy_file(path: str, *, strict: bool = False) -> Policy:
+    return load_policy(read_policy_text(path), source=path, strict=strict)
+
+
+def read_policy_text(path: str) -> str:
+    """A policy file's text, read up to MAX_POLICY_BYTES (a device or a huge file is
+    refused without reading it whole)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PolicyError([f"{path}: cannot read policy ({exc})"]) from None
-    return load_policy(text, source=path)
+        with open(path, "rb") as f:
+            data = f.read(MAX_POLICY_BYTES + 1)
+    except OSError as exc:
+        raise PolicyError([f"{path}: cannot read policy ({exc.strerror or exc})"]) from None
+    if len(data) > MAX_POLICY_BYTES:
+        raise PolicyError([f"{path}: policy file is larger than {MAX_POLICY_BYTES} bytes"])
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PolicyError([f"{path}: not UTF-8 text (byte {exc.start})"]) from None
 
 
 def policy_json_schema() -> dict[str, Any]:
@@ -387,3 +519,15 @@ def policy_json_schema() -> dict[str, Any]:
     defs["Condition"]["properties"]["signal"]["enum"] = list(SIGNALS)
     schema["title"] = "gearshift EnginePolicy (gearshift.dev/v1)"
     return schema
+
+
+def policy_mode(yaml_text: str) -> str:
+    """The mode a stored policy text sets ("" when it cannot be read), without
+    validating it: a version stored by an older release still shows its mode."""
+    try:
+        raw = yaml.safe_load(yaml_text)
+    except (yaml.YAMLError, ValueError, TypeError, RecursionError):
+        return ""
+    spec = raw.get("spec") if isinstance(raw, dict) else None
+    mode = spec.get("mode", "dry-run") if isinstance(spec, dict) else ""
+    return mode if isinstance(mode, str) else ""

@@ -62,6 +62,15 @@ def parse_duration(value: Any) -> float:
     raise ValueError(f"expected a duration like '30m', '24h' or '7d', found {value!r}")
 
 
+def format_duration(seconds: float) -> str:
+    """Seconds as the largest whole unit: 604800 -> '7d', 90 -> '90s'."""
+    for unit in ("d", "h", "m"):
+        size = _UNIT_S[unit]
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
 Duration = Annotated[
     float,
     BeforeValidator(parse_duration),

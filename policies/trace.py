@@ -11,9 +11,10 @@ is ours (DESIGN §7); `json` does the parsing.
 
 from __future__ import annotations
 
-import gzip
+import io
 import json
 import math
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -25,6 +26,13 @@ from gearshift.common.errors import InvalidArgument
 
 ENGINES = ENGINE_NAMES  # every engine a trace may name (the catalog's)
 TRACE_VERSION = 1
+# Bounds on what is read: a small gzip can inflate to gigabytes (refused as it
+# inflates, not after), and a trace is at most years of steps for a fleet's models.
+MAX_TRACE_BYTES = 256 * 1024 * 1024  # after decompression
+MAX_TRACE_LINES = 4_000_000
+MAX_STEP_S = 366 * 86400
+MAX_COUNT = 1_000_000  # GPUs per replica, minimum replicas
+_READ_CHUNK_BYTES = 1024 * 1024
 _PER_ENGINE_FIELDS = ("capacity_rps", "cold_start_s", "build_s", "build_overhead_usd", "ttft_p99_ms")
 
 
@@ -111,11 +119,19 @@ def _number(obj: Mapping[str, Any], key: str, where: str, *, minimum: float = 0.
     return float(value)
 
 
-def _int(obj: Mapping[str, Any], key: str, where: str, minimum: int) -> int:
+def _int(obj: Mapping[str, Any], key: str, where: str, minimum: int,
+         maximum: int = MAX_COUNT) -> int:
     value = obj.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{where}{key}: expected an integer >= {minimum}, found {value!r}")
+    if (isinstance(value, bool) or not isinstance(value, int)
+            or not minimum <= value <= maximum):
+        raise ValueError(f"{where}{key}: expected an integer from {minimum} to {maximum}, "
+                         f"found {_shown(value)}")
     return value
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _profile(name: str, raw: object) -> ModelProfile:
@@ -178,7 +194,7 @@ def _header(rec: object) -> _Header:
     return _Header(
         name=name,
         start=parse_ts(rec.get("start")),
-        step_s=_int(rec, "step_s", "", 1),
+        step_s=_int(rec, "step_s", "", 1, MAX_STEP_S),
         price=_number(rec, "price_per_gpu_hour", ""),
         headroom=_number(rec, "headroom", ""),
         overlap_s=_number(rec, "overlap_s", ""),
@@ -271,16 +287,57 @@ def read_trace(path: str | Path) -> Trace:
     """Read a trace file (gzipped when it starts with the gzip magic number)."""
     p = Path(path)
     try:
-        raw = p.read_bytes()
+        with p.open("rb") as f:
+            return _parse_bytes(_read_capped(f, p), p)
     except OSError as exc:
         raise TraceError(f"{p}: cannot read trace ({exc.strerror or exc})") from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError) as exc:
-            raise TraceError(f"{p}: not a valid gzip file ({exc})") from None
+
+
+def read_trace_bytes(data: bytes, source: str = "<trace>") -> Trace:
+    """`read_trace` on bytes already in memory (plain or gzipped)."""
+    p = Path(source)
+    return _parse_bytes(_read_capped(io.BytesIO(data), p), p)
+
+
+def _parse_bytes(raw: bytes, p: Path) -> Trace:
+    lines = raw.count(b"\n")
+    if lines > MAX_TRACE_LINES:
+        raise TraceError(f"{p}: more than {MAX_TRACE_LINES} lines ({lines})")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise TraceError(f"{p}: not UTF-8 text (byte {exc.start})") from None
     return parse_trace(text.splitlines(), source=str(p))
+
+
+def _read_capped(f: Any, p: Path) -> bytes:
+    """The file's bytes, inflated when it starts with the gzip magic number; at most
+    MAX_TRACE_BYTES either way (a larger or corrupt file is a `TraceError`)."""
+    head = f.read(2)
+    if head != b"\x1f\x8b":
+        data = head + f.read(MAX_TRACE_BYTES + 1 - len(head))
+        if len(data) > MAX_TRACE_BYTES:
+            raise TraceError(f"{p}: larger than {MAX_TRACE_BYTES} bytes")
+        return bytes(data)
+    out = bytearray()
+    inflater = zlib.decompressobj(wbits=31)
+    buf, member_open = head, False
+    try:
+        while True:
+            if not buf:
+                buf = f.read(_READ_CHUNK_BYTES)
+                if not buf:
+                    break
+            member_open = True
+            out += inflater.decompress(buf, MAX_TRACE_BYTES + 1 - len(out))
+            if len(out) > MAX_TRACE_BYTES:
+                raise TraceError(f"{p}: inflates to more than {MAX_TRACE_BYTES} bytes")
+            buf = inflater.unconsumed_tail
+            if inflater.eof:  # concatenated gzip members: the next one starts here
+                buf, member_open = inflater.unused_data, False
+                inflater = zlib.decompressobj(wbits=31)
+    except zlib.error as exc:
+        raise TraceError(f"{p}: not a valid gzip file ({exc})") from None
+    if member_open:
+        raise TraceError(f"{p}: not a valid gzip file (it ends before its last member does)")
+    return bytes(out)

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 from gearshift.common.errors import InvalidArgument
 
+Labels = tuple[tuple[str, str], ...]
+
 
 class SkipReason(enum.StrEnum):
     """Why a scrape, or one series in it, was not used (bounded metric label set)."""
@@ -30,6 +32,11 @@ class SkipReason(enum.StrEnum):
     HTTP_STATUS = "http_status"  # the endpoint answered with a non-200 status
     UNREACHABLE = "unreachable"  # connection refused, reset or timed out
     CLOCK = "clock"  # the scrape time did not advance
+
+
+# A series with one of these is a broken value, not a missing one: the whole scrape is
+# refused (no rates, no gauges from it) rather than read as zero or as a partial sum.
+REFUSING_REASONS = frozenset({SkipReason.NON_FINITE, SkipReason.NEGATIVE, SkipReason.OUT_OF_RANGE})
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,7 @@ class Histogram:
     buckets: tuple[tuple[float, float], ...]
     sum: float | None
     count: float
+    series: int = 1  # label sets summed (engine processes): >1 makes a reset ambiguous
 
     def bounds(self) -> tuple[float, ...]:
         return tuple(bound for bound, _ in self.buckets)
@@ -87,6 +95,16 @@ class EngineSnapshot:
     completed_in_window: float | None = None
     iter_latency_s: float | None = None
     skips: tuple[Skip, ...] = ()
+    # Counters per label set (one per engine process, finish reason, ...), by field
+    # name: deltas are taken per series, so one process restarting never makes the
+    # others' whole totals count as one interval.
+    counter_series: tuple[tuple[str, tuple[tuple[Labels, float], ...]], ...] = ()
+
+    def series_of(self, name: str) -> dict[Labels, float] | None:
+        for field_name, series in self.counter_series:
+            if field_name == name:
+                return dict(series)
+        return None
 
     def has_data(self) -> bool:
         """True when at least one metric gearshift uses was found."""
@@ -145,7 +163,8 @@ class EngineSample:
     generation_tokens_per_s: float = 0.0
     kv_cache_usage: float = 0.0
     errors_total: int = 0
-    counter_reset: bool = False
+    counter_reset: bool = False  # an engine process restarted: the interval is partial
+    refused: bool = False  # the scrape held broken values (NaN, out of range): not used
     reason: str = ""
     skips: tuple[Skip, ...] = field(default=())
 

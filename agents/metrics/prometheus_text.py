@@ -73,6 +73,7 @@ def parse_prometheus_text(text: str, *, source: str = "/metrics",
         itl=snapshot.itl,
         e2e=snapshot.e2e,
         skips=tuple(reader.skips),
+        counter_series=snapshot.counter_series,
     )
     return merged
 
@@ -198,7 +199,12 @@ class _Reader:
                 if dict(labels).get("finished_reason") in ERROR_FINISH_REASONS
             ]
             errors = self._sum(success, error_labels) if error_labels else 0.0
+        counters = (("requests_finished", success),
+                    ("prompt_tokens", self._lookup("prompt_tokens")),
+                    ("generation_tokens", self._lookup("generation_tokens")))
         return EngineSnapshot(
+            counter_series=tuple((name, tuple(found[1])) for name, found in counters
+                                 if found is not None),
             requests_finished=self._sum(success),
             request_errors=errors,
             prompt_tokens=self._sum(self._lookup(*n.prompt_tokens)),
@@ -217,6 +223,9 @@ class _Reader:
             return None
         name, series = found
         values = [v for labels, v in series if self._valid(name, labels, v)]
+        # Each engine core's value is a fraction; a mean would hide one above 1.
+        if len(values) > 1 and any(self._fraction(name, v) is None for v in values):
+            return None
         # One value per engine core (data parallel): report their mean.
         return self._fraction(name, sum(v / len(values) for v in values)) if values else None
 
@@ -236,6 +245,7 @@ class _Reader:
 
     def _build_histogram(self, name: str, buckets: Series) -> Histogram | None:
         by_bound: dict[float, float] = defaultdict(float)
+        label_sets: set[Labels] = set()
         for labels, value in buckets:
             le = dict(labels).get("le")
             try:
@@ -248,6 +258,7 @@ class _Reader:
             if not self._valid(name + "_bucket", labels, value):
                 return None  # one bad bucket makes the whole histogram unreliable
             by_bound[bound] += value
+            label_sets.add(tuple(kv for kv in labels if kv[0] != "le"))
             if math.isinf(by_bound[bound]):
                 self._skip(SkipReason.NON_FINITE, name + "_bucket", labels, "overflow when summed")
                 return None
@@ -260,7 +271,8 @@ class _Reader:
             ordered.append((math.inf, max(last, count or 0.0)))
         if count is None:
             count = ordered[-1][1]
-        return Histogram(buckets=tuple(ordered), sum=total, count=count)
+        return Histogram(buckets=tuple(ordered), sum=total, count=count,
+                         series=max(1, len(label_sets)))
 
     def _lookup_exact(self, name: str) -> tuple[str, Series] | None:
         return (name, self._series[name]) if name in self._series else None

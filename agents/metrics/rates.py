@@ -6,9 +6,19 @@ BUCKET DELTAS between the two scrapes, interpolated linearly inside the bucket
 exactly as Prometheus' `histogram_quantile` does (written out here because
 prometheus_client only exposes metrics, it does not query them).
 
-Counter resets (a counter or bucket lower than before, e.g. the engine
-restarted) start the interval from zero: the new value is the delta. Rates are
-never negative.
+Counters are tracked per series (label set: one per engine process behind the
+deployment, per finish reason, ...). A series lower than before (its process
+restarted) counts its new value as its delta; a series that appeared or vanished
+counts nothing; either way the interval is marked partial (`counter_reset`). So one
+process of several restarting never makes the others' whole totals count as one
+interval. A histogram that went down counts from zero when it has a single series,
+and gives no quantiles when several were summed (which of them restarted is not
+known). Rates are never negative.
+
+A scrape that holds a broken value in a series gearshift uses (NaN, ±Inf, a
+negative counter, a KV-cache fraction above 1: `REFUSING_REASONS`) is refused:
+no rates and no gauges from it, and the previous snapshot stays the base of the
+next interval, which is then simply longer. Missing data is never read as zero.
 """
 
 from __future__ import annotations
@@ -19,9 +29,11 @@ from dataclasses import replace
 
 from gearshift.agents.metrics.model import (
     ABSENT,
+    REFUSING_REASONS,
     EngineSample,
     EngineSnapshot,
     Histogram,
+    Labels,
     Quantiles,
     Skip,
     SkipReason,
@@ -119,6 +131,23 @@ def _counter_delta(previous: float | None, current: float | None) -> tuple[float
     return current - previous, False
 
 
+def series_delta(previous: dict[Labels, float], current: dict[Labels, float]) -> tuple[float, bool]:
+    """The increase of a counter summed over its series, and whether it is partial
+    (a series reset, appeared or vanished)."""
+    delta = 0.0
+    partial = len(previous) != len(current)
+    for labels, now in current.items():
+        before = previous.get(labels)
+        if before is None:
+            partial = True  # its count so far may span many intervals: not this one's
+        elif now < before:
+            delta += now
+            partial = True
+        else:
+            delta += now - before
+    return delta, partial
+
+
 class RateCalculator:
     """Rates and quantiles for one deployment from successive snapshots."""
 
@@ -148,14 +177,24 @@ class RateCalculator:
                 SkipReason.CLOCK, f"scrape time {now} is not after the previous one {previous_at}"
             )
             return replace(base, reason=skip.detail, skips=(*snapshot.skips, skip))
+        broken = [skip for skip in snapshot.skips if skip.reason in REFUSING_REASONS]
+        if broken:  # the previous snapshot stays the base: the next interval is longer
+            return EngineSample(metrics_present=False, scraped_at=now, refused=True,
+                                reason="scrape refused: " + "; ".join(s.detail for s in broken[:3]),
+                                skips=snapshot.skips)
         self._previous, self._previous_at = snapshot, now
         if previous is None or previous_at is None:
             return replace(base, reason="first scrape: rates need a second one")
         interval_s = now - previous_at
         resets: list[bool] = []
 
-        def per_second(before: float | None, after: float | None) -> float:
-            delta, reset = _counter_delta(before, after)
+        def per_second(name: str, before: float | None, after: float | None) -> float:
+            parts_before, parts_after = previous.series_of(name), snapshot.series_of(name)
+            if parts_before is not None and parts_after is not None:
+                total, reset = series_delta(parts_before, parts_after)
+                delta: float | None = total
+            else:
+                delta, reset = _counter_delta(before, after)
             resets.append(reset)
             rate = delta / interval_s if delta is not None else 0.0
             return rate if math.isfinite(rate) else 0.0
@@ -165,10 +204,13 @@ class RateCalculator:
                 return ABSENT  # the family just appeared: its counts are not this interval's
             delta, reset = histogram_delta(before, after)
             resets.append(reset)
+            if reset and max(before.series, after.series) > 1:
+                return ABSENT  # some process restarted: the sum is no interval's count
             return quantiles_of(delta)
 
         if snapshot.requests_finished is not None and previous.requests_finished is not None:
-            request_rate = per_second(previous.requests_finished, snapshot.requests_finished)
+            request_rate = per_second("requests_finished", previous.requests_finished,
+                                      snapshot.requests_finished)
         else:
             request_rate = (snapshot.completed_in_window or 0.0) / interval_s
             if not math.isfinite(request_rate):
@@ -181,9 +223,11 @@ class RateCalculator:
             ttft=latency(previous.ttft, snapshot.ttft),
             itl=latency(previous.itl, snapshot.itl),
             e2e=latency(previous.e2e, snapshot.e2e),
-            prompt_tokens_per_s=per_second(previous.prompt_tokens, snapshot.prompt_tokens),
+            prompt_tokens_per_s=per_second(
+                "prompt_tokens", previous.prompt_tokens, snapshot.prompt_tokens
+            ),
             generation_tokens_per_s=per_second(
-                previous.generation_tokens, snapshot.generation_tokens
+                "generation_tokens", previous.generation_tokens, snapshot.generation_tokens
             ),
             counter_reset=any(resets),
         )
@@ -198,6 +242,7 @@ def to_proto(sample: EngineSample, target: agent_pb2.DeploymentReport) -> None:
     target.prompt_tokens_per_s = sample.prompt_tokens_per_s
     target.generation_tokens_per_s = sample.generation_tokens_per_s
     target.kv_cache_usage = sample.kv_cache_usage
+    target.partial_interval = sample.counter_reset or sample.refused
     target.errors_total = _uint64(sample.errors_total)
     for quantiles, message in (
         (sample.ttft, target.ttft),

@@ -60,6 +60,12 @@ class ScraperMetrics:
             ["engine", "reason"],
             registry=registry,
         )
+        self.scrapes_refused = Counter(
+            "gearshift_agent_metric_scrapes_refused_total",
+            "Engine scrapes not used because a series held a broken value (NaN, out of range).",
+            ["engine"],
+            registry=registry,
+        )
         self.counter_resets = Counter(
             "gearshift_agent_metric_counter_resets_total",
             "Engine counters found lower than at the previous scrape (engine restarts).",
@@ -206,6 +212,8 @@ class EngineScraper:
                 metrics_present=False, scraped_at=now, reason="internal error while scraping"
             )
         self._record(sample.skips)
+        if sample.refused:
+            self._metrics.scrapes_refused.labels(engine=self.engine).inc()
         if sample.counter_reset:
             self._metrics.counter_resets.labels(engine=self.engine).inc()
             logger.info(

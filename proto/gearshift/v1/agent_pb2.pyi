@@ -99,7 +99,7 @@ class EngineInstall(_message.Message):
     def __init__(self, engine: _Optional[str] = ..., version: _Optional[str] = ..., executable: _Optional[str] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("host_id", "labels", "agent_version", "protocol_version", "gpus", "engines", "emulated_gpus")
+    __slots__ = ("host_id", "labels", "agent_version", "protocol_version", "gpus", "engines", "emulated_gpus", "session_token")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -114,6 +114,7 @@ class Hello(_message.Message):
     GPUS_FIELD_NUMBER: _ClassVar[int]
     ENGINES_FIELD_NUMBER: _ClassVar[int]
     EMULATED_GPUS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
     host_id: str
     labels: _containers.ScalarMap[str, str]
     agent_version: str
@@ -121,7 +122,8 @@ class Hello(_message.Message):
     gpus: _containers.RepeatedCompositeFieldContainer[GpuInfo]
     engines: _containers.RepeatedCompositeFieldContainer[EngineInstall]
     emulated_gpus: bool
-    def __init__(self, host_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., agent_version: _Optional[str] = ..., protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., engines: _Optional[_Iterable[_Union[EngineInstall, _Mapping]]] = ..., emulated_gpus: _Optional[bool] = ...) -> None: ...
+    session_token: str
+    def __init__(self, host_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., agent_version: _Optional[str] = ..., protocol_version: _Optional[_Union[ProtocolVersion, str]] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., engines: _Optional[_Iterable[_Union[EngineInstall, _Mapping]]] = ..., emulated_gpus: _Optional[bool] = ..., session_token: _Optional[str] = ...) -> None: ...
 
 class Quantiles(_message.Message):
     __slots__ = ("present", "p50_s", "p99_s", "mean_s", "count")
@@ -138,7 +140,7 @@ class Quantiles(_message.Message):
     def __init__(self, present: _Optional[bool] = ..., p50_s: _Optional[float] = ..., p99_s: _Optional[float] = ..., mean_s: _Optional[float] = ..., count: _Optional[int] = ...) -> None: ...
 
 class DeploymentReport(_message.Message):
-    __slots__ = ("deployment_id", "engine", "engine_version", "model", "revision", "phase", "endpoint", "request_rate", "running_requests", "waiting_requests", "ttft", "itl", "e2e", "prompt_tokens_per_s", "generation_tokens_per_s", "kv_cache_usage", "errors_total", "restarts", "gpu_indices", "message", "metrics_present", "backend", "served_model_name", "source", "tensor_parallel_size")
+    __slots__ = ("deployment_id", "engine", "engine_version", "model", "revision", "phase", "endpoint", "request_rate", "running_requests", "waiting_requests", "ttft", "itl", "e2e", "prompt_tokens_per_s", "generation_tokens_per_s", "kv_cache_usage", "errors_total", "restarts", "gpu_indices", "message", "metrics_present", "backend", "served_model_name", "source", "tensor_parallel_size", "partial_interval")
     DEPLOYMENT_ID_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     ENGINE_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -164,6 +166,7 @@ class DeploymentReport(_message.Message):
     SERVED_MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     TENSOR_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     deployment_id: str
     engine: str
     engine_version: str
@@ -189,7 +192,8 @@ class DeploymentReport(_message.Message):
     served_model_name: str
     source: str
     tensor_parallel_size: int
-    def __init__(self, deployment_id: _Optional[str] = ..., engine: _Optional[str] = ..., engine_version: _Optional[str] = ..., model: _Optional[str] = ..., revision: _Optional[str] = ..., phase: _Optional[_Union[DeploymentPhase, str]] = ..., endpoint: _Optional[str] = ..., request_rate: _Optional[float] = ..., running_requests: _Optional[float] = ..., waiting_requests: _Optional[float] = ..., ttft: _Optional[_Union[Quantiles, _Mapping]] = ..., itl: _Optional[_Union[Quantiles, _Mapping]] = ..., e2e: _Optional[_Union[Quantiles, _Mapping]] = ..., prompt_tokens_per_s: _Optional[float] = ..., generation_tokens_per_s: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., errors_total: _Optional[int] = ..., restarts: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., message: _Optional[str] = ..., metrics_present: _Optional[bool] = ..., backend: _Optional[str] = ..., served_model_name: _Optional[str] = ..., source: _Optional[str] = ..., tensor_parallel_size: _Optional[int] = ...) -> None: ...
+    partial_interval: bool
+    def __init__(self, deployment_id: _Optional[str] = ..., engine: _Optional[str] = ..., engine_version: _Optional[str] = ..., model: _Optional[str] = ..., revision: _Optional[str] = ..., phase: _Optional[_Union[DeploymentPhase, str]] = ..., endpoint: _Optional[str] = ..., request_rate: _Optional[float] = ..., running_requests: _Optional[float] = ..., waiting_requests: _Optional[float] = ..., ttft: _Optional[_Union[Quantiles, _Mapping]] = ..., itl: _Optional[_Union[Quantiles, _Mapping]] = ..., e2e: _Optional[_Union[Quantiles, _Mapping]] = ..., prompt_tokens_per_s: _Optional[float] = ..., generation_tokens_per_s: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., errors_total: _Optional[int] = ..., restarts: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., message: _Optional[str] = ..., metrics_present: _Optional[bool] = ..., backend: _Optional[str] = ..., served_model_name: _Optional[str] = ..., source: _Optional[str] = ..., tensor_parallel_size: _Optional[int] = ..., partial_interval: _Optional[bool] = ...) -> None: ...
 
 class Report(_message.Message):
     __slots__ = ("seq", "time", "gpus", "deployments", "interval_s")
@@ -228,14 +232,16 @@ class AgentMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., report: _Optional[_Union[Report, _Mapping]] = ..., command_result: _Optional[_Union[CommandResult, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("report_interval_s", "controller_epoch", "controller_id")
+    __slots__ = ("report_interval_s", "controller_epoch", "controller_id", "session_token")
     REPORT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
     report_interval_s: float
     controller_epoch: int
     controller_id: str
-    def __init__(self, report_interval_s: _Optional[float] = ..., controller_epoch: _Optional[int] = ..., controller_id: _Optional[str] = ...) -> None: ...
+    session_token: str
+    def __init__(self, report_interval_s: _Optional[float] = ..., controller_epoch: _Optional[int] = ..., controller_id: _Optional[str] = ..., session_token: _Optional[str] = ...) -> None: ...
 
 class DeploymentSpec(_message.Message):
     __slots__ = ("deployment_id", "model", "source", "revision", "engine", "backend", "port", "tensor_parallel_size", "gpu_memory_fraction", "gpu_indices", "shutdown_timeout_s", "extra_args")

@@ -247,46 +247,54 @@ class PolicyVersion(_message.Message):
     def __init__(self, version: _Optional[int] = ..., name: _Optional[str] = ..., digest: _Optional[str] = ..., yaml_text: _Optional[str] = ..., applied_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., applied_by: _Optional[str] = ..., comment: _Optional[str] = ..., active: _Optional[bool] = ..., mode: _Optional[str] = ...) -> None: ...
 
 class ValidatePolicyRequest(_message.Message):
-    __slots__ = ("yaml_text", "source")
+    __slots__ = ("yaml_text", "source", "strict")
     YAML_TEXT_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    STRICT_FIELD_NUMBER: _ClassVar[int]
     yaml_text: str
     source: str
-    def __init__(self, yaml_text: _Optional[str] = ..., source: _Optional[str] = ...) -> None: ...
+    strict: bool
+    def __init__(self, yaml_text: _Optional[str] = ..., source: _Optional[str] = ..., strict: _Optional[bool] = ...) -> None: ...
 
 class ValidatePolicyResponse(_message.Message):
-    __slots__ = ("valid", "errors", "name", "digest")
+    __slots__ = ("valid", "errors", "name", "digest", "warnings")
     VALID_FIELD_NUMBER: _ClassVar[int]
     ERRORS_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
     valid: bool
     errors: _containers.RepeatedScalarFieldContainer[str]
     name: str
     digest: str
-    def __init__(self, valid: _Optional[bool] = ..., errors: _Optional[_Iterable[str]] = ..., name: _Optional[str] = ..., digest: _Optional[str] = ...) -> None: ...
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, valid: _Optional[bool] = ..., errors: _Optional[_Iterable[str]] = ..., name: _Optional[str] = ..., digest: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ApplyPolicyRequest(_message.Message):
-    __slots__ = ("yaml_text", "source", "applied_by", "comment", "restore_version")
+    __slots__ = ("yaml_text", "source", "applied_by", "comment", "restore_version", "strict")
     YAML_TEXT_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     APPLIED_BY_FIELD_NUMBER: _ClassVar[int]
     COMMENT_FIELD_NUMBER: _ClassVar[int]
     RESTORE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    STRICT_FIELD_NUMBER: _ClassVar[int]
     yaml_text: str
     source: str
     applied_by: str
     comment: str
     restore_version: int
-    def __init__(self, yaml_text: _Optional[str] = ..., source: _Optional[str] = ..., applied_by: _Optional[str] = ..., comment: _Optional[str] = ..., restore_version: _Optional[int] = ...) -> None: ...
+    strict: bool
+    def __init__(self, yaml_text: _Optional[str] = ..., source: _Optional[str] = ..., applied_by: _Optional[str] = ..., comment: _Optional[str] = ..., restore_version: _Optional[int] = ..., strict: _Optional[bool] = ...) -> None: ...
 
 class ApplyPolicyResponse(_message.Message):
-    __slots__ = ("policy", "changed")
+    __slots__ = ("policy", "changed", "warnings")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     CHANGED_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
     policy: PolicyVersion
     changed: bool
-    def __init__(self, policy: _Optional[_Union[PolicyVersion, _Mapping]] = ..., changed: _Optional[bool] = ...) -> None: ...
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, policy: _Optional[_Union[PolicyVersion, _Mapping]] = ..., changed: _Optional[bool] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetPolicyRequest(_message.Message):
     __slots__ = ("version",)

@@ -54,3 +54,38 @@ def test_unreadable_and_non_mapping_files(tmp_path: Path) -> None:
     bad.write_text("key: [unclosed\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_agent_config(bad)
+
+
+def _refused(path: Path) -> str:
+    with pytest.raises(ConfigError) as err:
+        load_agent_config(path)
+    return err.value.message
+
+
+def test_binary_deep_huge_and_bombed_configs_are_one_line_errors(tmp_path: Path) -> None:
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(bytes(range(256)) * 8)
+    assert "not UTF-8 text" in _refused(binary)
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("a: " + "[" * 3000 + "]" * 3000 + "\n")
+    assert "nested more than 32 levels deep" in _refused(deep)
+    deep_map = tmp_path / "deep-map.yaml"
+    deep_map.write_text("".join(f"{' ' * i}k{i}:\n" for i in range(300)))
+    assert "nested more than" in _refused(deep_map)
+    bomb = tmp_path / "bomb.yaml"
+    rows = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    rows += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    bomb.write_text("\n".join(rows) + "\n")
+    assert "YAML nodes" in _refused(bomb)
+    assert "larger than" in _refused(Path("/dev/zero"))
+    for message in (_refused(binary), _refused(deep), _refused(bomb)):
+        assert "\n" not in message
+
+
+def test_emulated_gpus_need_their_block(tmp_path: Path) -> None:
+    f = tmp_path / "agent.yaml"
+    f.write_text("gpus: {source: emulated}\n")
+    message = _refused(f)
+    assert "gpus: source 'emulated' needs an 'emulated' block" in message
+    f.write_text("gpus: {source: emulated, emulated: {count: 2}}\n")
+    assert load_agent_config(f).gpus.emulated is not None

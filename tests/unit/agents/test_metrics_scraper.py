@@ -15,9 +15,10 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from fixture_paths import ENGINE_METRICS
-from gearshift.agents.metrics import EngineScraper, SkipReason
+from gearshift.agents.metrics import EngineScraper, SkipReason, to_proto
 from gearshift.common.engines import ENGINE_NAMES
 from gearshift.common.errors import InvalidArgument
+from gearshift.v1 import agent_pb2
 
 VLLM_BEFORE = (
     "# TYPE vllm:request_success_total counter\n"
@@ -266,3 +267,71 @@ def test_two_scrapers_share_one_metrics_container_per_registry() -> None:
     registry = CollectorRegistry()
     EngineScraper("vllm", "http://127.0.0.1:1", registry=registry)
     EngineScraper("tensorrt-llm", "http://127.0.0.1:2", registry=registry)  # no duplicate error
+
+
+def _two_processes(first: str, second: str, kv: str = "0.5") -> str:
+    """A vLLM body with two engine processes (data parallel) behind one endpoint."""
+    return "\n".join([
+        "# TYPE vllm:request_success_total counter",
+        f'vllm:request_success_total{{engine="0",finished_reason="stop",model_name="m"}} {first}',
+        f'vllm:request_success_total{{engine="1",finished_reason="stop",model_name="m"}} {second}',
+        "# TYPE vllm:num_requests_running gauge",
+        'vllm:num_requests_running{engine="0",model_name="m"} 1',
+        'vllm:num_requests_running{engine="1",model_name="m"} 1',
+        "# TYPE vllm:kv_cache_usage_perc gauge",
+        f'vllm:kv_cache_usage_perc{{engine="0",model_name="m"}} {kv}',
+        'vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.5',
+        "",
+    ])
+
+
+async def test_one_process_restarting_never_spikes_the_rate(
+    engine: tuple[FakeEngine, str], make_scraper: ScraperFactory
+) -> None:
+    fake, url = engine
+    scraper = make_scraper("vllm", url, registry=CollectorRegistry())
+    fake.bodies["/metrics"] = (200, _two_processes("50000", "100000"))
+    await scraper.scrape(now=0.0)
+    fake.bodies["/metrics"] = (200, _two_processes("0", "100001"))  # process 0 restarted
+    sample = await scraper.scrape(now=1.0)
+    assert sample.metrics_present and sample.counter_reset
+    assert sample.request_rate == pytest.approx(1.0)  # not 100,001
+    report = agent_pb2.DeploymentReport()
+    to_proto(sample, report)
+    assert report.partial_interval and report.request_rate == pytest.approx(1.0)
+    fake.bodies["/metrics"] = (200, _two_processes("3", "100003"))
+    steady = await scraper.scrape(now=2.0)
+    assert steady.request_rate == pytest.approx(5.0) and not steady.counter_reset
+
+
+@pytest.mark.parametrize(("first", "kv", "reason"), [
+    ("NaN", "0.5", SkipReason.NON_FINITE),
+    ("100", "NaN", SkipReason.NON_FINITE),
+    ("100", "+Inf", SkipReason.NON_FINITE),
+    ("100", "1.5", SkipReason.OUT_OF_RANGE),
+    ("100", "-0.5", SkipReason.NEGATIVE),
+])
+async def test_broken_values_refuse_the_scrape_and_are_counted(
+    engine: tuple[FakeEngine, str], make_scraper: ScraperFactory, first: str, kv: str,
+    reason: SkipReason,
+) -> None:
+    fake, url = engine
+    registry = CollectorRegistry()
+    scraper = make_scraper("vllm", url, registry=registry)
+    fake.bodies["/metrics"] = (200, _two_processes("90", "100"))
+    await scraper.scrape(now=0.0)
+    fake.bodies["/metrics"] = (200, _two_processes(first, "110", kv=kv))
+    broken = await scraper.scrape(now=1.0)
+    assert not broken.metrics_present and broken.refused
+    assert broken.request_rate == 0 and "scrape refused" in broken.reason
+    report = agent_pb2.DeploymentReport()
+    to_proto(broken, report)
+    assert not report.metrics_present and report.partial_interval
+    assert _skipped(registry, "vllm", reason) >= 1
+    refused = registry.get_sample_value("gearshift_agent_metric_scrapes_refused_total",
+                                        {"engine": "vllm"})
+    assert refused == 1
+    # The next good scrape measures from the last good one: the interval is just longer.
+    fake.bodies["/metrics"] = (200, _two_processes("100", "120"))
+    after = await scraper.scrape(now=2.0)
+    assert after.metrics_present and after.request_rate == pytest.approx(15.0)

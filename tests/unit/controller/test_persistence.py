@@ -94,3 +94,40 @@ def test_reports_feed_the_minute_rollups(persistence: Persistence,
     (row,) = open_store().rollups(model="llama")
     assert (row.reports, row.replicas, row.request_rate_mean, row.gpu_model) == (
         3, 1, 2.0, "NVIDIA H100")
+
+
+def test_gone_hosts_are_forgotten_in_memory_and_in_the_store(
+        persistence: Persistence, open_store: Callable[[], Store]) -> None:
+    now = [T0]
+    fleet = FleetState(clock=lambda: now[0])
+    for host in ("fake", "real", "live"):
+        persistence.host_seen(_connect(fleet, host))
+    fleet.report("real", _report(1, ("d1", "m", "r1", READY)))
+    fleet.report("live", _report(1, ("d2", "m", "r1", READY)))
+    persistence.save_hosts(fleet)
+    persistence.writer.flush()
+    fleet.disconnected("fake", fleet.hosts["fake"])
+    fleet.disconnected("real", fleet.hosts["real"])
+    now[0] = T0 + 601  # a hello and no report: gone after ten minutes
+    assert persistence.prune_hosts(fleet, now[0]) == ["fake"]
+    assert "fake" not in fleet.hosts and open_store().get_host("fake") is None
+    assert persistence.prune_hosts(fleet, now[0] + 6 * 86400) == []
+    now[0] = T0 + 8 * 86400  # reported once, gone a week: forgotten with its deployments
+    assert persistence.prune_hosts(fleet, now[0]) == ["real"]
+    assert set(fleet.hosts) == {"live"}  # connected hosts are never pruned
+    assert [h for _h, d, _ts in fleet.deployments() for h in [d.deployment_id]] == ["d2"]
+    assert [h.host_id for h in open_store().list_hosts()] == ["live"]
+    assert [e.deployment_id for m in fleet.routing_table().models for e in m.endpoints] == ["d2"]
+
+
+def test_an_unknown_phase_is_stored_as_unknown(persistence: Persistence,
+                                               open_store: Callable[[], Store]) -> None:
+    fleet = FleetState(clock=lambda: T0)
+    entry = _connect(fleet, "h1")
+    report = _report(1, ("d1", "m", "r1", 42))  # a phase a newer agent knows
+    fleet.report("h1", report)
+    persistence.report("h1", entry, report, T0)
+    persistence.save_hosts(fleet)
+    assert persistence.writer.flush() is True
+    [row] = open_store().list_deployments()
+    assert row.phase == "unknown"

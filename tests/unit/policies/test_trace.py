@@ -84,3 +84,45 @@ def test_header_requires_every_engine_fact(lines_of) -> None:
     lines[0] = json.dumps(head)
     with pytest.raises(TraceError, match=r"t:1: models.m.build_s.tensorrt-llm: missing"):
         parse_trace(lines, source="t")
+
+
+def test_corrupt_truncated_and_inflating_gzip_are_one_line_errors(tmp_path: Path) -> None:
+    from gearshift.policies.trace import MAX_TRACE_LINES
+
+    good = (Path(__file__).parent / "traces" / "steady-70b.jsonl.gz").read_bytes()
+    corrupt = bytearray(good)
+    corrupt[len(corrupt) // 2] ^= 0xFF
+    cases = {"corrupt.gz": bytes(corrupt), "truncated.gz": good[:-12],
+             "lines.gz": gzip.compress(b"\n" * (MAX_TRACE_LINES + 1), compresslevel=1)}
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(TraceError) as err:
+            read_trace(tmp_path / name)
+        assert err.value.message.startswith(str(tmp_path / name)) and "\n" not in err.value.message
+    two = tmp_path / "two-members.gz"
+    raw = gzip.decompress(good)
+    two.write_bytes(gzip.compress(raw[:1000]) + gzip.compress(raw[1000:]))
+    assert read_trace(two) == read_trace(Path(__file__).parent / "traces" / "steady-70b.jsonl.gz")
+
+
+def test_huge_rates_or_gpu_counts_are_refused_not_priced_negative(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from gearshift.cli.policy_cmds import policy
+
+    raw = gzip.decompress((Path(__file__).parent / "traces" / "steady-70b.jsonl.gz").read_bytes())
+    lines = raw.decode().splitlines()
+    traffic = json.loads(lines[1])
+    traffic["rps"] = 1e300
+    huge_rate = tmp_path / "huge-rate.jsonl"
+    huge_rate.write_text("\n".join([lines[0], json.dumps(traffic), *lines[2:]]) + "\n")
+    head = json.loads(lines[0])
+    for profile in head["models"].values():
+        profile["gpus_per_replica"] = 10**30
+    huge_gpus = tmp_path / "huge-gpus.jsonl"
+    huge_gpus.write_text("\n".join([json.dumps(head), *lines[1:]]) + "\n")
+    policy_file = Path(__file__).parents[3] / "policies" / "examples" / "default.yaml"
+    for trace, needle in ((huge_rate, "priced exactly"), (huge_gpus, "gpus_per_replica")):
+        out = CliRunner().invoke(policy, ["backtest", str(policy_file), "--trace", str(trace)])
+        assert out.exit_code == 1, out.output
+        assert needle in out.output and "Traceback" not in out.output and "$-" not in out.output
