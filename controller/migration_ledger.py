@@ -15,6 +15,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from gearshift.controller import failpoints
 from gearshift.controller.migration_machine import (
     MigrationKind,
     MigrationPhase,
@@ -80,6 +81,8 @@ class MigrationLedger:
         self._repo.save(row, step=MigrationStepRow(
             migration_id=row.id, at=now, from_phase=before.value, to_phase=to.value,
             message=message, figures=figures or {}))
+        if not to.active:
+            failpoints.reach(failpoints.MIGRATION_END_SAVED)
         log.info("migration %s (%s): %s -> %s: %s", row.id, row.model, before.value, to.value,
                  message)
         if self._on_transition is not None:

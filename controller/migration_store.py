@@ -159,7 +159,9 @@ class MigrationRepository:
         with self._session() as s:
             return s.get(MigrationRow, migration_id)
 
-    def rows(self, *, active_only: bool = False, model: str | None = None) -> list[MigrationRow]:
+    def rows(self, *, active_only: bool = False, ended_only: bool = False,
+             model: str | None = None, decision_id: str | None = None,
+             kind: MigrationKind | None = None) -> list[MigrationRow]:
         """Newest first."""
         q = select(MigrationRow).order_by(col(MigrationRow.created_at).desc(),
                                           col(MigrationRow.id))
@@ -167,6 +169,12 @@ class MigrationRepository:
             q = q.where(col(MigrationRow.phase).not_in(list(TERMINAL_PHASES)))
         if model is not None:
             q = q.where(MigrationRow.model == model)
+        if ended_only:
+            q = q.where(col(MigrationRow.phase).in_(list(TERMINAL_PHASES)))
+        if decision_id is not None:
+            q = q.where(MigrationRow.decision_id == decision_id)
+        if kind is not None:
+            q = q.where(MigrationRow.kind == kind)
         with self._session() as s:
             return list(s.exec(q).all())
 

@@ -180,7 +180,7 @@ def test_function_level_and_relative_imports_are_seen() -> None:
 
 
 @pytest.mark.parametrize(("module", "imported", "rule"), [
-    ("gearshift.policies.core", "gearshift.common.errors", "must not import gearshift.controller"),
+    ("gearshift.policies.core", "gearshift.controller.errors", "must not import gearshift.controller"),
     ("gearshift.policies.core", "grpc", "must not import grpc"),
     ("gearshift.policies.x", "gearshift.v1.agent_pb2", "must not import gearshift.v1"),
     ("gearshift.agents.daemon", "gearshift.controller.endpoints", "must not import gearshift.controller"),
