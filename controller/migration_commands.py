@@ -12,7 +12,6 @@ Persisting rows and transitions is `controller.migration_ledger.MigrationLedger`
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime

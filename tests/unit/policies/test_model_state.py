@@ -4,6 +4,7 @@ records, trials decided by the core with the move."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 from gearshift.policies.backtest import simulate
@@ -80,7 +81,7 @@ def _switch_gaps_h(dwell: str, cooldown: str, extra: str = "") -> tuple[list[flo
     _out, accepted = simulate(policy, trace)
     decisions = accepted["llama-70b"]
     times = [d.created_at for d in decisions]
-    return [(b - a) / 3600 for a, b in zip(times, times[1:], strict=False)], decisions
+    return [(b - a) / 3600 for a, b in itertools.pairwise(times)], decisions
 
 
 def test_backtest_path_applies_dwell_and_cooldown_from_the_shared_state() -> None:
