@@ -174,7 +174,7 @@ def baseline_costs(trace: Trace) -> dict[str, dict[str, float]]:
 
 def run_backtest(policy: Policy, trace: Trace, *, compare: Policy | None = None,
                  blind: bool = False, seed: int = 0) -> dict[str, Any]:
-    """The DESIGN §7 JSON object; with `compare`, an extra ``compare`` key says where
+    """The backtest output object of docs/cost-model.md; with `compare`, an extra ``compare`` key says where
     and at what cost the other policy decides differently. `blind`: the policies
     learn capacity from simulated latency instead of reading the header's."""
     outcomes, decisions = simulate(policy, trace, blind=blind, seed=seed)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gearshift.controller.migration_machine import (
@@ -43,3 +45,14 @@ def test_rollback_ends_done_only_for_a_measured_trial() -> None:
                           (MigrationKind.ENGINE_SWITCH, TrialOutcome.MEASURED)):
         with pytest.raises(IllegalTransition):
             check_transition("m-1", kind, outcome, P.ROLLING_BACK, P.DONE)
+
+
+def test_the_documented_table_is_the_code_table() -> None:
+    doc = (Path(__file__).parents[3] / "docs" / "migrations.md").read_text()
+    rows = {tuple(cell.strip(" `") for cell in line.split("|")[1:3])
+            for line in doc.splitlines() if line.startswith("| `")
+            and line.count("|") == 4 and "`" in line.split("|")[2]}
+    assert rows == {(a.value, b.value) for a, b in TRANSITIONS}
+    diagram = {tuple(line.strip().split(" --> ")) for line in doc.splitlines()
+               if " --> " in line and "[*]" not in line}
+    assert diagram == {(a.value, b.value) for a, b in TRANSITIONS}

@@ -1,4 +1,4 @@
-"""Backtest: the DESIGN §7 JSON, the quality target of the default policy on every
+"""Backtest: the output of docs/cost-model.md, the quality target of the default policy on every
 shipped trace, and replays that ignore the future."""
 
 from __future__ import annotations
