@@ -170,8 +170,8 @@ def _sla_guard(rule: Rule, _: NoParams, ctx: RuleContext) -> RuleOutcome:
         ConditionResult(name, "gt", target, measured, "ms", True, "test")
         for name, measured, target in (("ttft_p99_ms", inputs["ttft_p99_ms"], inputs["sla_ttft_p99_ms"]),
                                        ("itl_p99_ms", inputs["itl_p99_ms"], inputs["sla_itl_p99_ms"]))
-        if is_number(measured) and is_number(target)
-        and float(measured) > float(target))  # type: ignore[arg-type]
+        if isinstance(measured, int | float) and isinstance(target, int | float)
+        and measured > target)
     if ok is not False:
         return RuleOutcome(None, "SLA met" if ok else "SLA not measured yet", inputs=inputs)
     if not ctx.candidates:
