@@ -7,13 +7,13 @@ from pathlib import Path
 
 import click
 
+from gearshift.common.errors import GearshiftError
 from gearshift.controller.certificate_authority import (
     DEFAULT_CONTROLLER_SANS,
     DEFAULT_VALIDITY_DAYS,
     init_certs,
     issue_agent_cert,
 )
-from gearshift.common.errors import GearshiftError
 
 
 def _split(value: str | None) -> list[str]:
