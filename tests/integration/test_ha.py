@@ -202,7 +202,7 @@ def test_stale_leader_resuming_after_a_pause_is_fenced(ha: HaFleet, tmp_path: Pa
 def test_leader_and_follower_are_both_ready_and_say_their_role(ha: HaFleet) -> None:
     import urllib.request
 
-    from gearshift.cli.local_fleet import free_port
+    from gearshift.devfleet.local_fleet import free_port
 
     ops = {name: free_port() for name in ha.names}
     for name in ha.names:
