@@ -36,8 +36,8 @@ proto: $(STAMP)
 	$(BIN)/python scripts/gen_proto.py
 
 lint: $(STAMP)
-	$(BIN)/ruff check common controller agents policies cli gateway bench tests scripts
-	$(BIN)/mypy common controller agents policies cli gateway
+	$(BIN)/ruff check common controller agents policies cli gateway devfleet bench tests scripts
+	$(BIN)/mypy common controller agents policies cli gateway devfleet
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -32,7 +32,7 @@ def synthetic_trace(days: int = SYNTH_DAYS, models: int = SYNTH_MODELS, seed: in
 
 
 def synthetic_lines(days: int = SYNTH_DAYS, models: int = SYNTH_MODELS, seed: int = 1) -> list[str]:
-    """The JSON lines (DESIGN §7 trace format) of `synthetic_trace`."""
+    """The JSON lines (the trace format of docs/cost-model.md) of `synthetic_trace`."""
     rng = random.Random(seed)
     sizes = [(8, 10.0, 1.16, 1800, 150.0), (2, 18.0, 1.2, 900, 100.0), (1, 40.0, 0.95, 120, 60.0)]
     profiles, shapes = {}, {}

@@ -43,7 +43,6 @@ import contextlib
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -54,6 +53,7 @@ from typing import Any
 import aiohttp
 
 from gearshift.agents.metrics import EngineScraper
+from gearshift.devfleet.ports import free_port
 from gearshift.policies.capacity import (
     CapacityKey,
     CapacityModel,
@@ -74,12 +74,6 @@ SLA_TTFT_P99_S = 1.5
 TARGET_REL_ERROR = 0.10
 READY_TIMEOUT_S = 30.0
 PROMPT = "how fast is this engine"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start_engine(engine: str, port: int, workdir: Path) -> subprocess.Popen[bytes]:
@@ -160,7 +154,7 @@ async def run(level_s: float, sla_s: float, seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
     engines = ("vllm", "tensorrt-llm")
     with tempfile.TemporaryDirectory(prefix="gearshift-capacity-bench-") as tmp:
-        ports = {engine: _free_port() for engine in engines}
+        ports = {engine: free_port() for engine in engines}
         children = {engine: start_engine(engine, ports[engine], Path(tmp)) for engine in engines}
         bases = {engine: f"http://127.0.0.1:{ports[engine]}" for engine in engines}
         models = {engine: CapacityModel(CapacityKey("m", engine, "emulated", "cpu"))

@@ -42,9 +42,9 @@ from typing import Any
 
 import grpc
 
-from gearshift.cli.ha_fleet import HaFleet
-from gearshift.cli.local_fleet import wait_for
-from gearshift.cli.local_pg import LocalPostgres
+from gearshift.devfleet.ha_fleet import HaFleet
+from gearshift.devfleet.local_pg import LocalPostgres
+from gearshift.devfleet.waiting import wait_for
 from gearshift.v1 import control_pb2, control_pb2_grpc
 
 FAST_ENGINES = {"vllm": {"GEARSHIFT_EMULATOR_LOAD_S": "0.3"},

@@ -1,6 +1,6 @@
 """Forecast quality: the sustained-level forecast against a same-time-last-week baseline.
 
-For every trace (DESIGN §7 JSON Lines, gzipped or not) and every model in it, at
+For every trace (docs/cost-model.md: JSON Lines, gzipped or not) and every model in it, at
 forecast origins every `--every-h` hours from day 7 on (while a whole horizon of
 realised data follows), `forecast_rate` sees only the samples before the origin
 and forecasts the rate's `q`-quantile (q = 0.1, the sustained level) for every

@@ -49,7 +49,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -57,17 +56,13 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from gearshift.devfleet.ports import free_port
+
 MODEL = "bench-model"
 STARTUP_TIMEOUT_S = 30.0
 LATENCY_SHARE = 0.45  # of the duration; the rest is warm-up and throughput
 WARMUP_S = 1.0
 BODY = json.dumps({"model": MODEL, "prompt": "hello", "max_tokens": 1}).encode()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def quantile(values: list[float], q: float) -> float:

@@ -257,7 +257,7 @@ def main() -> int:
         p.error("--agents, --workers, --agents-per-channel, --interval-s and --duration-s "
                 "must be positive")
 
-    from gearshift.cli.local_fleet import LocalFleet
+    from gearshift.devfleet.local_fleet import LocalFleet
 
     with tempfile.TemporaryDirectory(prefix="gearshift-ingest-") as tmp:
         fleet = LocalFleet(Path(tmp), report_interval_s=args.interval_s)

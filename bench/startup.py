@@ -42,7 +42,7 @@ from typing import Any
 import grpc
 import psutil
 
-from gearshift.cli.local_fleet import LocalFleet, wait_for
+from gearshift.devfleet.local_fleet import LocalFleet, wait_for
 from gearshift.v1 import agent_pb2, control_pb2, control_pb2_grpc
 
 REPO = Path(__file__).resolve().parent.parent

@@ -1,6 +1,6 @@
 """`gearshift decisions list | explain | approve | reject | evaluate`, `gearshift pause | resume`.
 
-Decisions are made by the controller's policy loop (DESIGN §5); these commands
+Decisions are made by the controller's policy loop (docs/decisions.md); these commands
 read them, explain them (rendered by `explain`), and let a person approve or
 reject them in `approve` mode. `pause` stops automatic action fleet-wide;
 `resume` starts it again.

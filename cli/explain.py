@@ -3,9 +3,12 @@
 Pure rendering: protobuf message in, text out (no I/O), so the reports are tested
 without a controller. Values get units from their names (the policy signal
 registry first, then the naming conventions of the decision core and the canary
-analysis: `_rps`, `_ms`, `_s`, `_usd`, `_h`, shares and rates as %). The reversal
-line is derived only from what the stored inputs say; when they say nothing
-specific it prints an honest generic sentence instead of guessing. "Where the
+analysis: `_rps`, `_ms`, `_s`, `_usd`, `_h`, shares and rates as %). The rule's
+tests are rendered from the decision's structured conditions (signal, operator,
+threshold, observed value, unit), never parsed from the core's prose; the
+reversal lines are derived only from those conditions and the stored inputs, and
+when they say nothing specific it prints an honest generic sentence instead of
+guessing. "Where the
 figures come from" says, per engine, whether its capacity was measured or came
 from a policy prior or a default ratio, and why (too little data, no SLA, …), and
 whether the traffic level is the forecast's or the observed one.
@@ -15,7 +18,6 @@ from __future__ import annotations
 
 import io
 import math
-import re
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -38,11 +40,10 @@ _TRAFFIC_KEYS = ("rps_current", "rps_sustained", "rps_mean", "rps_peak", "bursti
 _FRACTION_WORDS = ("share", "error_rate", "tolerance", "fraction", "usage", "hysteresis",
                    "capacity_gain")
 _LATENCY_WORDS = ("ttft", "itl", "latency", "e2e")
-_CONDITION = re.compile(r"^(?P<signal>[\w.-]+)=(?P<value>.+?) (?P<op>>=|<=|==|!=|>|<|in) "
-                        r"(?P<operand>.+)$")
-_REVERSE = {">": "falling to {v} or below", ">=": "falling below {v}",
-            "<": "rising to {v} or above", "<=": "rising above {v}",
-            "==": "no longer being {v}", "!=": "becoming {v}", "in": "leaving {v}"}
+_SYMBOL = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "eq": "==", "ne": "!=", "in": "in"}
+_REVERSE = {"gt": "falling to {v} or below", "ge": "falling below {v}",
+            "lt": "rising to {v} or above", "le": "rising above {v}",
+            "eq": "no longer being {v}", "ne": "becoming {v}", "in": "leaving {v}"}
 
 
 # -- values ---------------------------------------------------------------------------------
@@ -145,13 +146,31 @@ def decision_headline(d: control_pb2.Decision) -> str:
             f"(rule {d.rule or '?'}) — {d.status or 'unknown'}")
 
 
-def _rule_reason(d: control_pb2.Decision, alts: list[tuple[str, str]]) -> str | None:
-    """The chosen rule's own words: the core records them as why staying was rejected."""
-    prefix = f"stay: rule {d.rule}: "
-    for option, why in alts:
-        if option == d.from_engine and why.startswith(prefix):
-            return why[len(prefix):]
-    return None
+def _with_unit(signal: str, unit: str, value: Any) -> str:
+    """A condition's value in the unit the condition carries."""
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    if not isinstance(value, int | float) or isinstance(value, bool) or unit in ("", "ratio"):
+        return fmt_value(signal, value)
+    if unit == "USD":
+        return usd(value)
+    if unit == "1/week":
+        return f"{_num(value)}/week"
+    return f"{_num(value)} {unit}"
+
+
+def _conditions(d: control_pb2.Decision) -> list[dict[str, Any]]:
+    return [MessageToDict(c, preserving_proto_field_name=True,
+                          always_print_fields_with_no_presence=True) for c in d.conditions]
+
+
+def _condition_line(c: Mapping[str, Any]) -> str:
+    signal, unit, op = str(c.get("signal", "?")), str(c.get("unit", "")), str(c.get("operator", ""))
+    seen = _with_unit(signal, unit, c.get("observed"))
+    threshold = _with_unit(signal, unit, c.get("threshold"))
+    verdict = "held" if c.get("held") else "not met"
+    group = f" ({c['group']})" if c.get("group") == "whenAny" else ""
+    return f"  tested: {signal} = {seen}, needs {_SYMBOL.get(op, op)} {threshold}: {verdict}{group}"
 
 
 def _ordered_inputs(inputs: Mapping[str, Any]) -> list[str]:
@@ -166,23 +185,23 @@ def _ordered_inputs(inputs: Mapping[str, Any]) -> list[str]:
     return sorted(inputs, key=rank)
 
 
-def _reversals(d: control_pb2.Decision, inputs: Mapping[str, Any], reason: str | None) -> list[str]:
+def _reversals(d: control_pb2.Decision, inputs: Mapping[str, Any],
+               conditions: list[dict[str, Any]]) -> list[str]:
     out: list[str] = []
     if d.rule == "pin":
         out.append(f"the pin to {d.to_engine} being removed or changed")
-    if reason and reason.startswith("met: "):
-        for part in reason[len("met: "):].split(", "):
-            m = _CONDITION.match(part.strip())
-            if m is None:
-                continue
-            sig = m["signal"]
-            try:
-                threshold = fmt_value(sig, float(m["operand"]))
-            except ValueError:
-                threshold = m["operand"]
-            now = fmt_value(sig, inputs.get(sig))
-            out.append(f"{sig} {_REVERSE[m['op']].format(v=threshold)} (now {now})")
     net, margin = inputs.get("net_savings_usd"), inputs.get("margin_usd")
+    for c in conditions:
+        if not c.get("held"):
+            continue
+        sig, unit = str(c.get("signal", "?")), str(c.get("unit", ""))
+        observed, threshold = c.get("observed"), c.get("threshold")
+        if sig == "net_savings_usd" and c.get("group") == "test":
+            net, margin = observed, threshold  # the savings rule's test: said in words below
+            continue
+        words = _REVERSE.get(str(c.get("operator")), "changing from {v}")
+        out.append(f"{sig} {words.format(v=_with_unit(sig, unit, threshold))} "
+                   f"(now {_with_unit(sig, unit, observed)})")
     if isinstance(net, int | float) and isinstance(margin, int | float):
         out.append(f"expected net savings (now {usd(net)} over the horizon) dropping to the "
                    f"margin of {usd(margin)} or below, e.g. when traffic or measured capacity "
@@ -257,9 +276,13 @@ def decision_report(d: control_pb2.Decision) -> str:
     """`gearshift decisions explain ID` as plain text."""
     inputs, expected = struct_dict(d.inputs), struct_dict(d.expected)
     alts = _alternatives(d)
-    reason = _rule_reason(d, alts)
+    conditions = _conditions(d)
     lines = [decision_headline(d), f"  id {d.id}, decided {fmt_time(d.created_at)}", "", "Why"]
-    lines.append(f"  rule {d.rule}" + (f": {reason}" if reason else ""))
+    lines.append(f"  rule {d.rule}" + (f": {d.reason}" if d.reason else ""))
+    lines += [_condition_line(c) for c in conditions]
+    if d.HasField("trial_share"):
+        lines.append(f"  trial first: {d.to_engine} serves {d.trial_share:.0%} of the traffic "
+                     "to be measured before the move")
     known = [k for k in _ordered_inputs(inputs) if inputs[k] is not None]
     width = max((len(k) for k in known), default=0)
     lines += [f"  {k:<{width}}  {fmt_value(k, inputs[k])}" for k in known]
@@ -272,7 +295,7 @@ def decision_report(d: control_pb2.Decision) -> str:
     lines += ["", "Expected effect", *_expected_lines(expected)]
     lines += ["", "Alternatives rejected"]
     lines += [_alternative_line(d, o, w) for o, w in alts] or ["  none recorded"]
-    reversals = _reversals(d, inputs, reason) or [GENERIC_REVERSAL]
+    reversals = _reversals(d, inputs, conditions) or [GENERIC_REVERSAL]
     lines += ["", "What would reverse it", *(f"  {r}" for r in reversals)]
     lines += ["", "Policy", f"  version {d.policy_version or '?'}, mode {d.mode or '?'}"]
     status = d.status or "unknown"
@@ -282,7 +305,7 @@ def decision_report(d: control_pb2.Decision) -> str:
 
 
 def _alternative_line(d: control_pb2.Decision, option: str, why: str) -> str:
-    if option == d.from_engine and why.startswith(f"stay: rule {d.rule}: "):
+    if option == d.from_engine and d.reason and why == f"stay: rule {d.rule}: {d.reason}":
         return f"  stay on {option}: rejected by rule {d.rule} (see Why)"
     return f"  {option}: {why}" if why else f"  {option}"
 
@@ -382,6 +405,8 @@ def migration_report(m: control_pb2.Migration) -> str:
         header.append(f"  waiting   {m.status_message}")
     if m.reason:
         header.append(f"  reason    {m.reason}")
+    if m.trial_outcome:
+        header.append(f"  trial     {m.trial_outcome}")
     if m.decision_id:
         header.append(f"  decision  {m.decision_id}")
     if m.target_revision and m.kind != "revision_rollout":

@@ -3,7 +3,7 @@
 (`models capacity` and `models forecast` are in `gearshift.cli.learning`.)
 
 Migrations are the controller's durable state machines that carry out a move or
-a revision rollout (DESIGN §8); `show` renders the step log through `explain`.
+a revision rollout (docs/migrations.md); `show` renders the step log through `explain`.
 """
 
 from __future__ import annotations

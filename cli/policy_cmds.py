@@ -81,7 +81,7 @@ def schema() -> None:
 @policy.command("backtest")
 @click.argument("policy_file", metavar="POLICY", type=click.Path(dir_okay=False))
 @click.option("--trace", "trace_file", required=True, type=click.Path(dir_okay=False),
-              help="Trace file (JSON Lines, optionally gzipped; DESIGN §7).")
+              help="Trace file (JSON Lines, optionally gzipped; docs/cost-model.md).")
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text",
               show_default=True)
 @click.option("--compare", "compare_file", type=click.Path(dir_okay=False), default=None,

@@ -64,6 +64,11 @@ def decision_msg(row: DecisionRow) -> control_pb2.Decision:
     json_format.ParseDict(_jsonable(row.inputs), msg.inputs)
     json_format.ParseDict(_jsonable(row.expected), msg.expected)
     json_format.ParseDict(_jsonable(row.alternatives), msg.alternatives)
+    for c in row.conditions:
+        json_format.ParseDict(_jsonable(c), msg.conditions.add(), ignore_unknown_fields=True)
+    msg.reason = row.reason
+    if row.trial_share is not None:
+        msg.trial_share = row.trial_share
     _ts(msg.created_at, row.created_at)
     _ts(msg.updated_at, row.updated_at)
     return msg
@@ -72,7 +77,8 @@ def decision_msg(row: DecisionRow) -> control_pb2.Decision:
 def migration_msg(row: MigrationRow, steps: list[MigrationStepRow] | None = None) -> control_pb2.Migration:
     msg = control_pb2.Migration(
         id=row.id, decision_id=row.decision_id or "", model=row.model,
-        from_engine=row.from_engine, to_engine=row.to_engine, kind=row.kind,
+        from_engine=row.from_engine, to_engine=row.to_engine, kind=row.kind.value,
+        trial_outcome=row.trial_outcome.value if row.trial_outcome else "",
         phase=str(row.phase.value), canary_step=row.canary_step, canary_steps=row.canary_steps,
         reason=row.reason, status_message=row.status_message,
         source_deployments=row.source_deployment_ids, target_deployments=row.target_deployment_ids,

@@ -1,4 +1,4 @@
-"""Decisions, revisions and policy versions: the queries `Store` gets from `DecisionQueries`.
+"""Decisions, model tenure, revisions and policy versions: the queries `Store` gets from `DecisionQueries`.
 
 The mixin holds only queries; `Store` (in `controller.store`) supplies the engine,
 the URL handling and the schema. Sessions stay inside: callers pass and get the
@@ -20,6 +20,7 @@ from gearshift.common.errors import AlreadyExists, InvalidArgument, NotFound
 from gearshift.controller.tables import (
     DecisionRow,
     DecisionStatus,
+    ModelTenureRow,
     PolicyVersionRow,
     RevisionRow,
     utcnow,
@@ -129,6 +130,24 @@ class DecisionQueries:
         if exists is None:
             raise NotFound(f"decision {decision_id!r} not found")
         return False
+
+    # -- model tenure ------------------------------------------------------------------
+
+    def get_tenure(self, model: str) -> ModelTenureRow | None:
+        """The engine `model` is on and since when (None: never recorded)."""
+        with self._session() as s:
+            return s.get(ModelTenureRow, model)
+
+    def list_tenure(self) -> list[ModelTenureRow]:
+        """Every model's tenure (one query for the whole fleet: the policy tick reads it)."""
+        with self._session() as s:
+            return list(s.exec(select(ModelTenureRow)).all())
+
+    def set_tenure(self, model: str, engine: str, since: datetime) -> None:
+        """Record that `model` has been on `engine` since `since` (replaces the old record)."""
+        with self._session() as s:
+            s.merge(ModelTenureRow(model=model, engine=engine, since=since))
+            s.commit()
 
     # -- revisions ---------------------------------------------------------------------
 

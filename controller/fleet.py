@@ -3,7 +3,7 @@
 Agents' Hello and Report messages update it; the control API reads it. Host
 liveness is derived from the time of the last report: a host that missed
 `UNREACHABLE_AFTER_INTERVALS` report intervals is *unreachable*, which is shown
-to people and never, by itself, triggers any action (DESIGN §1, fail static).
+to people and never, by itself, triggers any action (docs/architecture.md, fail static).
 
 The routing table for gateways is derived from the ready deployments; its
 version increases whenever the set of endpoints or weights changes.

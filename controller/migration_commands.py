@@ -1,18 +1,17 @@
-"""The migration orchestrator's settings, bookkeeping and agent commands.
+"""The migration orchestrator's settings and agent commands.
 
-`MigrationCommands` is the base of `MigrationOrchestrator` (`controller.orchestrator`):
-it holds the repository, the fleet and the command channel, persists rows and
-transitions (each with its step-log entry), and sends the agent commands of a move
-with deterministic ids (``<migration id>:<action>:<subject>``), re-sending an
-unanswered one under the same id. A host that is unknown or unreachable raises
-`Paused`; a move that cannot go on raises `Failed`, which rolls it back.
-`OrchestratorSettings` says how cautious a move is.
+`AgentCommands` is one part the orchestrator (`controller.orchestrator`) is built
+from: over the fleet and the command channel it sends the agent commands of a
+move with deterministic ids (``<migration id>:<action>:<subject>``), re-sending an
+unanswered one under the same id, and records them in the repository. A host
+that is unknown or unreachable raises `Paused`; a move that cannot go on raises
+`Failed`, which rolls it back. `OrchestratorSettings` says how cautious a move is.
+Persisting rows and transitions is `controller.migration_ledger.MigrationLedger`'s.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -25,10 +24,8 @@ from gearshift.controller.fleet import FleetState
 from gearshift.controller.migration_store import (
     FINAL_COMMAND_PHASES,
     MigrationCommandRow,
-    MigrationPhase,
     MigrationRepository,
     MigrationRow,
-    MigrationStepRow,
 )
 from gearshift.controller.placement import Paused
 from gearshift.v1 import agent_pb2, control_pb2
@@ -36,12 +33,6 @@ from gearshift.v1 import agent_pb2, control_pb2
 # Transitions and commands log under the orchestrator's name, which operators filter on.
 log = logging.getLogger("gearshift.controller.orchestrator")
 
-P = MigrationPhase
-# engine_switch: move a model; revision_rollout: new weights on the same engine;
-# trial: run the other engine on a bounded share of traffic to measure it, then
-# restore the source whatever the result (the measurement is what it is for).
-KINDS = ("engine_switch", "revision_rollout", "trial")
-TRIAL_COMPLETE = "trial complete"
 FAILED_COMMAND_PHASES = frozenset({"failed", "rejected"})
 READY = agent_pb2.DEPLOYMENT_PHASE_READY
 BROKEN_PHASES = {agent_pb2.DEPLOYMENT_PHASE_UNHEALTHY: "unhealthy",
@@ -51,7 +42,6 @@ BROKEN_PHASES = {agent_pb2.DEPLOYMENT_PHASE_UNHEALTHY: "unhealthy",
                  agent_pb2.DEPLOYMENT_PHASE_DRAINING: "draining"}
 
 SendCommand = Callable[[str, agent_pb2.Command], bool]
-OnTransition = Callable[[MigrationRow, MigrationPhase, MigrationPhase, str], None]
 
 
 def _no_sla(_model: str) -> Sla:
@@ -115,84 +105,33 @@ def spec_proto(spec: dict[str, Any]) -> agent_pb2.DeploymentSpec:
     return agent_pb2.DeploymentSpec(**spec)
 
 
-class MigrationCommands:
-    """Repository, fleet and command channel of the orchestrator; see the module docstring."""
+class AgentCommands:
+    """Commands of a move to the agents over the fleet; see the module docstring."""
 
     def __init__(self, repo: MigrationRepository, fleet: FleetState, send_command: SendCommand,
-                 *, epoch: int, clock: Callable[[], float] = time.time,
-                 settings: OrchestratorSettings | None = None,
-                 on_transition: OnTransition | None = None) -> None:
+                 *, epoch: int, clock: Callable[[], float],
+                 settings: OrchestratorSettings) -> None:
         self._repo = repo
         self._fleet = fleet
         self._send_command = send_command
         self._epoch = epoch
         self._clock = clock
-        self.settings = settings or OrchestratorSettings()
-        self._on_transition = on_transition
-        self._active: dict[str, MigrationRow] = {}
-        self._route_key: dict[str, tuple[str, int]] = {}
-        self._reload_active()
-
-    # -- bookkeeping --------------------------------------------------------------------
-
-    def _now(self) -> datetime:
-        return datetime.fromtimestamp(self._clock(), UTC)
-
-    def _reload_active(self) -> None:
-        self._active = {r.model: r for r in self._repo.rows(active_only=True)}
-        key = {m: (r.phase.value, r.canary_step) for m, r in self._active.items()}
-        if key != self._route_key:
-            self._route_key = key
-            self._fleet.refresh_routes()
-
-    def _save(self, row: MigrationRow, note: str | None = None,
-              figures: dict[str, Any] | None = None) -> None:
-        row.updated_at = self._now()
-        step = None if note is None else MigrationStepRow(
-            migration_id=row.id, at=row.updated_at, from_phase=row.phase.value,
-            to_phase=row.phase.value, message=note, figures=figures or {})
-        self._repo.save(row, step=step)
-
-    def _go(self, row: MigrationRow, to: MigrationPhase, message: str,
-            figures: dict[str, Any] | None = None) -> None:
-        """Persist a transition and its step-log entry (one transaction)."""
-        before = row.phase
-        now = self._now()
-        row.phase, row.phase_entered_at, row.updated_at = to, now, now
-        row.healthy_intervals = 0
-        row.status_message = ""
-        if to is P.ROLLING_BACK and not row.reason:
-            row.reason = message
-        if not to.active:
-            row.finished_at = now
-        self._repo.save(row, step=MigrationStepRow(
-            migration_id=row.id, at=now, from_phase=before.value, to_phase=to.value,
-            message=message, figures=figures or {}))
-        log.info("migration %s (%s): %s -> %s: %s", row.id, row.model, before.value, to.value,
-                 message)
-        if self._on_transition is not None:
-            try:
-                self._on_transition(row, before, to, message)
-            except Exception:  # a hook must not break the state machine
-                log.exception("migration %s: on_transition hook failed", row.id)
-
-    def _elapsed_s(self, row: MigrationRow) -> float:
-        return self._clock() - row.phase_entered_at.timestamp()
+        self.settings = settings
 
     # -- fleet and commands -------------------------------------------------------------
 
-    def _host(self, host_id: str) -> Any:
+    def host(self, host_id: str) -> Any:
         """The host's fleet entry; pauses the move when it is unknown or unreachable."""
         entry = self._fleet.hosts.get(host_id)
         if entry is None or self._fleet.host_state(host_id) != control_pb2.HOST_STATE_CONNECTED:
             raise Paused(f"paused: host {host_id} is unreachable or not reporting")
         return entry
 
-    def _dep(self, host_id: str, dep_id: str) -> agent_pb2.DeploymentReport | None:
-        dep: agent_pb2.DeploymentReport | None = self._host(host_id).deployments.get(dep_id)
+    def dep(self, host_id: str, dep_id: str) -> agent_pb2.DeploymentReport | None:
+        dep: agent_pb2.DeploymentReport | None = self.host(host_id).deployments.get(dep_id)
         return dep
 
-    def _send(self, row: MigrationRow, cmds: dict[str, MigrationCommandRow], action: str,
+    def send(self, row: MigrationRow, cmds: dict[str, MigrationCommandRow], action: str,
               subject: str, host_id: str, command: agent_pb2.Command) -> MigrationCommandRow:
         """Send once (re-send the same id while unanswered); returns the recorded command."""
         cid = f"{row.id}:{action}:{subject}"
@@ -200,28 +139,28 @@ class MigrationCommands:
         if known is not None and (known.phase != "sent" or self._clock()
                                   - known.sent_at.timestamp() < self.settings.command_resend_s):
             return known
-        self._host(host_id)
+        self.host(host_id)
         command.command_id, command.epoch = cid, self._epoch
         if not self._send_command(host_id, command):
             raise Paused(f"paused: host {host_id} is not connected; {action} {subject} not sent")
-        now = self._now()
+        now = datetime.fromtimestamp(self._clock(), UTC)
         sent = MigrationCommandRow(command_id=cid, migration_id=row.id, host_id=host_id,
                                    kind=action, sent_at=now, updated_at=now)
         self._repo.record_command(sent)
         cmds[cid] = known or sent
         return cmds[cid]
 
-    def _retire(self, row: MigrationRow, cmds: dict[str, MigrationCommandRow], dep_id: str,
+    def retire(self, row: MigrationRow, cmds: dict[str, MigrationCommandRow], dep_id: str,
                 host_id: str, start_id: str | None = None) -> bool:
         """Drain then stop a deployment; True once the host no longer reports it (and, when
         this move sent `start_id` for it, once a stop made sure it cannot come up later)."""
-        dep = self._dep(host_id, dep_id)
+        dep = self.dep(host_id, dep_id)
         stop = cmds.get(f"{row.id}:stop:{dep_id}")
         if dep is None:
             if start_id not in cmds or (stop is not None and stop.phase in FINAL_COMMAND_PHASES):
                 return True
             # A start may still be in flight at the agent: stop it so it cannot come up later.
-            self._send(row, cmds, "stop", dep_id, host_id, agent_pb2.Command(
+            self.send(row, cmds, "stop", dep_id, host_id, agent_pb2.Command(
                 stop=agent_pb2.StopDeployment(deployment_id=dep_id, grace_s=0.0)))
             return False
         grace = self.settings.drain_grace_s
@@ -230,14 +169,14 @@ class MigrationCommands:
         if not drained and (drain is None or drain.phase not in FINAL_COMMAND_PHASES) and (
                 drain is None or self._clock() - drain.sent_at.timestamp()
                 < grace + self.settings.command_timeout_s):
-            self._send(row, cmds, "drain", dep_id, host_id, agent_pb2.Command(
+            self.send(row, cmds, "drain", dep_id, host_id, agent_pb2.Command(
                 drain=agent_pb2.DrainDeployment(deployment_id=dep_id, grace_s=grace)))
             return False
-        self._send(row, cmds, "stop", dep_id, host_id, agent_pb2.Command(
+        self.send(row, cmds, "stop", dep_id, host_id, agent_pb2.Command(
             stop=agent_pb2.StopDeployment(deployment_id=dep_id, grace_s=grace)))
         return False
 
-    def _start(self, row: MigrationRow, cmds: dict[str, MigrationCommandRow], action: str,
+    def start(self, row: MigrationRow, cmds: dict[str, MigrationCommandRow], action: str,
                subject: str, host_id: str, spec: dict[str, Any]) -> agent_pb2.DeploymentReport | None:
         """Start a deployment (once); returns its report when READY. A failed start raises."""
         cid = f"{row.id}:{action}:{subject}"
@@ -245,12 +184,12 @@ class MigrationCommands:
         if known is not None and known.phase in FAILED_COMMAND_PHASES:
             raise Failed(f"{action} of {spec['deployment_id']} on {host_id} {known.phase}: "
                          f"{known.message}")
-        dep = self._dep(host_id, spec["deployment_id"])
+        dep = self.dep(host_id, spec["deployment_id"])
         if dep is not None and dep.phase == READY:
             return dep
         if dep is not None and dep.phase == agent_pb2.DEPLOYMENT_PHASE_FAILED:
             raise Failed(f"{spec['deployment_id']} failed on {host_id}: {dep.message}")
-        self._send(row, cmds, action, subject, host_id, agent_pb2.Command(
+        self.send(row, cmds, action, subject, host_id, agent_pb2.Command(
             start=agent_pb2.StartDeployment(spec=spec_proto(spec))))
         return None
 

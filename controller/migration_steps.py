@@ -1,10 +1,12 @@
-"""The migration state machine: one step function per phase (DESIGN §8).
+"""The migration state machine: one step function per phase (docs/migrations.md).
 
-`MigrationSteps._step` takes at most the next step of one move: place its targets
+`PhaseSteps.step` takes at most the next step of one move: place its targets
 (`pending`), build TensorRT engines (`building`), start the early targets
 (`starting`), watch them interval by interval (`warming`, `canary`, `promoting`),
 retire the sources and start the late targets (`draining`), or put traffic back
 on the sources (`rolling_back`). A `Failed` raised by any step rolls the move back.
+It is composed of the ledger (`controller.migration_ledger`: saves and checked
+transitions) and the agent commands (`controller.migration_commands`).
 """
 
 from __future__ import annotations
@@ -13,26 +15,38 @@ from typing import Any
 
 from gearshift.common.engines import engine_entry
 from gearshift.controller.canary import analyze
+from gearshift.controller.fleet import FleetState
 from gearshift.controller.migration_commands import (
     BROKEN_PHASES,
     FAILED_COMMAND_PHASES,
     READY,
-    TRIAL_COMPLETE,
+    AgentCommands,
     Failed,
-    MigrationCommands,
-    P,
+    OrchestratorSettings,
     deployment_phase_name,
     spec_proto,
 )
-from gearshift.controller.migration_store import MigrationRow
+from gearshift.controller.migration_ledger import MigrationLedger
+from gearshift.controller.migration_machine import MigrationKind, MigrationPhase, TrialOutcome
+from gearshift.controller.migration_store import MigrationRepository, MigrationRow
 from gearshift.controller.placement import fleet_view, place_targets
 from gearshift.v1 import agent_pb2
 
+P = MigrationPhase
 
-class MigrationSteps(MigrationCommands):
-    """The step function of each phase; `MigrationOrchestrator.tick` calls `_step`."""
 
-    def _step(self, row: MigrationRow) -> None:
+class PhaseSteps:
+    """The step function of each phase; `MigrationOrchestrator.tick` calls `step`."""
+
+    def __init__(self, repo: MigrationRepository, fleet: FleetState, ledger: MigrationLedger,
+                 commands: AgentCommands, settings: OrchestratorSettings) -> None:
+        self._repo = repo
+        self._fleet = fleet
+        self._ledger = ledger
+        self._cmd = commands
+        self.settings = settings
+
+    def step(self, row: MigrationRow) -> None:
         handler = {P.PENDING: self._pending, P.BUILDING: self._building,
                    P.STARTING: self._starting, P.WARMING: self._watch,
                    P.CANARY: self._watch, P.PROMOTING: self._watch,
@@ -40,7 +54,7 @@ class MigrationSteps(MigrationCommands):
         try:
             handler(row)
         except Failed as failed:
-            self._go(row, P.ROLLING_BACK, failed.message)
+            self._ledger.go(row, P.ROLLING_BACK, failed.message)
 
     def _pending(self, row: MigrationRow) -> None:
         targets = place_targets(row, fleet_view(self._fleet, row, self._repo.rows(active_only=True)),
@@ -53,21 +67,21 @@ class MigrationSteps(MigrationCommands):
                if t["replaces"] else "surge") for t in targets)
         target = engine_entry(row.to_engine)
         build = target.needs_build(target.backend_for(self.settings.trtllm_backend))
-        self._go(row, P.BUILDING if build else P.STARTING, f"placed: {summary}")
+        self._ledger.go(row, P.BUILDING if build else P.STARTING, f"placed: {summary}")
 
     def _building(self, row: MigrationRow) -> None:
         cmds = self._repo.commands(row.id)
         by_host = {t["host_id"]: t["spec"] for t in reversed(row.target_specs)}
         done = True
         for host_id in sorted(by_host):
-            known = self._send(row, cmds, "build", host_id, host_id, agent_pb2.Command(
+            known = self._cmd.send(row, cmds, "build", host_id, host_id, agent_pb2.Command(
                 build=agent_pb2.BuildEngine(spec=spec_proto(by_host[host_id]))))
             if known.phase in FAILED_COMMAND_PHASES:
                 raise Failed(f"engine build on {host_id} {known.phase}: {known.message}")
             done = done and known.phase == "succeeded"
         if done:
-            self._go(row, P.STARTING, f"engine built on {', '.join(sorted(by_host))}")
-        elif self._elapsed_s(row) > self.settings.build_timeout_s:
+            self._ledger.go(row, P.STARTING, f"engine built on {', '.join(sorted(by_host))}")
+        elif self._ledger.elapsed_s(row) > self.settings.build_timeout_s:
             raise Failed(f"engine build did not finish within {self.settings.build_timeout_s:.0f} s")
 
     def _starting(self, row: MigrationRow) -> None:
@@ -77,17 +91,17 @@ class MigrationSteps(MigrationCommands):
             if t["late"]:
                 continue
             host = t["host_id"]
-            if t["replaces"] and not self._retire(row, cmds, t["replaces"], host):
+            if t["replaces"] and not self._cmd.retire(row, cmds, t["replaces"], host):
                 continue
-            dep = self._start(row, cmds, "start", str(t["replica"]), host, t["spec"])
+            dep = self._cmd.start(row, cmds, "start", str(t["replica"]), host, t["spec"])
             if dep is not None:
                 ready[dep.deployment_id] = dep
         early = [t for t in row.target_specs if not t["late"]]
         if len(ready) == len(early):
             row.target_restarts = {i: d.restarts for i, d in ready.items()}
-            self._go(row, P.WARMING, f"{len(ready)} target replica(s) ready; warming "
+            self._ledger.go(row, P.WARMING, f"{len(ready)} target replica(s) ready; warming "
                                      f"for {self.settings.warm_intervals} interval(s)")
-        elif self._elapsed_s(row) > self.settings.command_timeout_s:
+        elif self._ledger.elapsed_s(row) > self.settings.command_timeout_s:
             raise Failed(f"target replicas not ready within {self.settings.command_timeout_s:.0f} s"
                          f" ({len(ready)} of {len(early)} ready)")
 
@@ -99,7 +113,7 @@ class MigrationSteps(MigrationCommands):
             if t["late"] and not include_late:
                 continue
             dep_id, host = t["spec"]["deployment_id"], t["host_id"]
-            dep = self._dep(host, dep_id)
+            dep = self._cmd.dep(host, dep_id)
             if dep is None:
                 raise Failed(f"target {dep_id} disappeared from host {host}")
             if dep.phase in BROKEN_PHASES:
@@ -130,14 +144,14 @@ class MigrationSteps(MigrationCommands):
         if row.phase is P.WARMING:
             row.healthy_intervals += 1
             if row.healthy_intervals < s.warm_intervals:
-                self._save(row)
+                self._ledger.save(row)
                 return
             row.canary_step = 0
             row.error_marks = {d.deployment_id: d.errors_total for _h, d in cands}
-            self._go(row, P.CANARY, self._step_note(row))
+            self._ledger.go(row, P.CANARY, self._step_note(row))
             return
         if row.phase is P.PROMOTING:
-            self._go(row, P.DRAINING, "target served all traffic for one interval; draining "
+            self._ledger.go(row, P.DRAINING, "target served all traffic for one interval; draining "
                                       f"{len(row.source_deployment_ids)} source replica(s)")
             return
         self._analyze(row, cands)
@@ -164,31 +178,32 @@ class MigrationSteps(MigrationCommands):
             note = f"{where} paused: no data ({verdict.reasons[0]})"
             first = row.status_message != note
             row.status_message = note
-            self._save(row, note if first else None, figures)
+            self._ledger.save(row, note if first else None, figures)
         elif verdict.outcome == "fail":
             row.failed_checks += 1
             msg = (f"{where}: failed check {row.failed_checks}/{s.max_failed_checks}: "
                    + "; ".join(verdict.reasons))
             if row.failed_checks >= s.max_failed_checks:
-                self._go(row, P.ROLLING_BACK, msg, figures)
+                self._ledger.go(row, P.ROLLING_BACK, msg, figures)
             else:
-                self._save(row, msg, figures)
+                self._ledger.save(row, msg, figures)
         else:
             row.healthy_intervals += 1
             row.status_message = ""
             if row.healthy_intervals < s.analysis_intervals:
-                self._save(row)
+                self._ledger.save(row)
             elif row.canary_step + 1 < len(row.canary_steps):
                 row.canary_step += 1
                 row.healthy_intervals = 0
-                self._save(row, self._step_note(row), figures)
-            elif row.kind == "trial":
-                row.reason = (f"{TRIAL_COMPLETE}: {row.to_engine} served "
+                self._ledger.save(row, self._step_note(row), figures)
+            elif row.kind is MigrationKind.TRIAL:
+                row.trial_outcome = TrialOutcome.MEASURED
+                row.reason = (f"trial complete: {row.to_engine} served "
                               f"{row.canary_steps[-1]:.0%} of traffic within the SLA for "
                               f"{s.analysis_intervals} interval(s)")
-                self._go(row, P.ROLLING_BACK, row.reason, figures)
+                self._ledger.go(row, P.ROLLING_BACK, row.reason, figures)
             else:
-                self._go(row, P.PROMOTING, f"{where} passed; target takes all traffic", figures)
+                self._ledger.go(row, P.PROMOTING, f"{where} passed; target takes all traffic", figures)
 
     def _draining(self, row: MigrationRow) -> None:
         # After promotion the target is what serves: a crash now is ridden out (its agent
@@ -196,7 +211,7 @@ class MigrationSteps(MigrationCommands):
         for t in row.target_specs:
             if t["late"]:
                 continue
-            dep = self._dep(t["host_id"], t["spec"]["deployment_id"])
+            dep = self._cmd.dep(t["host_id"], t["spec"]["deployment_id"])
             if dep is None:
                 raise Failed(f"target {t['spec']['deployment_id']} disappeared from host "
                              f"{t['host_id']}")
@@ -207,7 +222,7 @@ class MigrationSteps(MigrationCommands):
                         "restarts it")
                 first = row.status_message != note
                 row.status_message = note
-                self._save(row, note if first else None)
+                self._ledger.save(row, note if first else None)
                 return
         cmds = self._repo.commands(row.id)
         late = [t for t in row.target_specs if t["late"]]
@@ -215,24 +230,24 @@ class MigrationSteps(MigrationCommands):
         done = True
         for src in row.source_specs:
             dep_id = src["spec"]["deployment_id"]
-            if dep_id not in replaced_late and not self._retire(row, cmds, dep_id, src["host_id"]):
+            if dep_id not in replaced_late and not self._cmd.retire(row, cmds, dep_id, src["host_id"]):
                 done = False
         for t in late:  # one by one: retire its source, start it, wait until ready
-            if not self._retire(row, cmds, t["replaces"], t["host_id"]):
+            if not self._cmd.retire(row, cmds, t["replaces"], t["host_id"]):
                 done = False
                 break
-            dep = self._start(row, cmds, "start", str(t["replica"]), t["host_id"], t["spec"])
+            dep = self._cmd.start(row, cmds, "start", str(t["replica"]), t["host_id"], t["spec"])
             if dep is None:
                 done = False
                 break
             row.target_restarts.setdefault(dep.deployment_id, dep.restarts)
         if done:
-            self._go(row, P.DONE, f"{row.model} serves on {row.to_engine} "
+            self._ledger.go(row, P.DONE, f"{row.model} serves on {row.to_engine} "
                                   f"({len(row.target_specs)} replica(s)); sources stopped")
 
     def _rolling_back(self, row: MigrationRow) -> None:
         cmds = self._repo.commands(row.id)
-        retired = [self._retire(row, cmds, t["spec"]["deployment_id"], t["host_id"],
+        retired = [self._cmd.retire(row, cmds, t["spec"]["deployment_id"], t["host_id"],
                                 f"{row.id}:start:{t['replica']}") for t in row.target_specs]
         if not all(retired):
             return  # sources are restored only once the targets freed their GPUs
@@ -243,7 +258,7 @@ class MigrationSteps(MigrationCommands):
             if not any(cid.endswith(f":{dep_id}") and c.kind in ("drain", "stop")
                        for cid, c in cmds.items()):
                 continue  # never touched by this move
-            dep = self._dep(host, dep_id)
+            dep = self._cmd.dep(host, dep_id)
             if dep is not None and dep.phase == READY:
                 continue
             if dep is not None and dep.phase == agent_pb2.DEPLOYMENT_PHASE_DRAINING and (
@@ -251,16 +266,15 @@ class MigrationSteps(MigrationCommands):
                 done = False  # still leaving; restore once it has stopped
                 continue
             try:
-                if self._start(row, cmds, "restore", dep_id, host, src["spec"]) is None:
+                if self._cmd.start(row, cmds, "restore", dep_id, host, src["spec"]) is None:
                     done = False
             except Failed as failed:
                 notes.append(f"source {dep_id} not restored: {failed.message}")
         if done:
             final = P.ABORTED if row.abort_requested else P.ROLLED_BACK
-            if row.kind == "trial" and not row.abort_requested and row.reason.startswith(
-                    TRIAL_COMPLETE):
+            if not row.abort_requested and row.trial_outcome is TrialOutcome.MEASURED:
                 final = P.DONE  # a trial that measured what it came for is done
             if notes:
                 row.reason = f"{row.reason}; {'; '.join(notes)}"
-            self._go(row, final, f"traffic back on {row.from_engine}: {row.reason}")
+            self._ledger.go(row, final, f"traffic back on {row.from_engine}: {row.reason}")
 

@@ -1,4 +1,4 @@
-"""Durable state of migrations (DESIGN §8): one row per move, its step log, its commands.
+"""Durable state of migrations (docs/migrations.md): one row per move, its step log, its commands.
 
 `MigrationRow` holds everything the orchestrator needs to resume a move after a
 controller restart: the phase, the canary position, the counters that matter
@@ -9,47 +9,32 @@ replicas and the specs of the source replicas (to restore them on rollback).
 answer; results are written there, never into the migration row, so a result
 arriving while a tick runs cannot be lost by the tick's own save.
 
-The tables are created by the Alembic revision ``0002`` (keep the two in step).
+The tables are created by the Alembic revisions ``0002`` and ``0004`` (keep them in step).
+Phases, kinds, trial outcomes and the allowed transitions are in
+`controller.migration_machine`.
 """
 
 from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlmodel import Field, Session, SQLModel, col, select
 
+from gearshift.controller.migration_machine import (
+    TERMINAL_PHASES,
+    MigrationKind,
+    MigrationPhase,
+    TrialOutcome,
+)
 from gearshift.controller.tables import UTCDateTime
 
 MIGRATION_PHASE_LENGTH = 32
-
-
-class MigrationPhase(StrEnum):
-    """Where one move is (DESIGN §8)."""
-
-    PENDING = "pending"  # created; placing the target replicas (waits here for capacity)
-    BUILDING = "building"  # TensorRT engine build on the target hosts (tensorrt backend only)
-    STARTING = "starting"  # target replicas started; waiting until the agents report them ready
-    WARMING = "warming"  # targets ready, taking no traffic yet, watched for a few intervals
-    CANARY = "canary"  # target takes canary_steps[canary_step] of the traffic, under analysis
-    PROMOTING = "promoting"  # target takes all traffic for one interval, still watched
-    DRAINING = "draining"  # sources leave the routes, drain and stop (late replicas start)
-    DONE = "done"  # the model serves on the target only
-    ROLLING_BACK = "rolling_back"  # all traffic back to the source; targets drained and stopped
-    ROLLED_BACK = "rolled_back"  # the rollback finished; `reason` says why it happened
-    ABORTED = "aborted"  # a person aborted the move; it was rolled back first
-
-    @property
-    def active(self) -> bool:
-        return self not in TERMINAL_PHASES
-
-
-TERMINAL_PHASES = frozenset({MigrationPhase.DONE, MigrationPhase.ROLLED_BACK,
-                             MigrationPhase.ABORTED})
+MIGRATION_KIND_LENGTH = 32
+TRIAL_OUTCOME_LENGTH = 16
 
 
 def new_migration_id() -> str:
@@ -66,6 +51,12 @@ def _json(factory: Any) -> Any:
     return Field(default_factory=factory, sa_type=sa.JSON, nullable=False)
 
 
+def _enum(cls: type[Any], length: int) -> Any:
+    """A str enum stored as its value (a VARCHAR, checked on the way in and out)."""
+    return sa.Enum(cls, native_enum=False, length=length, create_constraint=False,
+                   values_callable=lambda e: [m.value for m in e], validate_strings=True)
+
+
 class MigrationRow(SQLModel, table=True):
     """One move of a model between engines (or to a new revision)."""
 
@@ -74,15 +65,14 @@ class MigrationRow(SQLModel, table=True):
     id: str = Field(default_factory=new_migration_id, primary_key=True)
     decision_id: str | None = None
     model: str = Field(index=True)
-    kind: str = "engine_switch"  # "engine_switch" | "revision_rollout"
+    kind: MigrationKind = Field(default=MigrationKind.ENGINE_SWITCH,
+                                sa_type=_enum(MigrationKind, MIGRATION_KIND_LENGTH))
     from_engine: str
     to_engine: str
     target_revision: str | None = None
     phase: MigrationPhase = Field(
         default=MigrationPhase.PENDING,
-        sa_type=sa.Enum(MigrationPhase, native_enum=False, length=MIGRATION_PHASE_LENGTH,
-                        values_callable=lambda e: [m.value for m in e], validate_strings=True),
-        index=True)
+        sa_type=_enum(MigrationPhase, MIGRATION_PHASE_LENGTH), index=True)
     canary_step: int = 0  # index into canary_steps of the step under analysis
     canary_steps: list[float] = _json(list)  # target traffic share per step, e.g. [0.1, 0.5]
     source_deployment_ids: list[str] = _json(list)
@@ -94,7 +84,9 @@ class MigrationRow(SQLModel, table=True):
     target_deployment_ids: list[str] = _json(list)
     target_restarts: dict[str, int] = _json(dict)  # restarts when the target was first ready
     error_marks: dict[str, int] = _json(dict)  # errors_total per target at the last interval
-    reason: str = ""  # why it rolled back or was aborted
+    reason: str = ""  # why it rolled back or was aborted (a trial: what it measured)
+    trial_outcome: TrialOutcome | None = Field(  # trials only, once they end
+        default=None, sa_type=_enum(TrialOutcome, TRIAL_OUTCOME_LENGTH), nullable=True)
     status_message: str = ""  # what the move waits for right now (paused, no data, capacity)
     abort_requested: bool = False
     healthy_intervals: int = 0  # good report intervals in this phase (warming) or canary step
@@ -167,7 +159,9 @@ class MigrationRepository:
         with self._session() as s:
             return s.get(MigrationRow, migration_id)
 
-    def rows(self, *, active_only: bool = False, model: str | None = None) -> list[MigrationRow]:
+    def rows(self, *, active_only: bool = False, ended_only: bool = False,
+             model: str | None = None, decision_id: str | None = None,
+             kind: MigrationKind | None = None) -> list[MigrationRow]:
         """Newest first."""
         q = select(MigrationRow).order_by(col(MigrationRow.created_at).desc(),
                                           col(MigrationRow.id))
@@ -175,6 +169,12 @@ class MigrationRepository:
             q = q.where(col(MigrationRow.phase).not_in(list(TERMINAL_PHASES)))
         if model is not None:
             q = q.where(MigrationRow.model == model)
+        if ended_only:
+            q = q.where(col(MigrationRow.phase).in_(list(TERMINAL_PHASES)))
+        if decision_id is not None:
+            q = q.where(MigrationRow.decision_id == decision_id)
+        if kind is not None:
+            q = q.where(MigrationRow.kind == kind)
         with self._session() as s:
             return list(s.exec(q).all())
 
@@ -221,3 +221,8 @@ class MigrationRepository:
 
 
 FINAL_COMMAND_PHASES = frozenset({"succeeded", "failed", "rejected"})
+
+
+__all__ = ["FINAL_COMMAND_PHASES", "TERMINAL_PHASES", "MigrationCommandRow", "MigrationKind",
+           "MigrationPhase", "MigrationRepository", "MigrationRow", "MigrationStepRow",
+           "TrialOutcome", "new_migration_id"]

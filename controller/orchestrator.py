@@ -1,4 +1,4 @@
-"""The migration orchestrator (DESIGN §8): a durable, level-triggered state machine per move.
+"""The migration orchestrator (docs/migrations.md): a durable, level-triggered state machine per move.
 
 Each `tick()` re-reads the stored migrations and the in-memory fleet and takes at
 most the next step of each active move; every transition is persisted (with a
@@ -22,56 +22,89 @@ itself. With no early target possible the move waits in `pending`.
 Fail static: a host that is unknown or unreachable pauses the move (the reason
 is in `status_message`); nothing is drained or rolled back because of it.
 
-This module holds the public API (create, abort, tick, route override); the step
-function of each phase is in `controller.migration_steps`, and the settings,
-bookkeeping and agent commands are in `controller.migration_commands`.
+This module holds the public API (create, abort, tick, route override) and
+composes the parts: the ledger (`controller.migration_ledger`: saves, and
+transitions checked against the table of `controller.migration_machine`), the
+agent commands (`controller.migration_commands`) and the step function of each
+phase (`controller.migration_steps`).
 """
 
 from __future__ import annotations
 
 import builtins
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 from gearshift.common.engines import ENGINE_NAMES
 from gearshift.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from gearshift.controller.fleet import FleetState
 from gearshift.controller.migration_commands import (
     FAILED_COMMAND_PHASES,
-    KINDS,
     READY,
+    AgentCommands,
     OrchestratorSettings,
-    P,
+    SendCommand,
     phase_name,
 )
-from gearshift.controller.migration_steps import MigrationSteps
-from gearshift.controller.migration_store import MigrationRow, MigrationStepRow
+from gearshift.controller.migration_ledger import MigrationLedger, OnTransition
+from gearshift.controller.migration_machine import MigrationKind, MigrationPhase
+from gearshift.controller.migration_steps import PhaseSteps
+from gearshift.controller.migration_store import MigrationRepository, MigrationRow, MigrationStepRow
 from gearshift.controller.placement import Paused, source_spec
 from gearshift.v1 import agent_pb2
 
 log = logging.getLogger(__name__)
 
+P = MigrationPhase
+KINDS = tuple(k.value for k in MigrationKind)
 
-class MigrationOrchestrator(MigrationSteps):
-    """Runs every migration of the controller; see the module docstring. Built as
-    ``MigrationOrchestrator(repo, fleet, send_command, *, epoch, clock, settings,
-    on_transition)`` (`MigrationCommands.__init__`)."""
+
+class MigrationOrchestrator:
+    """Runs every migration of the controller; see the module docstring."""
+
+    def __init__(self, repo: MigrationRepository, fleet: FleetState, send_command: SendCommand,
+                 *, epoch: int, clock: Callable[[], float] = time.time,
+                 settings: OrchestratorSettings | None = None,
+                 on_transition: OnTransition | None = None) -> None:
+        self._repo = repo
+        self._fleet = fleet
+        self._clock = clock
+        self.settings = settings or OrchestratorSettings()
+        self._ledger = MigrationLedger(repo, clock, on_transition)
+        self._commands = AgentCommands(repo, fleet, send_command, epoch=epoch, clock=clock,
+                                       settings=self.settings)
+        self._steps = PhaseSteps(repo, fleet, self._ledger, self._commands, self.settings)
+        self._active: dict[str, MigrationRow] = {}
+        self._route_key: dict[str, tuple[str, int]] = {}
+        self._reload_active()
+
+    def _reload_active(self) -> None:
+        self._active = {r.model: r for r in self._repo.rows(active_only=True)}
+        key = {m: (r.phase.value, r.canary_step) for m, r in self._active.items()}
+        if key != self._route_key:
+            self._route_key = key
+            self._fleet.refresh_routes()
 
     # -- public API ---------------------------------------------------------------------
 
     def create(self, model: str, from_engine: str, to_engine: str, *,
-               decision_id: str | None = None, kind: str = "engine_switch",
+               decision_id: str | None = None,
+               kind: MigrationKind | str = MigrationKind.ENGINE_SWITCH,
                target_revision: str | None = None, trial_share: float | None = None) -> MigrationRow:
         """Start moving `model`; refuses a second active move of the same model."""
         if kind not in KINDS:
             raise InvalidArgument(f"migration kind {kind!r} is not one of {', '.join(KINDS)}")
+        kind = MigrationKind(kind)
         for what, engine in (("from_engine", from_engine), ("to_engine", to_engine)):
             if engine not in ENGINE_NAMES:
                 raise InvalidArgument(f"migration {what} {engine!r} is not one of "
                                       f"{', '.join(ENGINE_NAMES)}")
-        if kind in ("engine_switch", "trial") and from_engine == to_engine:
+        if kind is not MigrationKind.REVISION_ROLLOUT and from_engine == to_engine:
             raise InvalidArgument(f"migration of {model!r}: from_engine and to_engine are both "
                                   f"{from_engine!r}; an engine switch needs two engines")
-        if kind == "revision_rollout" and not target_revision:
+        if kind is MigrationKind.REVISION_ROLLOUT and not target_revision:
             raise InvalidArgument(f"migration of {model!r}: a revision_rollout needs a "
                                   "target_revision")
         active = self._repo.rows(active_only=True, model=model)
@@ -80,22 +113,23 @@ class MigrationOrchestrator(MigrationSteps):
                                      f"{active[0].id} ({active[0].phase.value})")
         sources = [(h, d) for h, d, _ts in self._fleet.deployments_of(model)
                    if d.engine == from_engine and d.phase == READY
-                   and (kind == "engine_switch" or d.revision != target_revision)]
+                   and (kind is not MigrationKind.REVISION_ROLLOUT or d.revision != target_revision)]
         if not sources:
             raise InvalidArgument(f"model {model!r} has no ready deployment on {from_engine}"
                                   + (f" with a revision other than {target_revision!r}"
-                                     if kind == "revision_rollout" else ""))
+                                     if kind is MigrationKind.REVISION_ROLLOUT else ""))
         sources.sort(key=lambda hd: hd[1].deployment_id)
-        now = self._now()
+        now = self._ledger.now()
         row = MigrationRow(
             decision_id=decision_id, model=model, kind=kind, from_engine=from_engine,
             to_engine=to_engine, target_revision=target_revision,
-            canary_steps=[trial_share or self.settings.canary_steps[0]] if kind == "trial"
+            canary_steps=[trial_share or self.settings.canary_steps[0]]
+            if kind is MigrationKind.TRIAL
             else list(self.settings.canary_steps),
             source_deployment_ids=[d.deployment_id for _h, d in sources],
             source_specs=[source_spec(h, d, self.settings.drain_grace_s) for h, d in sources],
             phase_entered_at=now, created_at=now, updated_at=now, finished_at=None)
-        target = target_revision if kind == "revision_rollout" else to_engine
+        target = target_revision if kind is MigrationKind.REVISION_ROLLOUT else to_engine
         self._repo.add(row, f"created: {model} {from_engine} -> {target} over {len(sources)} "
                             "source replica(s)" + (f" for decision {decision_id}"
                                                    if decision_id else ""))
@@ -112,9 +146,9 @@ class MigrationOrchestrator(MigrationSteps):
             why = f"aborted: {reason or 'no reason given'}"
             row.reason = f"{row.reason}; {why}" if row.reason else why
             if row.phase is P.ROLLING_BACK:
-                self._save(row, note=why)
+                self._ledger.save(row, note=why)
             else:
-                self._go(row, P.ROLLING_BACK, why)
+                self._ledger.go(row, P.ROLLING_BACK, why)
         self._reload_active()
         return row
 
@@ -132,7 +166,8 @@ class MigrationOrchestrator(MigrationSteps):
     def on_command_result(self, host_id: str, result: agent_pb2.CommandResult) -> bool:
         """Record an agent's answer; False when the command was not a migration's."""
         phase = phase_name(result.phase)
-        row = self._repo.update_command(result.command_id, phase, result.message, self._now())
+        row = self._repo.update_command(result.command_id, phase, result.message,
+                                        self._ledger.now())
         if row is None:
             return False
         if phase in FAILED_COMMAND_PHASES:
@@ -144,17 +179,17 @@ class MigrationOrchestrator(MigrationSteps):
         """Take at most the next step of every active migration (level-triggered)."""
         for row in self._repo.rows(active_only=True):
             try:
-                self._step(row)
+                self._steps.step(row)
             except Paused as paused:
                 if row.status_message != paused.message:
                     row.status_message = paused.message
-                    self._save(row)
+                    self._ledger.save(row)
             except Exception as exc:  # recorded; the next tick retries from stored state
                 log.exception("migration %s: step failed", row.id)
                 fresh = self._repo.get(row.id)
                 if fresh is not None:
                     fresh.status_message = f"step failed, will retry: {exc}"
-                    self._save(fresh)
+                    self._ledger.save(fresh)
         self._reload_active()
 
     def route_override(self, model: str, endpoints: builtins.list[Any]) -> builtins.list[Any]:

@@ -1,4 +1,4 @@
-"""The live adapter around the pure decision core (DESIGN §5).
+"""The live adapter around the pure decision core (docs/decisions.md).
 
 On every policy interval (an APScheduler job) it reads the active policy, builds
 each model's signals from what the fleet observed before `now` (the in-memory
@@ -8,29 +8,34 @@ rule shared with the blind backtest, `controller.learning.live_capacities`:
 measured, else the policy's priors or the default ratio), calls `decide`, stores
 the decisions with their reasons and those figures' sources, and applies the policy's
 mode: `dry-run` records, `approve` waits for a person, `auto` hands the
-decision to the migration orchestrator. Policy versions are applied here,
-atomically: an invalid policy never replaces the active one. A model's facts and
-its rate forecast are built by `controller.policy_facts`; the rate samples are
-kept by `controller.rate_history.RateHistory`.
+decision to the migration orchestrator (as a trial first when the core decided
+one). Policy versions are applied here, atomically: an invalid policy never
+replaces the active one. A model's facts and its rate forecast are built by
+`controller.policy_facts`; the rate samples are kept by
+`controller.rate_history.RateHistory`.
+
+A model's state (current engine, time on it, the last switch for the cooldown,
+engines already trialled) comes from the functions of `policies.model_state`,
+which the backtest uses too; the time on an engine is stored (`model_tenure`),
+so a restart keeps it. Decision status follows the migration rows, re-read on
+every tick (`controller.decision_reconcile`). Everything here runs on the
+controller's event loop, as the orchestrator does: one execution context.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from gearshift.common.errors import (
-    FailedPrecondition,
-    GearshiftError,
-    InvalidArgument,
-    NotFound,
-)
+from gearshift.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from gearshift.controller.canary import Sla
+from gearshift.controller.decision_reconcile import reconcile_decisions
 from gearshift.controller.fleet import FleetState
+from gearshift.controller.migration_machine import MigrationKind
+from gearshift.controller.migration_store import MigrationRepository, MigrationRow
 from gearshift.controller.policy_facts import model_facts, rate_forecast, refresh_forecasts
 from gearshift.controller.rate_history import RateHistory
 from gearshift.controller.store import Store
@@ -42,6 +47,15 @@ from gearshift.controller.tables import (
 )
 from gearshift.policies.core import ModelState, decide
 from gearshift.policies.loader import Policy, PolicyError, load_policy
+from gearshift.policies.model_state import (
+    COUNTS_FOR_COOLDOWN,
+    SwitchOutcome,
+    SwitchRecord,
+    Tenure,
+    advance_tenure,
+    current_engine,
+    last_switch,
+)
 from gearshift.policies.priors import priors_for
 from gearshift.policies.schema import ModelPriors
 from gearshift.policies.semantics import selector_warnings
@@ -50,13 +64,18 @@ from gearshift.v1 import agent_pb2
 
 if TYPE_CHECKING:
     from gearshift.controller.learning import CapacityLearner, Forecaster
-    from gearshift.controller.migration_store import MigrationPhase, MigrationRow
     from gearshift.controller.orchestrator import MigrationOrchestrator
 
 log = logging.getLogger(__name__)
 
 OPEN_STATUSES = (DecisionStatus.PROPOSED, DecisionStatus.APPROVED, DecisionStatus.EXECUTING)
-TRIAL_PREFIX = "trial/"
+# What became of a decision, for the cooldown (`policies.model_state`); a trial's
+# decision ends superseded and is no switch. The statuses whose newest decision the
+# tick reads are those whose outcome counts for the cooldown.
+_SWITCH_OUTCOMES = {DecisionStatus.EXECUTING: SwitchOutcome.IN_FLIGHT,
+                    DecisionStatus.DONE: SwitchOutcome.DONE,
+                    DecisionStatus.ROLLED_BACK: SwitchOutcome.ROLLED_BACK}
+COOLDOWN_STATUSES = tuple(s for s, o in _SWITCH_OUTCOMES.items() if o in COUNTS_FOR_COOLDOWN)
 
 
 def _utc(ts: float) -> datetime:
@@ -67,20 +86,15 @@ def _utc(ts: float) -> datetime:
 class TickReads:
     """The store's part of one tick, read once for the fleet."""
 
-    trials: dict[str, Any]  # "trial/<model>/<engine>" -> the stored trial result
-    last_switch: dict[str, datetime]  # model -> newest done or rolled-back decision
+    trials: dict[tuple[str, str], MigrationRow]  # (model, engine) -> its newest ended trial
+    last_switch: dict[str, datetime]  # model -> newest decision that counts for the cooldown
     revisions: dict[str, list[datetime]]  # model -> publication times
     migrations: dict[str, MigrationRow]  # model -> its active migration
+    tenure: dict[str, Tenure]  # model -> the engine it is on and since when (stored)
 
     def trial_result(self, model: str, engine: str) -> dict[str, Any] | None:
-        value = self.trials.get(f"{TRIAL_PREFIX}{model}/{engine}")
-        return value if isinstance(value, dict) else None
-
-
-@dataclass
-class _Seen:
-    engine: str
-    since: float
+        row = self.trials.get((model, engine))
+        return None if row is None else _trial_dict(row)
 
 
 class PolicyLoop:
@@ -92,8 +106,8 @@ class PolicyLoop:
         self.paused = paused
         self._clock = clock
         self.orchestrator: MigrationOrchestrator | None = None
+        self.migrations = MigrationRepository(store.engine)
         self._policy: tuple[int, Policy] | None = None
-        self._seen: dict[str, _Seen] = {}
         self.on_policy_change: Callable[[Policy], None] | None = None
         # Builds what a policy implies (its schedule) before it is stored; raises
         # InvalidArgument when it cannot, and nothing is stored.
@@ -200,39 +214,47 @@ class PolicyLoop:
                            policy, self.learner, reads.trial_result)
 
     def model_state(self, model: str, now: float, reads: TickReads | None = None) -> ModelState | None:
+        """Where `model` stands, by the rules of `policies.model_state`; the time on its
+        engine is stored, so a restarted controller keeps it."""
         ready = self._ready(model)
         if not ready:
             return None
         reads = reads or self._reads([model])
         active = reads.migrations.get(model)
-        engines = sorted({d.engine for _, d in ready})
-        engine = active.from_engine if active is not None else engines[0]
-        if active is None and len(engines) > 1:
-            engine = max(engines, key=lambda e: sum(1 for _, d in ready if d.engine == e))
-        seen = self._seen.get(model)
-        if seen is None or seen.engine != engine:
-            seen = self._seen[model] = _Seen(engine, now if seen else self.fleet.started)
+        replicas: dict[str, int] = {}
+        for _, d in ready:
+            replicas[d.engine] = replicas.get(d.engine, 0) + 1
+        previous = reads.tenure.get(model)
+        engine = current_engine(replicas, moving_from=active.from_engine if active else None,
+                                previous=previous.engine if previous else None)
+        assert engine is not None
+        tenure = advance_tenure(previous, engine, now, first_seen=self.fleet.started)
+        if tenure != previous:
+            self.store.set_tenure(model, tenure.engine, _utc(tenure.since))
+            reads.tenure[model] = tenure
         last = reads.last_switch.get(model)
+        switches = [] if last is None else [SwitchRecord(last.timestamp(), SwitchOutcome.DONE)]
+        trialled = frozenset(e for m, e in reads.trials if m == model)
         return ModelState(
-            engine=engine, since=seen.since,
-            last_switch=last.timestamp() if last is not None else None,
-            migrating_to=active.to_engine if active is not None else None)
+            engine=tenure.engine, since=tenure.since, last_switch=last_switch(switches),
+            migrating_to=active.to_engine if active is not None else None, trialled=trialled)
 
     def _reads(self, models: list[str]) -> TickReads:
         """What a tick reads from the store, in a few queries for the whole fleet."""
         migrations: dict[str, MigrationRow] = {}
-        if self.orchestrator is not None:
-            for row in self.orchestrator.list(active_only=True):
-                migrations.setdefault(row.model, row)  # newest first, as before
-        # A move that was rolled back counts as a switch for the cooldown: it cost a
-        # build and a canary, and trying again at once would repeat it.
+        for row in self.migrations.rows(active_only=True):
+            migrations.setdefault(row.model, row)  # newest first
+        trials: dict[tuple[str, str], MigrationRow] = {}
+        for row in self.migrations.rows(kind=MigrationKind.TRIAL, ended_only=True):
+            trials.setdefault((row.model, row.to_engine), row)  # newest first
         return TickReads(
-            trials=self.store.settings_with_prefix(TRIAL_PREFIX),
-            last_switch=self.store.last_decision_times((DecisionStatus.DONE,
-                                                        DecisionStatus.ROLLED_BACK)),
+            trials=trials,
+            last_switch=self.store.last_decision_times(COOLDOWN_STATUSES),
             revisions=self.store.revision_times() if len(models) != 1 else
             {models[0]: [r.published_at for r in self.store.list_revisions(models[0])]},
-            migrations=migrations)
+            migrations=migrations,
+            tenure={t.model: Tenure(t.engine, t.since.timestamp())
+                    for t in self.store.list_tenure()})
 
     def sample_rates(self, now: float) -> None:
         if not self.history.due(now):
@@ -254,6 +276,7 @@ class PolicyLoop:
         if current is None:
             return []
         version, policy = current
+        self.reconcile()
         self._retry_approved()
         signals, states = {}, {}
         models = sorted(set(self.history.models()) | {m.model for m in self.fleet.models()})
@@ -276,6 +299,10 @@ class PolicyLoop:
                 stored.append(row)
         return stored
 
+    def reconcile(self) -> int:
+        """Settle decisions from their migration rows (every tick; level-triggered)."""
+        return reconcile_decisions(self.store, self.migrations)
+
     def _store_decision(self, d: dict[str, Any], version: int, mode: str, now: float) -> DecisionRow | None:
         for open_row in self.store.list_decisions(model=d["model"], limit=20):
             if open_row.status not in OPEN_STATUSES:
@@ -291,6 +318,7 @@ class PolicyLoop:
             created_at=_utc(now), model=d["model"], from_engine=d["from_engine"],
             to_engine=d["to_engine"], rule=d["rule"], inputs=inputs, expected=d["expected"],
             alternatives=d["alternatives"], policy_version=version, mode=mode,
+            reason=d["reason"], conditions=d["conditions"], trial_share=d["trial_share"],
             status=DecisionStatus.PROPOSED,
             status_reason={"dry-run": "dry-run: recorded, not executed",
                            "approve": "waiting for approval (gearshift decisions approve ID)"}
@@ -312,14 +340,14 @@ class PolicyLoop:
             self.store.update_decision_status(row.id, DecisionStatus.APPROVED,
                                               "approved; no migration executor is running")
             return
-        trial = self._trial_needed(row)
+        if self.migrations.rows(decision_id=row.id):
+            return  # started before a crash: `reconcile` settles it from the migration
+        trial = row.trial_share  # decided by the core with the move
         try:
-            if trial is not None:
-                mig = self.orchestrator.create(row.model, row.from_engine, row.to_engine,
-                                               decision_id=row.id, kind="trial", trial_share=trial)
-            else:
-                mig = self.orchestrator.create(row.model, row.from_engine, row.to_engine,
-                                               decision_id=row.id)
+            mig = self.orchestrator.create(
+                row.model, row.from_engine, row.to_engine, decision_id=row.id,
+                kind=MigrationKind.TRIAL if trial is not None else MigrationKind.ENGINE_SWITCH,
+                trial_share=trial)
         except (FailedPrecondition, InvalidArgument) as exc:
             self.store.update_decision_status(row.id, DecisionStatus.APPROVED,
                                               f"approved; not started yet: {exc.message}")
@@ -329,41 +357,14 @@ class PolicyLoop:
         self.store.update_decision_status(row.id, DecisionStatus.EXECUTING, what,
                                           expected_from=DecisionStatus.APPROVED)
 
-    def _trial_needed(self, row: DecisionRow) -> float | None:
-        """The trial share when the policy wants one: the target's capacity for this model
-        was never measured and no trial of it has run yet."""
-        current = self.active()
-        if current is None or not current[1].doc.spec.trials.enabled:
-            return None
-        if row.inputs.get(f"capacity_source.{row.to_engine}") == "measured":
-            return None
-        if self.store.get_setting(f"{TRIAL_PREFIX}{row.model}/{row.to_engine}") is not None:
-            return None
-        return current[1].doc.spec.trials.share
-
     def _retry_approved(self) -> None:
         for row in self.store.list_decisions(status=DecisionStatus.APPROVED, limit=50):
             if row.mode != "dry-run":
                 self._execute(row.id)
 
-    def _trial_finished(self, row: MigrationRow, after: MigrationPhase) -> None:
-        if str(after.value) not in ("done", "rolled_back", "aborted"):
-            return
-        result = {"migration": row.id, "outcome": str(after.value), "reason": row.reason,
-                  "share": row.canary_steps[-1] if row.canary_steps else None,
-                  "figures": row.last_figures,
-                  "at": row.finished_at.isoformat() if row.finished_at else None}
-        self.store.set_setting(f"{TRIAL_PREFIX}{row.model}/{row.to_engine}", result)
-        if row.decision_id:
-            with contextlib.suppress(GearshiftError):
-                self.store.update_decision_status(
-                    row.decision_id, DecisionStatus.SUPERSEDED,
-                    f"trial {row.id} {after.value}: {row.reason}; the next evaluation decides on "
-                    "what it measured", expected_from=DecisionStatus.EXECUTING)
-
     def trial_result(self, model: str, engine: str) -> dict[str, Any] | None:
-        value = self.store.get_setting(f"{TRIAL_PREFIX}{model}/{engine}")
-        return value if isinstance(value, dict) else None
+        """The newest ended trial of `engine` for `model`, from the migration rows."""
+        return self._reads([model]).trial_result(model, engine)
 
     # -- people -----------------------------------------------------------------------
 
@@ -398,24 +399,14 @@ class PolicyLoop:
             raise NotFound(f"no decision {decision_id!r}")
         return row
 
-    def on_migration_transition(self, row: MigrationRow, before: MigrationPhase,
-                                after: MigrationPhase, message: str) -> None:
-        if not row.decision_id:
-            return
-        if row.kind == "trial":
-            self._trial_finished(row, after)
-            return
-        final = {"done": (DecisionStatus.DONE, f"migration {row.id} done"),
-                 "rolled_back": (DecisionStatus.ROLLED_BACK, f"migration {row.id} rolled back: {row.reason}"),
-                 "aborted": (DecisionStatus.ROLLED_BACK, f"migration {row.id} aborted: {row.reason}")}
-        status = final.get(str(after.value))
-        if status is None:
-            return
-        try:
-            self.store.update_decision_status(row.decision_id, status[0], status[1],
-                                              expected_from=DecisionStatus.EXECUTING)
-        except GearshiftError as exc:
-            log.warning("decision %s: %s", row.decision_id, exc.message)
 
 
-__all__ = ["OPEN_STATUSES", "TRIAL_PREFIX", "PolicyLoop", "RateHistory"]
+def _trial_dict(row: MigrationRow) -> dict[str, Any]:
+    return {"migration": row.id,
+            "outcome": row.trial_outcome.value if row.trial_outcome else row.phase.value,
+            "reason": row.reason, "share": row.canary_steps[-1] if row.canary_steps else None,
+            "figures": row.last_figures,
+            "at": row.finished_at.isoformat() if row.finished_at else None}
+
+
+__all__ = ["OPEN_STATUSES", "PolicyLoop", "RateHistory"]

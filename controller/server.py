@@ -37,7 +37,7 @@ from gearshift.controller.learning import CapacityLearner, Forecaster
 from gearshift.controller.limits import raise_open_files_limit
 from gearshift.controller.metrics import ControllerMetrics
 from gearshift.controller.migration_commands import deployment_phase_name
-from gearshift.controller.migration_store import MigrationPhase, MigrationRepository, MigrationRow
+from gearshift.controller.migration_store import MigrationRepository, MigrationRow
 from gearshift.controller.orchestrator import MigrationOrchestrator, OrchestratorSettings
 from gearshift.controller.persistence import Persistence
 from gearshift.controller.policy_loop import PolicyLoop, RateHistory
@@ -117,7 +117,7 @@ class Controller:
                                       paused=self.persistence.paused, clock=time.time)
         self.orchestrator = MigrationOrchestrator(
             MigrationRepository(store.engine), self.fleet, self.agents.send_command,
-            epoch=self.epoch, on_transition=self._on_transition,
+            epoch=self.epoch,
             settings=OrchestratorSettings(
                 canary_steps=config.canary_steps, analysis_intervals=config.analysis_intervals,
                 sla_for=self.policy_loop.sla_for))
@@ -184,10 +184,6 @@ class Controller:
     def _on_command_result(self, host_id: str, result: agent_pb2.CommandResult) -> None:
         self.orchestrator.on_command_result(host_id, result)
 
-    def _on_transition(self, row: MigrationRow, before: MigrationPhase, after: MigrationPhase,
-                       message: str) -> None:
-        self.policy_loop.on_migration_transition(row, before, after, message)
-
     def publish_revision(self, model: str, revision: str, source: str) -> tuple[MigrationRow | None, str]:
         """Record a new revision and roll it out on the engine that serves the model."""
         added = self.persistence.store.add_revision(model, revision, source=source or "cli")
@@ -218,7 +214,9 @@ class Controller:
                                replace_existing=True, max_instances=1, coalesce=True)
         log.info("policy evaluation every %.0fs", trigger.interval.total_seconds())
 
-    def _evaluate(self) -> None:
+    async def _evaluate(self) -> None:
+        # A coroutine job: APScheduler runs it on the event loop, where the orchestrator
+        # ticks and the gRPC handlers run, so evaluation never races a tick from a thread.
         if not self.leading:
             return
         try:
@@ -235,6 +233,7 @@ class Controller:
             try:
                 self.policy_loop.sample_rates(time.time())
                 self.orchestrator.tick()
+                self.policy_loop.reconcile()  # decision status from the migration rows
             except Exception:  # level-triggered: the next tick retries
                 log.exception("orchestrator tick failed")
 

@@ -72,7 +72,7 @@ class UTCDateTime(sa.types.TypeDecorator[datetime]):
 
 
 class DecisionStatus(StrEnum):
-    """Lifecycle of a stored decision (DESIGN §5)."""
+    """Lifecycle of a stored decision (docs/decisions.md)."""
 
     PROPOSED = "proposed"  # the decision core emitted it; nothing done yet
     APPROVED = "approved"  # a person (approve mode) or auto mode accepted it
@@ -125,7 +125,7 @@ class DeploymentRow(SQLModel, table=True):
 
 
 class RollupRow(SQLModel, table=True):
-    """Per model, engine and minute: what the fleet measured (DESIGN §7b).
+    """Per model, engine and minute: what the fleet measured (docs/architecture.md).
 
     Totals (`request_rate_*`, `running_mean`, `waiting_mean`,
     `generation_tokens_per_s`) are summed over the deployments of the model on
@@ -196,7 +196,7 @@ class SettingRow(SQLModel, table=True):
 
 
 class DecisionRow(SQLModel, table=True):
-    """A decision of the policy core with every reason for it (DESIGN §5)."""
+    """A decision of the policy core with every reason for it (docs/decisions.md)."""
 
     __tablename__ = "decisions"
 
@@ -224,6 +224,22 @@ class DecisionRow(SQLModel, table=True):
     )
     status_reason: str = ""
     updated_at: datetime = _ts()
+    reason: str = Field(default="", sa_type=sa.Text)  # the deciding rule's own words
+    # what the deciding rule tested: {"rule", "signal", "operator", "threshold", "observed",
+    # "unit", "held", "group"} per condition (`policies.rules.ConditionResult`)
+    conditions: list[dict[str, Any]] = _json(list)
+    trial_share: float | None = None  # set: the move first tries the target on this share
+
+
+class ModelTenureRow(SQLModel, table=True):
+    """The engine each model is on and since when, so that a restart keeps the dwell time
+    (`policies.model_state.Tenure`)."""
+
+    __tablename__ = "model_tenure"
+
+    model: str = Field(primary_key=True)
+    engine: str
+    since: datetime = Field(sa_type=UTCDateTime)
 
 
 class RevisionRow(SQLModel, table=True):

@@ -1,5 +1,5 @@
-"""Replay a trace (DESIGN §7) through the decision core on a simulated clock and
-price the outcome with the cost model (DESIGN §6).
+"""Replay a trace (docs/cost-model.md, trace format) through the decision core on a
+simulated clock and price the outcome with the cost model (docs/cost-model.md).
 
 At the start of every evaluation step the backtest computes each model's signals
 from the samples before that instant, calls `decide`, and feeds the decisions to
@@ -25,11 +25,21 @@ from gearshift.policies.blind import BlindLearner, LatencyWorld, blind_view
 from gearshift.policies.core import Decision, ModelState, decide
 from gearshift.policies.costmodel import ModelOutcome, ModelReplay, replay_model
 from gearshift.policies.loader import Policy
+from gearshift.policies.model_state import (
+    MEASURED_SOURCE,
+    SwitchOutcome,
+    SwitchRecord,
+    Tenure,
+    advance_tenure,
+    current_engine,
+    last_switch,
+)
 from gearshift.policies.signals import (
     EngineFacts,
     ModelFacts,
     ModelHistory,
     Signals,
+    SignalValue,
     compute_signals,
 )
 from gearshift.policies.trace import ModelProfile, Trace, format_ts
@@ -45,10 +55,13 @@ def facts_from_profile(trace: Trace, p: ModelProfile) -> ModelFacts:
                        build_overhead_usd=p.build_overhead_usd[e])
         for e in p.capacity_rps
     }
+    # The header is what measuring every engine would have found: cite it as measured
+    # (so no move of this replay needs a trial first).
+    cite: dict[str, SignalValue] = {f"capacity_source.{e}": MEASURED_SOURCE for e in engines}
     return ModelFacts(gpus_per_replica=p.gpus_per_replica, min_replicas=p.min_replicas,
                       headroom=trace.headroom, overlap_s=trace.overlap_s,
                       sla_ttft_p99_ms=p.sla_ttft_p99_ms, engines=engines, nvidia=True,
-                      price_per_gpu_hour=trace.price_per_gpu_hour)
+                      price_per_gpu_hour=trace.price_per_gpu_hour, citations=cite)
 
 
 def histories(trace: Trace) -> dict[str, ModelHistory]:
@@ -81,9 +94,10 @@ def simulate(policy: Policy, trace: Trace, *, blind: bool = False, seed: int = 0
         facts = {m: facts_from_profile(trace, trace.profiles[m]) for m in models}
         hist = histories(trace)
     replays = {m: ModelReplay(trace, m) for m in models}
-    since = dict.fromkeys(models, start - LONG_AGO_S)
-    engine_now = {m: replays[m].serving for m in models}
-    last_switch: dict[str, float | None] = dict.fromkeys(models)
+    # Model state by the rules the live loop uses too (`policies.model_state`).
+    tenure: dict[str, Tenure | None] = dict.fromkeys(models)
+    switches: dict[str, list[SwitchRecord]] = {m: [] for m in models}
+    trialled: dict[str, set[str]] = {m: set() for m in models}
     accepted: dict[str, list[Decision]] = {m: [] for m in models}
     every = max(1, math.ceil(policy.doc.spec.interval / trace.step_s - 1e-9))
     settings = policy.signal_settings
@@ -91,9 +105,10 @@ def simulate(policy: Policy, trace: Trace, *, blind: bool = False, seed: int = 0
         now = start + k * trace.step_s
         wanted: dict[str, Decision] = {}
         for m in models:
-            serving = replays[m].serving_at(k)
-            if serving != engine_now[m]:
-                engine_now[m], since[m] = serving, now
+            # The replay serves one engine at a time; a switch in flight keeps the old one.
+            serving = current_engine({replays[m].serving_at(k): 1})
+            assert serving is not None
+            tenure[m] = advance_tenure(tenure[m], serving, now, first_seen=start - LONG_AGO_S)
         if k % every == 0:
             if learner is not None:
                 facts = {m: learner.facts(m) for m in models}
@@ -101,18 +116,29 @@ def simulate(policy: Policy, trace: Trace, *, blind: bool = False, seed: int = 0
                 m: compute_signals(m, hist[m], facts[m], now, settings,
                                    None if learner is None else learner.forecast(m, hist[m], now))
                 for m in models}
-            state = {m: ModelState(engine=engine_now[m], since=since[m], last_switch=last_switch[m],
-                                   migrating_to=replays[m].switching_at(k)) for m in models}
+            state = {m: _state(tenure[m], switches[m], trialled[m], replays[m].switching_at(k))
+                     for m in models}
             wanted = {d.model: d for d in decide(policy, signals, state, now)}
         for m in models:
             d = wanted.get(m)
             if replays[m].step(k, d.to_engine if d else None) and d is not None:
+                # The cost model prices a trial as the switch it leads to (its contract has
+                # no trial term); the replay remembers that the target was trialled.
                 accepted[m].append(d)
-                last_switch[m] = now
+                switches[m].append(SwitchRecord(now, SwitchOutcome.IN_FLIGHT))
+                if d.trial_share is not None:
+                    trialled[m].add(d.to_engine)
             if learner is not None and world is not None:
                 serving = replays[m].serving  # the engine that served step k
                 learner.observe(m, serving, world.observe(m, serving, k))
     return {m: r.outcome() for m, r in replays.items()}, accepted
+
+
+def _state(tenure: Tenure | None, switches: list[SwitchRecord], trialled: set[str],
+           migrating_to: str | None) -> ModelState:
+    assert tenure is not None
+    return ModelState(engine=tenure.engine, since=tenure.since, last_switch=last_switch(switches),
+                      migrating_to=migrating_to, trialled=frozenset(trialled))
 
 
 def _model_json(out: ModelOutcome, decisions: list[Decision]) -> dict[str, Any]:
@@ -148,7 +174,7 @@ def baseline_costs(trace: Trace) -> dict[str, dict[str, float]]:
 
 def run_backtest(policy: Policy, trace: Trace, *, compare: Policy | None = None,
                  blind: bool = False, seed: int = 0) -> dict[str, Any]:
-    """The DESIGN §7 JSON object; with `compare`, an extra ``compare`` key says where
+    """The backtest output object of docs/cost-model.md; with `compare`, an extra ``compare`` key says where
     and at what cost the other policy decides differently. `blind`: the policies
     learn capacity from simulated latency instead of reading the header's."""
     outcomes, decisions = simulate(policy, trace, blind=blind, seed=seed)

@@ -10,7 +10,7 @@ not observed until it serves, exactly as live): the load per replica and a p99
 TTFT drawn from this latency model (per model and engine):
 
     c      = capacity_rps[e]            (per replica, at the SLA; header)
-    n      = replicas(e, r)             (DESIGN §6: the fleet is sized on the true capacity)
+    n      = replicas(e, r)             (docs/cost-model.md: the fleet is sized on the true capacity)
     rho    = r / (n * c)                (utilisation at the SLA capacity; <= 1/(1+headroom))
     p99(rho) = base_ms * (1 - rho / RHO_SATURATION_RATIO) ** -shape          (M/M/1-like)
     observed = p99(rho) * exp(NOISE_SIGMA * z),   z ~ N(0, 1) per (seed, model, engine, step)
@@ -44,7 +44,7 @@ policy's priors into one capacity per engine with its source:
   ``ratio-prior`` (the other engine's figure times the ratio of the policy's
   two priors), ``prior`` (a lone absolute prior), ``default-ratio`` (the other
   engine's figure times `priors.DEFAULT_PRIOR_RATIO`: TensorRT-LLM 5% ahead, the
-  middle of the public range of DESIGN §4: vLLM a few % ahead on 8B models to
+  middle of the public range of docs/engines.md: vLLM a few % ahead on 8B models to
   TensorRT-LLM +16% on 70B). With nothing measured and no prior, no capacity
   (no move).
 

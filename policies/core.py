@@ -1,4 +1,4 @@
-"""The pure decision core (DESIGN §5, STYLE 1–2):
+"""The pure decision core (docs/decisions.md):
 ``decide(policy, signals, state, now) -> list[Decision]``, no I/O.
 
 For each governed model: skip it when frozen or already moving; obey a pin;
@@ -22,7 +22,8 @@ from typing import Any
 from gearshift.common.engines import ENGINE_NAMES, engine_entry
 from gearshift.policies.economics import CostSettings, MoveEstimate, estimate_move
 from gearshift.policies.loader import Policy
-from gearshift.policies.rules import RULE_KINDS, RuleContext, RuleOutcome
+from gearshift.policies.model_state import trial_share
+from gearshift.policies.rules import RULE_KINDS, ConditionResult, RuleContext, RuleOutcome
 from gearshift.policies.signals import Signals, SignalValue, SignalView, meets_sla
 
 HOURS_PER_DAY = 24.0
@@ -48,6 +49,7 @@ class ModelState:
     migrating_to: str | None = None  # a move in flight
     pinned: str | None = None  # an operator's pin, on top of the policy's pins
     frozen: bool = False  # an operator's freeze, on top of the policy's freezes
+    trialled: frozenset[str] = frozenset()  # engines a trial already measured for the model
 
 
 @dataclass(frozen=True)
@@ -63,11 +65,17 @@ class Decision:
     created_at: float  # epoch seconds
     urgent: bool = False
     status: DecisionStatus = DecisionStatus.PROPOSED
+    reason: str = ""  # the rule's own words
+    conditions: tuple[ConditionResult, ...] = ()  # what the deciding rule tested, as data
+    trial_share: float | None = None  # try the target on this share first (policy `trials`)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "model": self.model, "from_engine": self.from_engine, "to_engine": self.to_engine,
-            "rule": self.rule, "inputs": dict(self.inputs), "expected": dict(self.expected),
+            "rule": self.rule, "reason": self.reason,
+            "conditions": [c.to_dict(self.rule) for c in self.conditions],
+            "trial_share": self.trial_share,
+            "inputs": dict(self.inputs), "expected": dict(self.expected),
             "alternatives": [{"option": o, "why": w} for o, w in self.alternatives],
             "policy_version": self.policy_version,
             "created_at": datetime.fromtimestamp(self.created_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -249,7 +257,10 @@ def _plan_model(policy: Policy, model: str, sig: Signals, st: ModelState, now: f
         model=model, from_engine=st.engine, to_engine=outcome.target, rule=ev.rule, inputs=inputs,
         expected=_expected(sig, st.engine, outcome.target, outcome.estimate),
         alternatives=tuple(alternatives), policy_version=policy.version, created_at=now,
-        urgent=outcome.urgent,
+        urgent=outcome.urgent, reason=outcome.why, conditions=outcome.conditions,
+        trial_share=trial_share(policy.doc.spec.trials, outcome.target,
+                                sig.facts.citations.get(f"capacity_source.{outcome.target}"),
+                                st.trialled),
     )
     return _Plan(decision, outcome.estimate.net_usd if outcome.estimate else 0.0)
 

@@ -1,4 +1,4 @@
-"""The cost model of DESIGN §6, exactly: replicas, switch delay, rebuild cost, and
+"""The cost model of docs/cost-model.md, exactly: replicas, switch delay, rebuild cost, and
 the per-step replay of one model that yields GPU-hours, cost, flaps, revision lag
 and SLA-violation minutes.
 
@@ -18,7 +18,7 @@ from gearshift.policies.trace import ModelProfile, Trace
 
 FLAP_WINDOW_S = 24 * 3600
 SECONDS_PER_HOUR = 3600.0
-REPLICA_EPSILON = 1e-9  # DESIGN §6: keeps r*(1+h)/cap == integer from rounding up
+REPLICA_EPSILON = 1e-9  # docs/cost-model.md: keeps r*(1+h)/cap == integer from rounding up
 # Counts of replicas and GPUs above this are not exact in float64 (2**53), and GPU
 # counts per step must fit int64 when summed over a long trace: refused, not wrapped.
 MAX_EXACT_COUNT = 2**40
@@ -44,7 +44,7 @@ def delay_steps(build_s: float, cold_start_s: float, step_s: float) -> int:
 
 def rebuild_usd(p: ModelProfile, engine: str, rps: float, *, price_per_gpu_hour: float,
                 headroom: float, overlap_s: float) -> float:
-    """One-off cost of building and starting `engine` for the model at `rps` (DESIGN §6)."""
+    """One-off cost of building and starting `engine` for the model at `rps` (docs/cost-model.md)."""
     n = replicas(rps, p.capacity_rps[engine], headroom, p.min_replicas)
     gpu_s = p.build_s[engine] * p.gpus_per_replica + (
         p.cold_start_s[engine] + overlap_s) * n * p.gpus_per_replica
@@ -53,7 +53,7 @@ def rebuild_usd(p: ModelProfile, engine: str, rps: float, *, price_per_gpu_hour:
 
 @dataclass(frozen=True)
 class ModelOutcome:
-    """What one model cost over a replay (figures rounded as DESIGN §7 prints them)."""
+    """What one model cost over a replay (figures rounded as docs/cost-model.md prints them)."""
 
     gpu_hours: float
     cost_usd: float
@@ -64,7 +64,8 @@ class ModelOutcome:
 
 
 class ModelReplay:
-    """DESIGN §6 for one model, one step at a time, so a policy can act between steps.
+    """The cost model (docs/cost-model.md) for one model, one step at a time, so a policy
+    can act between steps.
 
     Call `step(k, to)` for k = 0, 1, … in order; `serving_at(k)` / `switching_at(k)`
     describe the model at the start of step k (what a decision at that instant sees).
@@ -168,7 +169,8 @@ class ModelReplay:
 
 def replay_model(trace: Trace, model: str, switches: Mapping[int, str], *,
                  initial_engine: str | None = None) -> ModelOutcome:
-    """Apply DESIGN §6 to `model` with the switch decisions `switches` (step -> target).
+    """Apply the cost model (docs/cost-model.md) to `model` with the switch decisions
+    `switches` (step -> target).
 
     `initial_engine` overrides the profile's (the static TensorRT-LLM baseline starts
     there at no cost).

@@ -1,6 +1,6 @@
 """Expected cost of staying versus moving, for one model, from its signals.
 
-The estimate applies the DESIGN §6 formulas (`costmodel`) to what was observed:
+The estimate applies the formulas of docs/cost-model.md (`costmodel`) to what was observed:
 serving cost is the replica count each engine needs for every rate sample of the
 recent past, with the engine's *measured* capacity; a move costs one rebuild of
 the target plus the savings forgone while it builds; revision churn costs one
@@ -72,7 +72,7 @@ def _price(facts: ModelFacts, cost: CostSettings) -> float | None:
 
 def rebuild_estimate_usd(facts: ModelFacts, engine: str, rps: float, price: float,
                          cost: CostSettings) -> float | None:
-    """DESIGN §6 `rebuild` on measured facts; None when a fact is missing."""
+    """The `rebuild` of docs/cost-model.md on measured facts; None when a fact is missing."""
     ef = facts.engines.get(engine)
     if ef is None or ef.capacity_rps is None or ef.cold_start_s is None:
         return None

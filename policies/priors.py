@@ -16,7 +16,7 @@ The rule (`resolve_capacities`), per model:
    (``ratio-prior``), else a lone absolute prior of this engine (``prior``), else
    the engine catalog's default prior ratios (``default-ratio``: each entry's
    `CapacityPrior`, relative to vLLM, e.g. TensorRT-LLM 5% ahead, the middle of
-   the public range, DESIGN §4, which gives the ratio's interval). A bound that only shows the traffic (`bounds_only`: the
+   the public range, docs/engines.md, which gives the ratio's interval). A bound that only shows the traffic (`bounds_only`: the
    engine never served above its minimum replicas) wins when it is higher.
 3. With nothing measured: the absolute prior (``prior``), else such a bound, else
    ``unknown`` (no capacity: the cost rule makes no move).
@@ -37,7 +37,7 @@ from gearshift.policies.schema import EnginePriors, ModelPriors
 from gearshift.policies.signals import SignalValue
 
 # Capacity relative to the baseline engine when nothing else is known, and the public
-# range it is the middle of: each catalog entry's `CapacityPrior` (DESIGN §4).
+# range it is the middle of: each catalog entry's `CapacityPrior` (docs/engines.md).
 DEFAULT_PRIOR_RATIO = {e.name: e.prior.ratio for e in CATALOG}
 DEFAULT_PRIOR_RATIO_RANGE = {e.name: (e.prior.low, e.prior.high) for e in CATALOG}
 OWN_SOURCES = ("measured", "lower_bound", "upper_bound")
@@ -116,7 +116,7 @@ def _derived(engine: str, base: str, found: EngineCapacity, priors: Mapping[str,
     return EngineCapacity(value * ratio, (found.low or value) * lo, (found.high or value) * hi,
                           "default-ratio", f"{base} {found.source} {value:.3g} rps x {ratio:.3g} "
                           f"(default ratio, no policy priors: the middle of the public range "
-                          f"{lo:.2f}..{hi:.2f}x, DESIGN §4){tail}", ratio, lo, hi, base)
+                          f"{lo:.2f}..{hi:.2f}x, docs/engines.md){tail}", ratio, lo, hi, base)
 
 
 def resolve_capacities(measurements: Mapping[str, Measurement],

@@ -31,12 +31,37 @@ class RuleContext:
 
 
 @dataclass(frozen=True)
+class ConditionResult:
+    """One test a rule made, as data: `observed <operator> threshold` held or not.
+
+    Threshold rules record their `when` / `whenAny` conditions; the built-in kinds
+    record the test they make (savings over the margin, latency over the SLA), so
+    a decision's explanation renders these rows, never the rule's prose.
+    """
+
+    signal: str
+    operator: str  # one of OPERATORS
+    threshold: SignalValue | tuple[str, ...]
+    observed: SignalValue
+    unit: str  # the signal's unit ("" when it has none)
+    held: bool
+    group: str = "when"  # "when", "whenAny" or "test" (a rule kind's built-in test)
+
+    def to_dict(self, rule: str) -> dict[str, Any]:
+        threshold = list(self.threshold) if isinstance(self.threshold, tuple) else self.threshold
+        return {"rule": rule, "signal": self.signal, "operator": self.operator,
+                "threshold": threshold, "observed": self.observed, "unit": self.unit,
+                "held": self.held, "group": self.group}
+
+
+@dataclass(frozen=True)
 class RuleOutcome:
     target: str | None  # None: no opinion; the current engine: hold
     why: str
     urgent: bool = False  # bypasses dwell, cooldown and maintenance windows
     inputs: dict[str, SignalValue] = field(default_factory=dict)
     estimate: MoveEstimate | None = None
+    conditions: tuple[ConditionResult, ...] = ()  # what the rule tested, with the values seen
 
 
 class _Params(BaseModel):
@@ -82,14 +107,21 @@ def _holds(op: str, value: SignalValue, operand: Any) -> bool:
             "lt": value < operand, "le": value <= operand}[op]
 
 
-def _check(conds: list[Condition], view: SignalView,
-           inputs: dict[str, SignalValue]) -> list[tuple[Condition, bool]]:
+def _unit(signal: str) -> str:
+    spec = SIGNALS.get(signal)
+    return "" if spec is None else spec.unit
+
+
+def _check(conds: list[Condition], view: SignalView, inputs: dict[str, SignalValue],
+           group: str) -> list[tuple[Condition, ConditionResult]]:
     out = []
     for c in conds:
         value = SIGNALS[c.signal].read(view)
         inputs[c.signal] = value
         op, operand = condition_operator(c)[0]
-        out.append((c, _holds(op, value, operand)))
+        threshold = tuple(operand) if isinstance(operand, list) else operand
+        out.append((c, ConditionResult(c.signal, op, threshold, value, _unit(c.signal),
+                                       _holds(op, value, operand), group)))
     return out
 
 
@@ -103,16 +135,18 @@ def _describe(c: Condition, inputs: dict[str, SignalValue]) -> str:
 
 def _threshold(rule: Rule, _: NoParams, ctx: RuleContext) -> RuleOutcome:
     inputs: dict[str, SignalValue] = {}
-    all_ok = _check(rule.when, ctx.view, inputs)
-    any_ok = _check(rule.when_any, ctx.view, inputs)
-    failed = [c for c, ok in all_ok if not ok]
-    if failed or (any_ok and not any(ok for _, ok in any_ok)):
+    all_ok = _check(rule.when, ctx.view, inputs, "when")
+    any_ok = _check(rule.when_any, ctx.view, inputs, "whenAny")
+    tested = tuple(r for _, r in all_ok + any_ok)
+    failed = [c for c, r in all_ok if not r.held]
+    if failed or (any_ok and not any(r.held for _, r in any_ok)):
         why = ("not met: " + ", ".join(_describe(c, inputs) for c in failed) if failed
                else "none of whenAny met: " + ", ".join(_describe(c, inputs) for c, _ in any_ok))
-        return RuleOutcome(None, why, inputs=inputs)
-    met = [c for c, ok in all_ok] + [c for c, ok in any_ok if ok]
+        return RuleOutcome(None, why, inputs=inputs, conditions=tested)
+    met = [c for c, _ in all_ok] + [c for c, r in any_ok if r.held]
     why = "met: " + ", ".join(_describe(c, inputs) for c in met)
-    return RuleOutcome(rule.prefer, why, inputs=inputs, estimate=ctx.candidates.get(rule.prefer or ""))
+    return RuleOutcome(rule.prefer, why, inputs=inputs, conditions=tested,
+                       estimate=ctx.candidates.get(rule.prefer or ""))
 
 
 def _static(rule: Rule, _: NoParams, ctx: RuleContext) -> RuleOutcome:
@@ -132,18 +166,25 @@ def _sla_guard(rule: Rule, _: NoParams, ctx: RuleContext) -> RuleOutcome:
     }
     ok = SIGNALS["sla_ok"].read(view)
     inputs["sla_ok"] = ok
+    tests = tuple(
+        ConditionResult(name, "gt", target, measured, "ms", True, "test")
+        for name, measured, target in (("ttft_p99_ms", inputs["ttft_p99_ms"], inputs["sla_ttft_p99_ms"]),
+                                       ("itl_p99_ms", inputs["itl_p99_ms"], inputs["sla_itl_p99_ms"]))
+        if isinstance(measured, int | float) and isinstance(target, int | float)
+        and measured > target)
     if ok is not False:
         return RuleOutcome(None, "SLA met" if ok else "SLA not measured yet", inputs=inputs)
     if not ctx.candidates:
         return RuleOutcome(None, f"{view.engine} breaks the SLA but no other engine meets it",
-                           inputs=inputs)
+                           inputs=inputs, conditions=tests)
 
     def rank(engine: str) -> tuple[float, int]:
         est = ctx.candidates[engine]
         return (-(est.savings_usd_per_h if est else float("-inf")), ctx.order.index(engine))
     target = min(ctx.candidates, key=rank)
     return RuleOutcome(target, f"{view.engine} breaks the latency SLA; {target} meets it",
-                       urgent=True, inputs=inputs, estimate=ctx.candidates[target])
+                       urgent=True, inputs=inputs, estimate=ctx.candidates[target],
+                       conditions=tests)
 
 
 def _savings(rule: Rule, params: SavingsParams, ctx: RuleContext) -> RuleOutcome:
@@ -160,13 +201,17 @@ def _savings(rule: Rule, params: SavingsParams, ctx: RuleContext) -> RuleOutcome
         "savings_long_usd_per_h": best.savings_long_usd_per_h,
         "savings_basis": best.savings_basis,
     }
-    if best.net_usd > best.margin_usd + params.min_net_savings_usd:
+    margin = best.margin_usd + params.min_net_savings_usd
+    pays = best.net_usd > margin
+    test = (ConditionResult("net_savings_usd", "gt", margin, best.net_usd, _unit("net_savings_usd"),
+                            pays, "test"),)
+    if pays:
         return RuleOutcome(best.target, f"moving to {best.target} saves ${best.net_usd:,.2f} net over "
-                           f"the horizon (margin ${best.margin_usd + params.min_net_savings_usd:,.2f})",
-                           inputs=inputs, estimate=best)
+                           f"the horizon (margin ${margin:,.2f})",
+                           inputs=inputs, estimate=best, conditions=test)
     return RuleOutcome(view.engine, f"best move ({best.target}) nets ${best.net_usd:,.2f} over the "
-                       f"horizon, under the margin ${best.margin_usd + params.min_net_savings_usd:,.2f}",
-                       inputs=inputs, estimate=best)
+                       f"horizon, under the margin ${margin:,.2f}",
+                       inputs=inputs, estimate=best, conditions=test)
 
 
 RULE_KINDS: dict[str, RuleKind] = {

@@ -1,5 +1,5 @@
 """Signals per model, computed by a pure function from what was observed strictly
-before `now` (DESIGN §5), and the registry of signal names that policy conditions
+before `now` (docs/decisions.md), and the registry of signal names that policy conditions
 may use (checked when a policy loads).
 
 Rates are kept as numpy arrays: a 28-day backtest evaluates hundreds of thousands
@@ -119,7 +119,7 @@ class ModelHistory:
         return self._cached(("rps",), lambda: np.concatenate(([0.0], np.cumsum(self.rps))).tolist())
 
     def prefix_replicas(self, capacity_rps: float, headroom: float, min_replicas: int) -> list[float]:
-        """prefix[i] = replicas summed over samples [:i] (DESIGN §6 `replicas`)."""
+        """prefix[i] = replicas summed over samples [:i] (docs/cost-model.md `replicas`)."""
         key = ("replicas", capacity_rps, headroom, min_replicas)
         found = self._cache.get(key)
         if found is None:

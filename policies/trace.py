@@ -1,4 +1,4 @@
-"""Reader for backtest traces (DESIGN §7): JSON Lines, optionally gzipped.
+"""Reader for backtest traces (docs/cost-model.md): JSON Lines, optionally gzipped.
 
 The first line is the header (step, price, per-model profiles); then one
 ``traffic`` record per model per step and ``revision`` records, in time order.
@@ -6,7 +6,7 @@ Every malformed line fails with a `TraceError` naming the file, the line and
 the reason; nothing is silently skipped. Per-engine figures are keyed by engine
 name: a trace may name any engines of the catalog (`gearshift.common.engines`),
 the same ones for every model and every per-engine field. Written by hand because the format
-is ours (DESIGN §7); `json` does the parsing.
+is ours (docs/cost-model.md); `json` does the parsing.
 """
 
 from __future__ import annotations
@@ -214,7 +214,7 @@ def _same_engines(profiles: dict[str, ModelProfile]) -> dict[str, ModelProfile]:
 
 
 def _step_of(ts: datetime, head: _Header) -> int:
-    """The first step whose start is at or after `ts` (DESIGN §6)."""
+    """The first step whose start is at or after `ts` (docs/cost-model.md)."""
     offset = (ts - head.start).total_seconds()
     if offset < 0:
         raise ValueError(f"ts {format_ts(ts)} is before the trace start {format_ts(head.start)}")

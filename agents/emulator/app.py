@@ -1,6 +1,6 @@
 """The emulated engine's HTTP surface (aiohttp): OpenAI API, health, metrics, fault switches.
 
-Paths and status codes are the real engines' (DESIGN §4): `/v1/models`,
+Paths and status codes are the real engines' (docs/engines.md): `/v1/models`,
 `/v1/completions`, `/v1/chat/completions` (JSON or SSE) and `/version` for every
 engine; the health paths of the engine's catalog entry; the metric paths (and
 any other engine-specific path) of its emulator flavour (`flavor_*.py`), e.g.

@@ -1,7 +1,7 @@
 """The engine runtime seam: how to launch an engine and where to watch it.
 
 An `EngineRuntime` turns a `DeploymentSpec` into the engine's REAL command line
-(DESIGN §4). Where the engine serves health and metrics, and what a health
+(docs/engines.md). Where the engine serves health and metrics, and what a health
 answer means, are the engine catalog's (`gearshift.common.engines`):
 `endpoints_for` and `classify_health` read them. Runtimes register by name in
 `RUNTIMES`; `get_runtime` imports the module the catalog entry names and rejects

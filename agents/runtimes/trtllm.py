@@ -9,7 +9,7 @@ The extra config turns on the two metric surfaces gearshift scrapes:
 
 trtllm-serve names the model after MODEL (a local directory by its basename)
 unless `--served-model-name` is given, which only recent releases accept; the
-registered runtime keeps to the DESIGN command line, and
+registered runtime keeps to the command line of docs/engines.md, and
 `TrtllmRuntime(pass_served_model_name=True)` adds the flag.
 """
 

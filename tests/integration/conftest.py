@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gearshift.cli.local_fleet import LocalFleet
+from gearshift.devfleet.local_fleet import LocalFleet
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gearshift.cli.local_fleet import LocalFleet
+from gearshift.devfleet.local_fleet import LocalFleet
 from integration.helpers import FAST_ENGINE_ENV, gearshift, gearshift_json, wait_for
 
 POLICY = """\

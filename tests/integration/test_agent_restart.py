@@ -12,9 +12,9 @@ from pathlib import Path
 import grpc
 import psutil
 
-from gearshift.cli.local_fleet import LocalFleet
+from gearshift.devfleet.local_fleet import LocalFleet
 from gearshift.v1 import control_pb2, control_pb2_grpc
-from integration.helpers import FAST_ENGINE_ENV, GatewayLoad, gearshift, gearshift_json, wait_for
+from integration.helpers import FAST_ENGINE_ENV, gateway_load, gearshift, gearshift_json, wait_for
 
 DEP = {"deployment_id": "m-vllm", "model": "m", "engine": "vllm", "source": "org/m",
        "revision": "r1", "gpu_indices": [0]}
@@ -103,7 +103,7 @@ def test_engines_survive_agent_kill_and_term_under_load(fleet: LocalFleet) -> No
                 and "connected to controller" in since_restart)
 
     with RouteWatch(fleet.controller_addr, DEP["deployment_id"]) as routes, \
-            GatewayLoad(fleet.gateway_url, "m") as load:
+            gateway_load(fleet.gateway_url, "m") as load:
         wait_for(lambda: load.sent >= 20, 30, "load flowing")
         for how in ("kill", "terminate"):
             proc = fleet.procs.pop("host-a")

@@ -9,8 +9,8 @@ import urllib.request
 
 import pytest
 
-from gearshift.cli.local_fleet import LocalFleet
-from integration.helpers import FAST_ENGINE_ENV, SteadyLoad, gearshift, gearshift_json, wait_for
+from gearshift.devfleet.local_fleet import LocalFleet
+from integration.helpers import FAST_ENGINE_ENV, gearshift, gearshift_json, steady_load, wait_for
 
 VLLM_DEP = {"deployment_id": "m1-vllm", "model": "m1", "engine": "vllm", "source": "org/m1",
             "revision": "r1", "gpu_indices": [0]}
@@ -57,7 +57,7 @@ def test_cli_shows_hosts_and_deployments_with_live_figures(fleet: LocalFleet) ->
                  for i in ("m1-vllm", "m2-trt"))
         return d if ok else None
 
-    with SteadyLoad(targets) as load:
+    with steady_load(targets) as load:
         deps = wait_for(live, 30, "latency figures from both engines' own metrics")
     assert load.failed == 0
     for dep_id in ("m1-vllm", "m2-trt"):

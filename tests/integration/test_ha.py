@@ -19,9 +19,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from gearshift.cli.ha_fleet import HaFleet
-from gearshift.cli.local_pg import LocalPostgres
-from integration.helpers import FAST_ENGINE_ENV, GatewayLoad, SteadyLoad, gearshift_json, wait_for
+from gearshift.devfleet.ha_fleet import HaFleet
+from gearshift.devfleet.local_pg import LocalPostgres
+from integration.helpers import FAST_ENGINE_ENV, gateway_load, gearshift_json, steady_load, wait_for
 from integration.moves import _apply, _engines, _migration_in, ended, start_moving_hosts
 
 # A longer canary leaves time to inject the fault while it runs.
@@ -68,7 +68,7 @@ def test_leader_killed_mid_migration_follower_takes_over_and_finishes_once(
     leader, epoch = ha.wait_leader()
     start_moving_hosts(ha)
     ha.start_gateway()
-    with GatewayLoad(ha.gateway_url, "m") as load:
+    with gateway_load(ha.gateway_url, "m") as load:
         _apply(ha, tmp_path, "to-trt", "auto", "tensorrt-llm")  # sent to the leader by the CLI
         mig = wait_for(lambda: _migration_in(ha, "canary"), 60, "the canary")
         leader, epoch = ha.wait_leader()
@@ -111,7 +111,7 @@ def test_partitioned_agent_is_unreachable_nothing_is_drained_and_it_rejoins(
         return str(hosts[host]["state"])
 
     before = {h["host_id"]: int(h.get("reports", 0)) for h in gearshift_json(ha, "fleet", "hosts")}
-    with SteadyLoad([(endpoint, "n")], rps=10) as load:
+    with steady_load([(endpoint, "n")], rps=10) as load:
         ha.pause("host-c")
         try:
             wait_for(lambda: state("host-c") == "HOST_STATE_UNREACHABLE", 30,
@@ -136,7 +136,7 @@ def test_postgres_restart_under_load_loses_no_decision(tmp_path: Path) -> None:
             fleet.start_all(ARGS)
             start_moving_hosts(fleet)
             fleet.start_gateway()
-            with GatewayLoad(fleet.gateway_url, "m") as load:
+            with gateway_load(fleet.gateway_url, "m") as load:
                 _apply(fleet, tmp_path, "to-trt", "approve", "tensorrt-llm")
                 pending = wait_for(lambda: [d for d in gearshift_json(fleet, "decisions", "list")
                                             if d["status"] == "proposed"], 60, "a proposed decision")
@@ -171,7 +171,7 @@ def test_stale_leader_resuming_after_a_pause_is_fenced(ha: HaFleet, tmp_path: Pa
     ha.start_all(ARGS)
     start_moving_hosts(ha)
     ha.start_gateway()
-    with GatewayLoad(ha.gateway_url, "m") as load:
+    with gateway_load(ha.gateway_url, "m") as load:
         _apply(ha, tmp_path, "to-trt", "auto", "tensorrt-llm")
         mig = wait_for(lambda: _migration_in(ha, "canary"), 60, "the canary")
         old, epoch = ha.wait_leader()
@@ -202,7 +202,7 @@ def test_stale_leader_resuming_after_a_pause_is_fenced(ha: HaFleet, tmp_path: Pa
 def test_leader_and_follower_are_both_ready_and_say_their_role(ha: HaFleet) -> None:
     import urllib.request
 
-    from gearshift.cli.local_fleet import free_port
+    from gearshift.devfleet.local_fleet import free_port
 
     ops = {name: free_port() for name in ha.names}
     for name in ha.names:

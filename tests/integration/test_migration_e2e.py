@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gearshift.cli.local_fleet import LocalFleet
-from integration.helpers import GatewayLoad, gearshift, gearshift_json, wait_for
+from gearshift.devfleet.local_fleet import LocalFleet
+from integration.helpers import gateway_load, gearshift, gearshift_json, wait_for
 from integration.moves import (
     END_PHASES,
     POLICY,
@@ -31,7 +31,7 @@ def moving_fleet(fleet: LocalFleet) -> LocalFleet:
 def test_move_to_tensorrt_llm_and_back_with_zero_failed_requests(moving_fleet: LocalFleet,
                                                                   tmp_path: Path) -> None:
     fleet = moving_fleet
-    with GatewayLoad(fleet.gateway_url, "m") as load:
+    with gateway_load(fleet.gateway_url, "m") as load:
         _apply(fleet, tmp_path, "to-trt", "approve", "tensorrt-llm")
         decision = wait_for(lambda: next(
             (d for d in gearshift_json(fleet, "decisions", "list")
@@ -67,7 +67,7 @@ def test_trial_measures_the_target_before_the_move(moving_fleet: LocalFleet, tmp
     text = POLICY.format(name="trial", mode="auto", prefer="tensorrt-llm",
                          rule="prefer-tensorrt-llm", cooldown="0s")
     path.write_text(text + "  trials: {enabled: true, share: 0.2}\n")
-    with GatewayLoad(fleet.gateway_url, "m") as load:
+    with gateway_load(fleet.gateway_url, "m") as load:
         gearshift(fleet, "policy", "apply", str(path))
         trial = wait_for(lambda: next((m for m in gearshift_json(fleet, "migrations", "list")
                                        if m["kind"] == "trial" and m["phase"] in END_PHASES), None),

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gearshift.cli.local_fleet import LocalFleet
-from integration.helpers import FAST_ENGINE_ENV, GatewayLoad, gearshift_json, wait_for
+from gearshift.devfleet.local_fleet import LocalFleet
+from integration.helpers import FAST_ENGINE_ENV, gateway_load, gearshift_json, wait_for
 from integration.moves import _apply, _engines, _migration_in, ended, start_moving_fleet
 
 # A longer canary leaves time to inject the fault while it runs.
@@ -24,7 +24,7 @@ def moving_fleet(fleet: LocalFleet) -> LocalFleet:
 def test_engine_crash_during_canary_rolls_back(fleet: LocalFleet, tmp_path: Path) -> None:
     # The target engine crashes by itself a few seconds after it started: in its canary.
     start_moving_fleet(fleet, ARGS, {"GEARSHIFT_EMULATOR_FAULTS": '{"crash_after_s": 6}'})
-    with GatewayLoad(fleet.gateway_url, "m") as load:
+    with gateway_load(fleet.gateway_url, "m") as load:
         _apply(fleet, tmp_path, "to-trt", "auto", "tensorrt-llm", cooldown="1h")
         mig = wait_for(lambda: next(iter(gearshift_json(fleet, "migrations", "list")), None),
                        60, "the move to start")
@@ -40,7 +40,7 @@ def test_engine_crash_during_canary_rolls_back(fleet: LocalFleet, tmp_path: Path
 def test_controller_killed_mid_move_resumes_and_finishes(moving_fleet: LocalFleet,
                                                          tmp_path: Path) -> None:
     fleet = moving_fleet
-    with GatewayLoad(fleet.gateway_url, "m") as load:
+    with gateway_load(fleet.gateway_url, "m") as load:
         _apply(fleet, tmp_path, "to-trt", "auto", "tensorrt-llm")
         mig = wait_for(lambda: _migration_in(fleet, "canary"), 60, "the canary")
         fleet.procs.pop("controller").kill()  # SIGKILL: no chance to clean up
@@ -59,7 +59,7 @@ def test_controller_killed_mid_move_resumes_and_finishes(moving_fleet: LocalFlee
 
 def test_target_agent_killed_mid_move_ends_safely(moving_fleet: LocalFleet, tmp_path: Path) -> None:
     fleet = moving_fleet
-    with GatewayLoad(fleet.gateway_url, "m") as load:
+    with gateway_load(fleet.gateway_url, "m") as load:
         _apply(fleet, tmp_path, "to-trt", "auto", "tensorrt-llm", cooldown="1h")
         mig = wait_for(lambda: _migration_in(fleet, "canary"), 60, "the canary")
         fleet.procs.pop("host-b").kill()  # its engine runs on, orphaned, as on a real host

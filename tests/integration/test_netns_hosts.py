@@ -21,8 +21,8 @@ import psutil
 import pytest
 import yaml
 
-from gearshift.cli.certs import init_certs
-from gearshift.cli.local_fleet import Proc, emulator_executable, kill_strays, wait_for
+from gearshift.controller.certificate_authority import init_certs
+from gearshift.devfleet.local_fleet import Proc, emulator_executable, kill_strays, wait_for
 
 SUBNET = "10.213.0"
 CONTROLLER_ADDR = f"{SUBNET}.1"

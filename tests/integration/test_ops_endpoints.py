@@ -7,7 +7,7 @@ import re
 import urllib.error
 import urllib.request
 
-from gearshift.cli.local_fleet import LocalFleet, free_port
+from gearshift.devfleet.local_fleet import LocalFleet, free_port
 from integration.helpers import FAST_ENGINE_ENV, wait_for
 
 DEP = {"deployment_id": "m-vllm", "model": "m", "engine": "vllm", "source": "org/m",

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gearshift.cli.local_fleet import LocalFleet
 from gearshift.controller.store import Store, default_sqlite_url
 from gearshift.controller.tables import SETTING_ACTIVE_POLICY_VERSION
+from gearshift.devfleet.local_fleet import LocalFleet
 from integration.helpers import gearshift, gearshift_json
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""Engine runtimes build the REAL command lines of DESIGN §4; specs validate and round-trip."""
+"""Engine runtimes build the REAL command lines of docs/engines.md; specs validate and round-trip."""
 
 from __future__ import annotations
 

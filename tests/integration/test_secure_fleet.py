@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gearshift.cli.certs import init_certs, issue_agent_cert
-from gearshift.cli.local_fleet import LocalFleet
+from gearshift.controller.certificate_authority import init_certs, issue_agent_cert
+from gearshift.devfleet.local_fleet import LocalFleet
 from integration.helpers import FAST_ENGINE_ENV, wait_for
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from gearshift.cli.local_fleet import LocalFleet
+from gearshift.devfleet.local_fleet import LocalFleet
 from gearshift.v1 import agent_pb2, control_pb2, control_pb2_grpc
 from integration.helpers import FAST_ENGINE_ENV, wait_for
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gearshift.cli.local_fleet import (
+from gearshift.devfleet.local_fleet import (
     LocalFleet,
     Proc,
     emulator_executable,

@@ -20,9 +20,9 @@ from grpc import aio
 
 pytest.importorskip("cryptography")
 
-from gearshift.cli.certs import init_certs, issue_agent_cert
 from gearshift.common.credentials import TlsFiles, secure_channel, token_metadata
 from gearshift.common.errors import PermissionDenied
+from gearshift.controller.certificate_authority import init_certs, issue_agent_cert
 from gearshift.controller.interceptors import ErrorInterceptor, grpc_status
 from gearshift.controller.security import (
     AuthInterceptor,

@@ -313,7 +313,7 @@ class PolicyHistoryResponse(_message.Message):
     def __init__(self, versions: _Optional[_Iterable[_Union[PolicyVersion, _Mapping]]] = ...) -> None: ...
 
 class Decision(_message.Message):
-    __slots__ = ("id", "created_at", "model", "from_engine", "to_engine", "rule", "inputs", "expected", "alternatives", "policy_version", "mode", "status", "status_reason", "updated_at")
+    __slots__ = ("id", "created_at", "model", "from_engine", "to_engine", "rule", "inputs", "expected", "alternatives", "policy_version", "mode", "status", "status_reason", "updated_at", "conditions", "reason", "trial_share")
     ID_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -328,6 +328,9 @@ class Decision(_message.Message):
     STATUS_FIELD_NUMBER: _ClassVar[int]
     STATUS_REASON_FIELD_NUMBER: _ClassVar[int]
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    CONDITIONS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    TRIAL_SHARE_FIELD_NUMBER: _ClassVar[int]
     id: str
     created_at: _timestamp_pb2.Timestamp
     model: str
@@ -342,7 +345,30 @@ class Decision(_message.Message):
     status: str
     status_reason: str
     updated_at: _timestamp_pb2.Timestamp
-    def __init__(self, id: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., model: _Optional[str] = ..., from_engine: _Optional[str] = ..., to_engine: _Optional[str] = ..., rule: _Optional[str] = ..., inputs: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., expected: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., alternatives: _Optional[_Union[_struct_pb2.ListValue, _Mapping]] = ..., policy_version: _Optional[int] = ..., mode: _Optional[str] = ..., status: _Optional[str] = ..., status_reason: _Optional[str] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    conditions: _containers.RepeatedCompositeFieldContainer[DecisionCondition]
+    reason: str
+    trial_share: float
+    def __init__(self, id: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., model: _Optional[str] = ..., from_engine: _Optional[str] = ..., to_engine: _Optional[str] = ..., rule: _Optional[str] = ..., inputs: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., expected: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., alternatives: _Optional[_Union[_struct_pb2.ListValue, _Mapping]] = ..., policy_version: _Optional[int] = ..., mode: _Optional[str] = ..., status: _Optional[str] = ..., status_reason: _Optional[str] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., conditions: _Optional[_Iterable[_Union[DecisionCondition, _Mapping]]] = ..., reason: _Optional[str] = ..., trial_share: _Optional[float] = ...) -> None: ...
+
+class DecisionCondition(_message.Message):
+    __slots__ = ("rule", "signal", "operator", "threshold", "observed", "unit", "held", "group")
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    OBSERVED_FIELD_NUMBER: _ClassVar[int]
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    rule: str
+    signal: str
+    operator: str
+    threshold: _struct_pb2.Value
+    observed: _struct_pb2.Value
+    unit: str
+    held: bool
+    group: str
+    def __init__(self, rule: _Optional[str] = ..., signal: _Optional[str] = ..., operator: _Optional[str] = ..., threshold: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., observed: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., unit: _Optional[str] = ..., held: _Optional[bool] = ..., group: _Optional[str] = ...) -> None: ...
 
 class ListDecisionsRequest(_message.Message):
     __slots__ = ("model", "status", "limit")
@@ -405,7 +431,7 @@ class MigrationStep(_message.Message):
     def __init__(self, at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., from_phase: _Optional[str] = ..., to_phase: _Optional[str] = ..., message: _Optional[str] = ..., figures: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class Migration(_message.Message):
-    __slots__ = ("id", "decision_id", "model", "from_engine", "to_engine", "kind", "phase", "canary_step", "canary_steps", "reason", "status_message", "source_deployments", "target_deployments", "created_at", "updated_at", "finished_at", "steps", "target_revision")
+    __slots__ = ("id", "decision_id", "model", "from_engine", "to_engine", "kind", "phase", "canary_step", "canary_steps", "reason", "status_message", "source_deployments", "target_deployments", "created_at", "updated_at", "finished_at", "steps", "target_revision", "trial_outcome")
     ID_FIELD_NUMBER: _ClassVar[int]
     DECISION_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -424,6 +450,7 @@ class Migration(_message.Message):
     FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     TARGET_REVISION_FIELD_NUMBER: _ClassVar[int]
+    TRIAL_OUTCOME_FIELD_NUMBER: _ClassVar[int]
     id: str
     decision_id: str
     model: str
@@ -442,7 +469,8 @@ class Migration(_message.Message):
     finished_at: _timestamp_pb2.Timestamp
     steps: _containers.RepeatedCompositeFieldContainer[MigrationStep]
     target_revision: str
-    def __init__(self, id: _Optional[str] = ..., decision_id: _Optional[str] = ..., model: _Optional[str] = ..., from_engine: _Optional[str] = ..., to_engine: _Optional[str] = ..., kind: _Optional[str] = ..., phase: _Optional[str] = ..., canary_step: _Optional[int] = ..., canary_steps: _Optional[_Iterable[float]] = ..., reason: _Optional[str] = ..., status_message: _Optional[str] = ..., source_deployments: _Optional[_Iterable[str]] = ..., target_deployments: _Optional[_Iterable[str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., steps: _Optional[_Iterable[_Union[MigrationStep, _Mapping]]] = ..., target_revision: _Optional[str] = ...) -> None: ...
+    trial_outcome: str
+    def __init__(self, id: _Optional[str] = ..., decision_id: _Optional[str] = ..., model: _Optional[str] = ..., from_engine: _Optional[str] = ..., to_engine: _Optional[str] = ..., kind: _Optional[str] = ..., phase: _Optional[str] = ..., canary_step: _Optional[int] = ..., canary_steps: _Optional[_Iterable[float]] = ..., reason: _Optional[str] = ..., status_message: _Optional[str] = ..., source_deployments: _Optional[_Iterable[str]] = ..., target_deployments: _Optional[_Iterable[str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., steps: _Optional[_Iterable[_Union[MigrationStep, _Mapping]]] = ..., target_revision: _Optional[str] = ..., trial_outcome: _Optional[str] = ...) -> None: ...
 
 class ListMigrationsRequest(_message.Message):
     __slots__ = ("active_only", "model")

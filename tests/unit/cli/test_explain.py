@@ -40,6 +40,10 @@ def decision(**overrides: Any) -> control_pb2.Decision:
                                       "$1,850.75 net over the horizon (margin $62.05)"}],
         "policy_version": 4, "mode": "approve", "status": "proposed",
         "status_reason": "waiting for approval",
+        "reason": "moving to tensorrt-llm saves $1,850.75 net over the horizon (margin $62.05)",
+        "conditions": [{"rule": "save-money", "signal": "net_savings_usd", "operator": "gt",
+                        "threshold": 62.05, "observed": 1850.75, "unit": "USD", "held": True,
+                        "group": "test"}],
     }
     doc.update(overrides)
     return ParseDict(doc, control_pb2.Decision())
@@ -66,19 +70,41 @@ def test_report_has_headline_units_alternatives_and_reversal() -> None:
 
 
 def test_threshold_rule_reversal_names_the_condition() -> None:
+    # The rule's words are whatever the core says; the report reads only the conditions.
     d = decision(rule="busy", inputs={"rps_sustained": 42.0, "capacity_gain": 0.16},
-                 expected={},
-                 alternatives=[{"option": "vllm", "why": "stay: rule busy: met: "
-                                                         "rps_sustained=42 > 30, capacity_gain=0.16 >= 0.1"}])
+                 expected={}, reason="any wording at all",
+                 conditions=[
+                     {"rule": "busy", "signal": "rps_sustained", "operator": "gt", "threshold": 30,
+                      "observed": 42.0, "unit": "req/s", "held": True, "group": "when"},
+                     {"rule": "busy", "signal": "capacity_gain", "operator": "ge",
+                      "threshold": 0.1, "observed": 0.16, "unit": "ratio", "held": True,
+                      "group": "when"},
+                     {"rule": "busy", "signal": "gpu_model", "operator": "in",
+                      "threshold": ["H100", "H200"], "observed": "L40S", "unit": "",
+                      "held": False, "group": "whenAny"}],
+                 alternatives=[{"option": "vllm", "why": "stay: rule busy: any wording at all"}])
     text = decision_report(d)
+    assert "rule busy: any wording at all" in text
+    assert "tested: rps_sustained = 42 req/s, needs > 30 req/s: held" in text
+    assert "tested: capacity_gain = 16%, needs >= 10%: held" in text
+    assert "tested: gpu_model = L40S, needs in [H100, H200]: not met (whenAny)" in text
     assert "rps_sustained falling to 30 req/s or below (now 42 req/s)" in text
     assert "capacity_gain falling below 10% (now 16%)" in text
+    assert "gpu_model" not in text.split("What would reverse it")[1]  # not met: not a reason
+    assert "stay on vllm: rejected by rule busy (see Why)" in text
     assert "not estimated" in text
+
+
+def test_trial_share_is_explained() -> None:
+    text = decision_report(decision(trial_share=0.1))
+    assert "trial first: tensorrt-llm serves 10% of the traffic" in text
+    assert "trial first" not in decision_report(decision())
 
 
 def test_unknown_inputs_get_the_generic_reversal_and_are_listed_as_unmeasured() -> None:
     d = decision(rule="manual", inputs={"rps_current": None, "gpu_model": "L40S"}, expected={
-        "cost_usd_per_day": None}, alternatives=[], status="rejected", status_reason="")
+        "cost_usd_per_day": None}, alternatives=[], status="rejected", status_reason="",
+        conditions=[], reason="")
     text = decision_report(d)
     assert GENERIC_REVERSAL in text
     assert "not measured: rps_current" in text

@@ -19,6 +19,8 @@ from gearshift.common.engines import ENGINE_NAMES
 from gearshift.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from gearshift.controller.canary import Sla
 from gearshift.controller.fleet import FleetState
+from gearshift.controller.migration_ledger import MigrationLedger
+from gearshift.controller.migration_machine import IllegalTransition, MigrationKind, TrialOutcome
 from gearshift.controller.migration_store import MigrationPhase, MigrationRepository, MigrationRow
 from gearshift.controller.orchestrator import MigrationOrchestrator, OrchestratorSettings
 from gearshift.controller.store import Store
@@ -422,3 +424,45 @@ def test_draining_waits_for_a_target_that_is_not_ready_naming_its_phase(
     row = h.orch.get(mid)
     assert row.phase is P.DRAINING
     assert f"target {tgt} is {word}; its agent restarts it" in row.status_message
+
+
+def test_trial_measures_the_target_then_ends_done_on_the_source(
+        make: Callable[..., Harness]) -> None:
+    h = make()
+    row = h.orch.create("llama", "vllm", "tensorrt-llm", kind="trial", trial_share=0.2)
+    assert row.kind is MigrationKind.TRIAL and row.canary_steps == [0.2]
+    tgt = h.until(at_step(0), row.id).target_deployment_ids[0]
+    assert h.weights()[tgt] == (0.2, False)
+    end = h.until(phase_is(P.DONE, P.ROLLED_BACK, P.ABORTED), row.id)
+    assert (end.phase, end.trial_outcome) == (P.DONE, TrialOutcome.MEASURED)
+    assert h.weights() == {"src": (1.0, False)}  # back on the source, which never left
+    assert h.transitions[-2:] == [("canary", "rolling_back"), ("rolling_back", "done")]
+
+
+def test_trial_that_fails_its_checks_ends_rolled_back_as_failed(
+        make: Callable[..., Harness]) -> None:
+    h = make()
+    row = h.orch.create("llama", "vllm", "tensorrt-llm", kind="trial", trial_share=0.2)
+    h.until(at_step(0), row.id)
+    h.agents.latency["tensorrt-llm"] = (2.0, 0.04)
+    end = h.until(phase_is(P.DONE, P.ROLLED_BACK, P.ABORTED), row.id)
+    assert (end.phase, end.trial_outcome) == (P.ROLLED_BACK, TrialOutcome.FAILED)
+
+
+def test_an_illegal_transition_raises_and_saves_nothing(make: Callable[..., Harness]) -> None:
+    h = make()
+    mid = h.orch.create("llama", "vllm", "tensorrt-llm").id
+    h.until(at_step(0), mid)
+    ledger = MigrationLedger(h.repo, h.clock)
+    row = h.orch.get(mid)
+    with pytest.raises(IllegalTransition, match=r"illegal transition canary -> done; from canary "
+                                                r"only promoting, rolling_back"):
+        ledger.go(row, P.DONE, "skipping the promotion")
+    stored = h.orch.get(mid)
+    assert stored.phase is P.CANARY
+    assert [s.to_phase for s in h.orch.steps(mid)][-1] == "canary"
+    # An engine switch never ends `done` from a rollback: only a measured trial does.
+    h.orch.abort(mid, "test")
+    with pytest.raises(IllegalTransition, match="only a trial that measured its target"):
+        ledger.go(h.orch.get(mid), P.DONE, "pretending it moved")
+    assert h.orch.get(mid).phase is P.ROLLING_BACK

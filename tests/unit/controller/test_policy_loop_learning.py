@@ -122,6 +122,10 @@ def test_one_engine_measured_the_other_is_estimated_through_the_default_ratio(st
     assert "Where the figures come from" in text
     assert "capacity on tensorrt-llm" in text and "NOT MEASURED: a default" in text
     assert "no latency observed on it yet" in text  # why it is a default
+    # The savings rule's test, stored as data and rendered from it.
+    assert row.conditions and row.conditions[0]["signal"] == "net_savings_usd"
+    assert row.conditions[0]["held"] is True and row.conditions[0]["unit"] == "USD"
+    assert "tested: net_savings_usd = $" in text and ": held" in text
 
 
 def test_policy_priors_give_the_ratio_to_the_measured_engine(store: Store) -> None:

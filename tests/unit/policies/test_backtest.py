@@ -1,4 +1,4 @@
-"""Backtest: the DESIGN §7 JSON, the quality target of the default policy on every
+"""Backtest: the output of docs/cost-model.md, the quality target of the default policy on every
 shipped trace, and replays that ignore the future."""
 
 from __future__ import annotations
@@ -77,3 +77,23 @@ def test_changing_future_traffic_leaves_earlier_decisions_unchanged() -> None:
     before = [d.to_dict() for d in simulate(policy, trace)[1]["research-70b"] if d.created_at < cut_ts]
     after = [d.to_dict() for d in simulate(policy, other)[1]["research-70b"] if d.created_at < cut_ts]
     assert before == after and before
+
+
+# The default policy's results on the shipped traces, pinned: a change to the decision
+# core, the model-state rules or the cost model that moves them must say so here.
+PINNED_SUMMARIES = {
+    "bursty-8b": (1400.0, 0, 0.0, 0.0, 0),
+    "fleet-mixed": (475976.33, 0, 10.17, 0.0, 5),
+    "ramp-70b": (199924.93, 0, 0.0, 0.0, 1),
+    "rnd-churn-70b": (21757.2, 0, 3.5, 0.0, 1),
+    "steady-70b": (172810.27, 0, 0.0, 0.0, 1),
+    "weekly-churn-70b": (84846.67, 0, 2.92, 0.0, 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PINNED_SUMMARIES))
+def test_default_policy_results_are_pinned(results, name: str) -> None:
+    s = results[name]["summary"]
+    switches = sum(len(m["switches"]) for m in results[name]["models"].values())
+    assert (s["cost_usd"], s["flaps"], s["revision_lag_h"], s["sla_violation_min"],
+            switches) == PINNED_SUMMARIES[name]

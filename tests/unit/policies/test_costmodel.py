@@ -1,4 +1,4 @@
-"""The cost model of DESIGN §6: baselines to the cent, and each rule on small traces."""
+"""The cost model of docs/cost-model.md: baselines to the cent, and each rule on small traces."""
 
 from __future__ import annotations
 

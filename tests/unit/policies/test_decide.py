@@ -98,6 +98,10 @@ def test_sla_breach_moves_at_once_even_within_dwell_and_never_onto_a_breaking_en
     just_moved = {"m": ModelState(engine="vllm", since=now - 600)}
     [d] = run(default(), {"m": ([3.0] * 400, slow_vllm)}, now, just_moved)
     assert (d.to_engine, d.rule, d.urgent) == ("tensorrt-llm", "sla-first", True)
+    [c] = d.conditions  # what the guard tested, as data
+    assert (c.signal, c.operator, c.threshold, c.observed, c.unit, c.held) == (
+        "ttft_p99_ms", "gt", 1000.0, 1500.0, "ms", True)
+    assert d.to_dict()["conditions"][0]["rule"] == "sla-first"
     slow_trt = facts(engines={**facts().engines, "tensorrt-llm": EngineFacts(
         capacity_rps=20.0, ttft_p99_ms=1500.0, cold_start_s=240, build_s=1800, build_overhead_usd=150.0)})
     assert run(default(), {"m": ([150.0] * 400, slow_trt)}, now) == []
@@ -154,6 +158,10 @@ def test_selector_and_threshold_rules(policy_yaml) -> None:
                        "qwen": ([150.0] * 400, prod), "llama-3": ([50.0] * 400, prod)}, T0 + DAY_S)
     assert [(d.model, d.rule) for d in got] == [("llama-1", "heavy")]
     assert got[0].inputs["rps_sustained"] == 150.0
+    assert [(c.signal, c.operator, c.threshold, c.observed, c.held, c.group)
+            for c in got[0].conditions] == [("rps_sustained", "gt", 100, 150.0, True, "when"),
+                                            ("nvidia", "eq", True, True, True, "when")]
+    assert got[0].reason.startswith("met: ")
 
 
 def test_rolling_cache_matches_direct_computation() -> None:

@@ -18,8 +18,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from gearshift.cli.local_fleet import free_port
 from gearshift.common.errors import ConfigError
+from gearshift.devfleet.ports import free_port
 
 START_TIMEOUT_S = 60
 

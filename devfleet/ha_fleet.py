@@ -21,7 +21,8 @@ from typing import Any
 
 import grpc
 
-from gearshift.cli.local_fleet import LocalFleet, Proc, _spawn, _wait_file, free_port, gearshift_cmd
+from gearshift.devfleet.local_fleet import LocalFleet, Proc, gearshift_cmd, spawn, wait_ready_file
+from gearshift.devfleet.ports import free_port
 from gearshift.v1 import control_pb2, control_pb2_grpc
 
 
@@ -54,8 +55,8 @@ class HaFleet(LocalFleet):
                 "--db", self.db_url, "--data-dir", str(self.workdir / f"data-{name}"),
                 "--report-interval", str(self.report_interval_s), "--ready-file", str(ready),
                 "--lease-ttl", str(self.lease_ttl_s), *extra_args]
-        proc = _spawn(name, gearshift_cmd(*args), self.workdir)
-        _wait_file(ready, proc)
+        proc = spawn(name, gearshift_cmd(*args), self.workdir)
+        wait_ready_file(ready, proc)
         self.procs[name] = proc
         return proc
 

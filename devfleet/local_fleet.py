@@ -1,6 +1,6 @@
 """A whole gearshift fleet on loopback: controller, agents with emulated engines, gateway.
 
-Used by `gearshift demo` and by the integration tests. Every part is a real
+Used by `gearshift demo`, the integration tests and the benchmarks. Every part is a real
 child process started through its real command line; only the engine
 executable is the emulator (`python -m gearshift.agents.emulator`), which the
 agents launch exactly as they would launch `vllm` or `trtllm-serve`.
@@ -11,47 +11,22 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import psutil
 import yaml
 
 from gearshift.agents.emulator.flavors import get_flavor
 from gearshift.common.engines import CATALOG
+from gearshift.devfleet.ports import free_port
+from gearshift.devfleet.waiting import wait_file, wait_for
 
 READY_TIMEOUT_S = 30.0
-
-T = TypeVar("T")
-
-
-def wait_for(fn: Callable[[], T | None], timeout_s: float = 30.0, what: str = "condition",
-             interval_s: float = 0.2) -> T:
-    """Poll `fn` until it returns something truthy (an exception counts as not yet)."""
-    deadline = time.monotonic() + timeout_s
-    last_exc: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = fn()
-            if value:
-                return value
-        except Exception as exc:  # the thing waited for may not answer yet
-            last_exc = exc
-        time.sleep(interval_s)
-    raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}; "
-                       f"last error: {last_exc!r}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def emulator_executable(flavor: str) -> list[str]:
@@ -97,7 +72,9 @@ class Proc:
             return ""
 
 
-def _spawn(name: str, cmd: list[str], workdir: Path, env: dict[str, str] | None = None) -> Proc:
+def spawn(name: str, cmd: list[str], workdir: Path, env: dict[str, str] | None = None) -> Proc:
+    """Start `cmd` in its own session (its engines in its process group), logging to
+    ``workdir/NAME.log``."""
     log_path = workdir / f"{name}.log"
     log = log_path.open("ab")
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
@@ -107,15 +84,11 @@ def _spawn(name: str, cmd: list[str], workdir: Path, env: dict[str, str] | None 
     return Proc(name, popen, log_path)
 
 
-def _wait_file(path: Path, proc: Proc, timeout_s: float = READY_TIMEOUT_S) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text().strip():
-            return path.read_text().strip()
-        if not proc.alive():
-            raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.log()[-3000:]}")
-        time.sleep(0.05)
-    raise TimeoutError(f"{proc.name} not ready after {timeout_s}s:\n{proc.log()[-3000:]}")
+def wait_ready_file(path: Path, proc: Proc, timeout_s: float = READY_TIMEOUT_S) -> str:
+    """What `proc` wrote to its ready file; its log tail in the error when it never did."""
+    return wait_file(path, proc.alive,
+                     lambda: f"{proc.name} (exit {proc.popen.returncode}):\n{proc.log()[-3000:]}",
+                     timeout_s)
 
 
 @dataclass
@@ -135,7 +108,8 @@ class LocalFleet:
     def controller_addr(self) -> str:
         return f"127.0.0.1:{self.controller_port}"
 
-    def start_controller(self, extra_args: tuple[str, ...] = ()) -> Proc:
+    def start_controller(self, extra_args: tuple[str, ...] = (),
+                         env: dict[str, str] | None = None) -> Proc:
         self.workdir.mkdir(parents=True, exist_ok=True)
         ready = self.workdir / "controller.ready"
         ready.unlink(missing_ok=True)
@@ -146,8 +120,8 @@ class LocalFleet:
                 *extra_args]
         if self.db_url:
             args += ["--db", self.db_url]
-        proc = _spawn("controller", gearshift_cmd(*args), self.workdir)
-        grpc_port, metrics_port = _wait_file(ready, proc).split()
+        proc = spawn("controller", gearshift_cmd(*args), self.workdir, env)
+        grpc_port, metrics_port = wait_ready_file(ready, proc).split()
         self.controller_port, self.metrics_port = int(grpc_port), int(metrics_port)
         self.procs["controller"] = proc
         return proc
@@ -188,8 +162,8 @@ class LocalFleet:
                     extra_args: tuple[str, ...] = ()) -> Proc:
         self.workdir.mkdir(parents=True, exist_ok=True)
         path = self.agent_config(host_id, deployments, emulator_env, tls=tls)
-        proc = _spawn(host_id, gearshift_cmd("agent", "--config", str(path), *extra_args),
-                      self.workdir)
+        proc = spawn(host_id, gearshift_cmd("agent", "--config", str(path), *extra_args),
+                     self.workdir)
         self.procs[host_id] = proc
         return proc
 
@@ -204,7 +178,7 @@ class LocalFleet:
 
         self.gateway_port = self.gateway_port or free_port()
         self.gateway_metrics_port = self.gateway_metrics_port or free_port()
-        proc = _spawn("gateway", gearshift_cmd(
+        proc = spawn("gateway", gearshift_cmd(
             "gateway", "--controller", self.controller_addr,
             "--listen", f"127.0.0.1:{self.gateway_port}",
             "--metrics-listen", f"127.0.0.1:{self.gateway_metrics_port}"), self.workdir)
@@ -229,6 +203,10 @@ class LocalFleet:
                 proc.terminate()
         self.procs.clear()
         kill_strays(self.workdir)
+
+
+__all__ = ["READY_TIMEOUT_S", "LocalFleet", "Proc", "emulator_executable", "free_port",
+           "gearshift_cmd", "kill_strays", "spawn", "wait_for", "wait_ready_file"]
 
 
 def kill_strays(workdir: Path) -> int:
