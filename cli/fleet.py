@@ -15,7 +15,7 @@ from gearshift.cli.output import (
     print_table,
     to_dict,
 )
-from gearshift.controller.enum_labels import enum_label
+from gearshift.common.enum_labels import enum_label
 from gearshift.v1 import agent_pb2, control_pb2
 
 

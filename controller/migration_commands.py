@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from gearshift.common.enum_labels import enum_label
 from gearshift.common.errors import InvalidArgument
 from gearshift.controller.canary import Sla
-from gearshift.controller.enum_labels import enum_label
 from gearshift.controller.fleet import FleetState
 from gearshift.controller.migration_store import (
     FINAL_COMMAND_PHASES,

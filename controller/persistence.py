@@ -19,7 +19,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from gearshift.controller.enum_labels import UNKNOWN, enum_label
+from gearshift.common.enum_labels import UNKNOWN, enum_label
 from gearshift.controller.fleet import FleetState, HostEntry
 from gearshift.controller.rollup import RollupAggregator
 from gearshift.controller.store import Store, default_sqlite_url

@@ -42,7 +42,7 @@ CLICK = {"click"}
 YAML = {"yaml"}
 PYDANTIC = {"pydantic", "pydantic_core", "annotated_types", "typing_extensions",
             "typing_inspection"}
-CRON = {"apscheduler", "tzlocal"}  # a policy's `schedule` is checked as a cron expression
+CRON = {"apscheduler", "tzlocal", "tzdata"}  # a policy's `schedule` is checked as a cron expression
 # grpc's __init__ imports its sibling packages (tools, health, reflection) when installed.
 GRPC = {"grpc", "grpc_tools", "grpc_health", "grpc_reflection", "grpc_status", "google",
         "typing_extensions"}
@@ -50,6 +50,7 @@ RICH = {"rich", "pygments", "markdown_it", "mdurl"}
 AIOHTTP = {"aiohttp", "aiohappyeyeballs", "aiosignal", "attr", "frozenlist", "multidict",
            "propcache", "yarl", "idna"}
 PROMETHEUS = {"prometheus_client"}
+PSUTIL = {"psutil"}  # the agent identifies the engines it adopts by process start time
 
 # gearshift modules. SHARED is `gearshift.common` as a client uses it (errors, the
 # controller's addresses, client credentials, identity): nothing of the controller.
@@ -61,14 +62,15 @@ SHARED = ERRORS | {"gearshift.common.endpoints", "gearshift.common.credentials",
 POLICY_LOADER = {"gearshift.policies", "gearshift.policies.loader", "gearshift.policies.schema",
                  "gearshift.policies.rules", "gearshift.policies.signals",
                  "gearshift.policies.economics", "gearshift.policies.costmodel",
-                 "gearshift.policies.trace"}
+                 "gearshift.policies.trace", "gearshift.policies.semantics"}
 CONTROL_CLIENT = {"gearshift.cli.client", "gearshift.cli.output", "gearshift.v1",
                   "gearshift.v1.control_pb2", "gearshift.v1.control_pb2_grpc",
-                  "gearshift.v1.agent_pb2"}
+                  "gearshift.v1.agent_pb2", "gearshift.common.enum_labels"}
 AGENT_PACKAGES = ("gearshift.agents.metrics", "gearshift.agents.runtimes")  # and their modules
 AGENT = {"gearshift.agents", "gearshift.agents.config", "gearshift.agents.daemon",
          "gearshift.agents.commands", "gearshift.agents.gpus", "gearshift.cli.daemons",
          "gearshift.agents.engine_version", "gearshift.common.spec", *ENGINES,
+         "gearshift.agents.handover", "gearshift.agents.ops_metrics", "gearshift.common.ops_http",
          "gearshift.v1", "gearshift.v1.agent_pb2", "gearshift.v1.agent_pb2_grpc"}
 
 
@@ -182,5 +184,5 @@ def test_agent_imports_no_controller_policy_or_learning_code(tmp_path: Path,
             proc.wait(5)
     modules = json.loads(out.read_text())
     assert "gearshift.agents.metrics.scraper" in modules  # the scrape path really ran
-    assert_allowed("gearshift agent", modules, CLICK | YAML | PYDANTIC | GRPC | AIOHTTP | PROMETHEUS,
+    assert_allowed("gearshift agent", modules, CLICK | YAML | PYDANTIC | GRPC | AIOHTTP | PROMETHEUS | PSUTIL,
                    ROOT | SHARED | AGENT, AGENT_PACKAGES)
