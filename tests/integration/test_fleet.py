@@ -80,9 +80,13 @@ def test_cli_shows_hosts_and_deployments_with_live_figures(fleet: LocalFleet) ->
     models = {m["model"]: m for m in gearshift_json(fleet, "fleet", "models")}
     assert models["m1"]["engines"] == ["vllm"] and models["m2"]["engines"] == ["tensorrt-llm"]
 
-    metrics = urllib.request.urlopen(f"http://127.0.0.1:{fleet.metrics_port}/metrics").read().decode()
-    assert "gearshift_controller_reports_total" in metrics
-    assert 'gearshift_controller_hosts{state="connected"} 2.0' in metrics
+    def scrape() -> str:
+        return urllib.request.urlopen(f"http://127.0.0.1:{fleet.metrics_port}/metrics").read().decode()
+
+    assert "gearshift_controller_reports_total" in scrape()
+    # Host gauges are refreshed on a timer, not per report: wait for the next refresh.
+    wait_for(lambda: 'gearshift_controller_hosts{state="connected"} 2.0' in scrape(), 30,
+             "the connected-hosts gauge")
 
 
 def test_killed_engine_is_restarted_and_shown(fleet: LocalFleet) -> None:
