@@ -59,6 +59,21 @@ class MetricNames:
     ttft: tuple[str, ...] = ("time_to_first_token_seconds",)
     itl: tuple[str, ...] = ("inter_token_latency_seconds",)
     e2e: tuple[str, ...] = ("e2e_request_latency_seconds",)
+    # The signals an SLA policy reads (empty: the engine does not export it).
+    queue_time: tuple[str, ...] = ()            # histogram, seconds waiting before scheduling
+    preemptions: tuple[str, ...] = ()           # counter of preempted (retracted) requests
+    # Prefix-cache counters: hits and either queries (hits + misses) or misses, in the
+    # engine's unit (vLLM, SGLang: tokens; TensorRT-LLM: blocks); their ratio is the hit rate.
+    prefix_cache_hits: tuple[str, ...] = ()
+    prefix_cache_queries: tuple[str, ...] = ()
+    prefix_cache_misses: tuple[str, ...] = ()
+    prefix_cache_hit_rate: tuple[str, ...] = ()  # a gauge in [0, 1], used without the counters
+    sleep_state: tuple[str, ...] = ()           # gauge labelled sleep_state=awake|weights_offloaded|discard_all
+    prompt_length: tuple[str, ...] = ()         # histogram of prompt tokens per finished request
+    generation_length: tuple[str, ...] = ()     # histogram of generated tokens per request
+    kv_blocks_total: tuple[str, ...] = ()       # gauge of KV-cache blocks (SGLang: token slots)
+    kv_blocks_used: tuple[str, ...] = ()
+    cache_config_info: tuple[str, ...] = ()     # info gauge whose num_gpu_blocks label is the total
 
     def merged(self, other: MetricNames) -> MetricNames:
         """Both name sets, this one's names first (for a body of unknown engine)."""
@@ -168,7 +183,15 @@ VLLM = EngineEntry(
     metric_names=MetricNames(
         prefixes=("vllm:",),
         kv_cache_usage=("kv_cache_usage_perc", "gpu_cache_usage_perc"),  # before 0.10: gpu_
-        itl=("inter_token_latency_seconds", "time_per_output_token_seconds")),
+        itl=("inter_token_latency_seconds", "time_per_output_token_seconds"),
+        queue_time=("request_queue_time_seconds",),
+        preemptions=("num_preemptions",),
+        prefix_cache_hits=("prefix_cache_hits",),
+        prefix_cache_queries=("prefix_cache_queries",),
+        sleep_state=("engine_sleep_state",),
+        prompt_length=("request_prompt_tokens",),
+        generation_length=("request_generation_tokens",),
+        cache_config_info=("cache_config_info",)),
     prior=CapacityPrior(1.0, 1.0, 1.0, "the baseline engine"),
     emulator_module="gearshift.agents.emulator.flavor_vllm",
     sources=("vLLM 0.11 `vllm serve` CLI and `vllm/v1/metrics/loggers.py`; "
@@ -191,7 +214,13 @@ TENSORRT_LLM = EngineEntry(
     metric_names=MetricNames(
         prefixes=("trtllm_", ""),  # 1.2.x wrote the names without a prefix
         kv_cache_usage=("kv_cache_usage_perc", "kv_cache_utilization"),
-        itl=("inter_token_latency_seconds", "time_per_output_token_seconds")),
+        itl=("inter_token_latency_seconds", "time_per_output_token_seconds"),
+        queue_time=("request_queue_time_seconds",),
+        prefix_cache_hits=("kv_cache_reused_blocks",),
+        prefix_cache_misses=("kv_cache_missed_blocks",),
+        prefix_cache_hit_rate=("kv_cache_hit_rate",),
+        kv_blocks_total=("kv_cache_max_blocks",),
+        kv_blocks_used=("kv_cache_used_blocks",)),
     prior=CapacityPrior(1.05, 0.94, 1.16,
                         "vLLM a few % ahead on 8B models .. TensorRT-LLM +16% on 70B"),
     emulator_module="gearshift.agents.emulator.flavor_trtllm",
@@ -224,7 +253,16 @@ SGLANG = EngineEntry(
         running=("num_running_reqs",),
         waiting=("num_queue_reqs",),
         kv_cache_usage=("token_usage",),  # used / total tokens of the KV-cache pool
-        itl=("inter_token_latency_seconds", "time_per_output_token_seconds")),
+        itl=("inter_token_latency_seconds", "time_per_output_token_seconds"),
+        queue_time=("queue_time_seconds",),
+        preemptions=("num_retracted_requests",),
+        prefix_cache_hits=("cached_tokens",),
+        prefix_cache_queries=("prompt_tokens",),
+        prefix_cache_hit_rate=("cache_hit_rate",),
+        prompt_length=("prompt_tokens_histogram",),
+        generation_length=("generation_tokens_histogram",),
+        kv_blocks_total=("max_total_num_tokens",),
+        kv_blocks_used=("num_used_tokens",)),
     prior=CapacityPrior(1.0, 0.94, 1.22,
                         "published serving benchmarks put SGLang and vLLM within a few % on "
                         "dense models, SGLang ahead with shared prefixes: no default lead"),

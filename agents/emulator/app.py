@@ -78,16 +78,16 @@ def _bad(message: str, param: str | None = None) -> RequestError:
     return RequestError(400, message, "BadRequestError", param)
 
 
-def _count_tokens(value: object, where: str) -> int:
-    """Whitespace words stand in for tokens."""
+def _tokens(value: object, where: str) -> list[str]:
+    """Whitespace words stand in for tokens (token ids are their own tokens)."""
     if isinstance(value, str):
-        return len(value.split())
+        return value.split()
     if isinstance(value, list):
         if all(isinstance(x, int) for x in value):
-            return len(value)
-        return sum(_count_tokens(x, where) for x in value)
+            return [str(x) for x in value]
+        return [token for x in value for token in _tokens(x, where)]
     if isinstance(value, dict) and isinstance(value.get("text"), str):
-        return _count_tokens(value["text"], where)
+        return _tokens(value["text"], where)
     raise _bad(f"{where}: expected text, a list of texts or token ids, got {type(value).__name__}",
                where)
 
@@ -99,9 +99,13 @@ class Generation:
     chat: bool
     stream: bool
     include_usage: bool
-    prompt_tokens: int
+    prompt: tuple[str, ...]  # the prompt's tokens, for the prefix cache
     max_tokens: int
     finish_reason: str
+
+    @property
+    def prompt_tokens(self) -> int:
+        return max(1, len(self.prompt))
 
 
 async def _parse(request: web.Request, state: EmulatorState, *, chat: bool) -> Generation:
@@ -118,15 +122,15 @@ async def _parse(request: web.Request, state: EmulatorState, *, chat: bool) -> G
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise _bad("'messages' must be a non-empty list", "messages")
-        prompt = 0
+        prompt: list[str] = []
         for i, msg in enumerate(messages):
             if not isinstance(msg, dict) or "role" not in msg:
                 raise _bad(f"messages[{i}] must be an object with a 'role'", "messages")
-            prompt += _count_tokens(msg.get("content") or "", f"messages[{i}].content")
+            prompt += _tokens(msg.get("content") or "", f"messages[{i}].content")
     else:
         if "prompt" not in body:
             raise _bad("'prompt' is required", "prompt")
-        prompt = _count_tokens(body["prompt"], "prompt")
+        prompt = _tokens(body["prompt"], "prompt")
     limit = body.get("max_completion_tokens") if chat else None
     if limit is None:
         limit = body.get("max_tokens")
@@ -145,7 +149,7 @@ async def _parse(request: web.Request, state: EmulatorState, *, chat: bool) -> G
     # it stops by itself after the configured number of tokens ("stop").
     tokens = limit if limit is not None else state.options.output_tokens
     return Generation(chat=chat, stream=stream, include_usage=include_usage,
-                      prompt_tokens=max(1, prompt), max_tokens=tokens,
+                      prompt=tuple(prompt), max_tokens=tokens,
                       finish_reason="length" if limit is not None else "stop")
 
 
@@ -162,9 +166,10 @@ async def _generate(state: EmulatorState, gen: Generation,
             record.queue_s = loop.time() - start
             if state.iterstats is not None:
                 state.iterstats.note_admitted(record.queue_s)
-            # Sleep to scheduled times, not for durations, so timer overshoot does not
-            # accumulate over the tokens and lower the capacity.
-            due = loop.time() + engine.prefill_s(gen.prompt_tokens)
+            # Cached prompt blocks skip prefill. Sleep to scheduled times, not for
+            # durations, so timer overshoot does not accumulate over the tokens.
+            record.cached_tokens = engine.prefix_cache.lookup(gen.prompt)
+            due = loop.time() + engine.prefill_s(gen.prompt_tokens - record.cached_tokens)
             await asyncio.sleep(due - loop.time())
             last = loop.time()
             record.ttft_s = last - start
@@ -209,6 +214,10 @@ async def _serve_generation(request: web.Request, *, chat: bool) -> web.StreamRe
     if state.draining:
         state.requests_rejected += 1
         return RequestError(503, "The server is shutting down.", "ServiceUnavailableError").response()
+    if state.engine.sleep_level:
+        state.requests_rejected += 1
+        return RequestError(503, "The model is sleeping; POST /wake_up first.",
+                            "ServiceUnavailableError").response()
     try:
         gen = await _parse(request, state, chat=chat)
     except RequestError as err:
@@ -336,6 +345,7 @@ async def get_state(request: web.Request) -> web.Response:
         "faults": state.faults.to_json(), "max_batch": state.engine.max_batch,
         "running": state.engine.running, "waiting": state.engine.waiting,
         "kv_cache_usage": state.engine.kv_usage, "inflight": len(state.inflight),
+        "sleep_level": state.engine.sleep_level,
         "requests_total": state.requests_total, "requests_rejected": state.requests_rejected,
         "draining": state.draining})
 

@@ -18,6 +18,8 @@ import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from gearshift.agents.emulator.prefix_cache import PrefixCache
+
 # At a full batch, prefill and each decode step take this much longer (fraction).
 BATCH_SLOWDOWN_AT_FULL = 0.5
 # Prompt tokens add prefill time on top of the base TTFT.
@@ -49,6 +51,9 @@ class BatchEngine:
         self.running = 0
         self.waiting = 0
         self.kv_tokens = 0
+        self.prefix_cache = PrefixCache(block_tokens=KV_TOKENS_PER_BLOCK)
+        # vLLM sleep mode: 0 awake, 1 weights offloaded, 2 weights and KV discarded.
+        self.sleep_level = 0
         self._slots = asyncio.Semaphore(max_batch)
         self._activity = asyncio.Event()
 

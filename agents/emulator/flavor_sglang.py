@@ -9,7 +9,8 @@ from `python/sglang/srt/entrypoints/http_server.py` (commit 0025436e: `/health` 
 `/health_generate`, `/get_model_info` with `model_path`, `tokenizer_path`,
 `is_generation`, `preferred_sampling_params`, `weight_version`); metric names and
 default buckets from `TokenizerMetricsCollector` and `SchedulerMetricsCollector` in
-`python/sglang/srt/metrics/collector.py` (commit 00ae9c15), labelled `model_name` as in
+`python/sglang/srt/metrics/collector.py` (commit 00ae9c15; with the queue-time
+histogram, the cached-tokens and retracted-requests counters), labelled `model_name` as in
 the capture of `docs/references/production_metrics.md`. `/metrics` exists only with
 `--enable-metrics` (404 without, as SGLang mounts it only then). On SIGTERM the server
 stops taking requests and lets running ones finish for a fixed grace.
@@ -45,6 +46,11 @@ ITL_BUCKETS_S = (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 
                  8.000)
 E2E_BUCKETS_S = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400,
                  600, 1200, 1800, 2400)
+
+# SchedulerMetricsCollector's queue_time buckets (collector.py).
+QUEUE_BUCKETS_S = (0.0, 0.1, 0.2, 0.5, 1, 2, 3, 4, 5, 10, 15, 20, 30, 40, 50, 60, 70, 80, 90, 100,
+                   200, 300, 400, 500, 600, 700, 800, 900, 1000, 1200, 1400, 1600, 1800, 2000,
+                   2500, 3000)
 
 _FLAGS: dict[str, tuple[str, ...]] = {
     "model": ("--model-path", "--model"),
@@ -110,7 +116,9 @@ class SglangMetrics:
         gauge("sglang:max_total_num_tokens",
               "Maximum total number of tokens in the KV cache pool.").labels(**lbl).set(max_tokens)
         gauge("sglang:gen_throughput", "The generation throughput (token/s).").labels(**lbl)
-        gauge("sglang:cache_hit_rate", "The prefix cache hit rate.").labels(**lbl)
+        cache = engine.prefix_cache
+        gauge("sglang:cache_hit_rate", "The prefix cache hit rate.").labels(**lbl).set_function(
+            lambda: cache.hit_tokens / cache.queried_tokens if cache.queried_tokens else 0.0)
 
         def counter(name: str, doc: str) -> Counter:
             return Counter(name, doc, names, registry=reg)
@@ -123,6 +131,11 @@ class SglangMetrics:
             **lbl)
         self.aborted = counter("sglang:num_aborted_requests", "Number of requests aborted."
                                ).labels(**lbl)
+        self.cached_tokens = counter("sglang:cached_tokens", "Number of cached prompt tokens."
+                                     ).labels(**lbl)
+        # The emulated scheduler never retracts a request (each holds its KV budget).
+        counter("sglang:num_retracted_requests", "Total number of retracted requests.").labels(
+            **lbl)
 
         def hist(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
             return Histogram(name, doc, names, buckets=buckets, registry=reg)
@@ -133,6 +146,8 @@ class SglangMetrics:
         self.itl = hist("sglang:inter_token_latency_seconds",
                         "Histogram of inter-token latency in seconds.", ITL_BUCKETS_S
                         ).labels(**lbl)
+        self.queue = hist("sglang:queue_time_seconds", "Histogram of queueing time in seconds.",
+                          QUEUE_BUCKETS_S).labels(**lbl)
         self.e2e = hist("sglang:e2e_request_latency_seconds",
                         "Histogram of End-to-end request latency in seconds", E2E_BUCKETS_S
                         ).labels(**lbl)
@@ -143,10 +158,12 @@ class SglangMetrics:
     def observe_request(self, record: RequestRecord) -> None:
         self.prompt_tokens.inc(record.prompt_tokens)
         self.generation_tokens.inc(record.generation_tokens)
+        self.cached_tokens.inc(record.cached_tokens)
         if record.finished_reason == "abort":
             self.aborted.inc()
             return
         self.requests.inc()
+        self.queue.observe(record.queue_s)
         self.e2e.observe(record.e2e_s)
         if record.ttft_s is not None:
             self.ttft.observe(record.ttft_s)

@@ -45,7 +45,8 @@ class TrtllmFlavor:
                      ) -> tuple[EngineMetrics, IterationStats | None]:
         metrics = TrtllmMetrics(model_name=args.served_model_name, engine_type=args.backend,
                                 prefixed=options.trtllm_prefixed_names,
-                                engine_version=options.engine_version)
+                                engine_version=options.engine_version,
+                                engine=engine if args.enable_iter_perf_stats else None)
         iterstats = (IterationStats(engine, gpu_memory_fraction=args.gpu_memory_fraction)
                      if args.enable_iter_perf_stats else None)
         return metrics, iterstats

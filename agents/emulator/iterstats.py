@@ -3,7 +3,9 @@
 The real server records one object per engine iteration while it has work
 (with `enable_iter_perf_stats: true`) and returns, on each `GET /metrics`, the
 objects accumulated since the previous read. Key names and nesting follow the
-captured 1.0.0rc4 object in `fixtures/engine-metrics/`.
+captured 1.0.0rc4 object in `fixtures/engine-metrics/`. `reusedBlocks` and
+`missedBlocks` are cumulative (the engine's `cacheHitRate` is reused / (reused +
+missed), and its Prometheus collector takes their differences).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class IterationStats:
     def record(self, iter_latency_s: float) -> None:
         """Append one iteration's stats and reset the per-iteration counters."""
         eng = self._engine
+        cache = eng.prefix_cache
         used = eng.kv_used_blocks
         new_blocks = used if self._new_active else 0
         self._alloc_total_blocks += new_blocks
@@ -77,11 +80,12 @@ class IterationStats:
             "kvCacheStats": {
                 "allocNewBlocks": new_blocks,
                 "allocTotalBlocks": self._alloc_total_blocks,
-                "cacheHitRate": 0.0,
+                "cacheHitRate": (cache.reused_blocks / (cache.reused_blocks + cache.missed_blocks)
+                                 if cache.reused_blocks + cache.missed_blocks else 0.0),
                 "freeNumBlocks": eng.kv_max_blocks - used,
                 "maxNumBlocks": eng.kv_max_blocks,
-                "missedBlocks": new_blocks,
-                "reusedBlocks": 0,
+                "missedBlocks": cache.missed_blocks,
+                "reusedBlocks": cache.reused_blocks,
                 "tokensPerBlock": KV_TOKENS_PER_BLOCK,
                 "usedNumBlocks": used,
             },

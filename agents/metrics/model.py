@@ -19,6 +19,14 @@ from gearshift.common.errors import InvalidArgument
 Labels = tuple[tuple[str, str], ...]
 
 
+class SleepState(enum.StrEnum):
+    """vLLM's `vllm:engine_sleep_state`: a sleeping engine serves nothing yet looks idle."""
+
+    AWAKE = "awake"
+    WEIGHTS_OFFLOADED = "weights_offloaded"  # sleep level 1: weights in CPU memory, KV dropped
+    DISCARD_ALL = "discard_all"              # sleep level 2: weights and KV dropped
+
+
 class SkipReason(enum.StrEnum):
     """Why a scrape, or one series in it, was not used (bounded metric label set)."""
 
@@ -94,6 +102,17 @@ class EngineSnapshot:
     e2e: Histogram | None = None
     completed_in_window: float | None = None
     iter_latency_s: float | None = None
+    # The SLA signals (docs/engines.md, "Signals for SLA policies").
+    queue_time: Histogram | None = None
+    preemptions: float | None = None           # counter
+    prefix_cache_hits: float | None = None     # counter (tokens or blocks)
+    prefix_cache_queries: float | None = None  # counter, same unit: hits + misses
+    prefix_cache_hit_rate: float | None = None  # the engine's own gauge, without counters
+    sleep_state: SleepState | None = None
+    prompt_length: Histogram | None = None
+    generation_length: Histogram | None = None
+    kv_blocks_total: float | None = None
+    kv_blocks_used: float | None = None
     skips: tuple[Skip, ...] = ()
     # Counters per label set (one per engine process, finish reason, ...), by field
     # name: deltas are taken per series, so one process restarting never makes the
@@ -123,6 +142,11 @@ class EngineSnapshot:
                 self.e2e,
                 self.completed_in_window,
                 self.iter_latency_s,
+                self.queue_time,
+                self.preemptions,
+                self.prefix_cache_queries,
+                self.sleep_state,
+                self.kv_blocks_total,
             )
         )
 
@@ -163,6 +187,15 @@ class EngineSample:
     generation_tokens_per_s: float = 0.0
     kv_cache_usage: float = 0.0
     errors_total: int = 0
+    # SLA signals; None means "not exported by this engine or not measurable this interval".
+    queue_time: Quantiles = ABSENT
+    preemptions_per_s: float | None = None
+    prefix_cache_hit_rate: float | None = None
+    sleep_state: SleepState | None = None
+    mean_prompt_tokens: float | None = None
+    mean_generation_tokens: float | None = None
+    kv_blocks_total: int | None = None
+    kv_blocks_used: int | None = None
     counter_reset: bool = False  # an engine process restarted: the interval is partial
     refused: bool = False  # the scrape held broken values (NaN, out of range): not used
     reason: str = ""

@@ -34,6 +34,7 @@ from gearshift.agents.metrics.model import (
     MetricsParseError,
     Skip,
     SkipReason,
+    SleepState,
 )
 from gearshift.agents.metrics.prometheus_index import IndexedSeries, index_samples
 from gearshift.common.engines import MetricNames, any_engine_metric_names
@@ -72,6 +73,16 @@ def parse_prometheus_text(text: str, *, source: str = "/metrics",
         ttft=snapshot.ttft,
         itl=snapshot.itl,
         e2e=snapshot.e2e,
+        queue_time=snapshot.queue_time,
+        preemptions=snapshot.preemptions,
+        prefix_cache_hits=snapshot.prefix_cache_hits,
+        prefix_cache_queries=snapshot.prefix_cache_queries,
+        prefix_cache_hit_rate=snapshot.prefix_cache_hit_rate,
+        sleep_state=snapshot.sleep_state,
+        prompt_length=snapshot.prompt_length,
+        generation_length=snapshot.generation_length,
+        kv_blocks_total=snapshot.kv_blocks_total,
+        kv_blocks_used=snapshot.kv_blocks_used,
         skips=tuple(reader.skips),
         counter_series=snapshot.counter_series,
     )
@@ -199,9 +210,25 @@ class _Reader:
                 if dict(labels).get("finished_reason") in ERROR_FINISH_REASONS
             ]
             errors = self._sum(success, error_labels) if error_labels else 0.0
+        preemptions = self._lookup(*n.preemptions)
+        hits, queries = self._prefix_cache()
         counters = (("requests_finished", success),
                     ("prompt_tokens", self._lookup("prompt_tokens")),
-                    ("generation_tokens", self._lookup("generation_tokens")))
+                    ("generation_tokens", self._lookup("generation_tokens")),
+                    ("preemptions", preemptions),
+                    ("prefix_cache_hits", hits),
+                    ("prefix_cache_queries", queries))
+        usage = self._kv_fraction()
+        blocks_total = self._sum(self._lookup(*n.kv_blocks_total))
+        if blocks_total is None:
+            blocks_total = self._info_label_total(n.cache_config_info, "num_gpu_blocks")
+        blocks_used = self._sum(self._lookup(*n.kv_blocks_used))
+        if blocks_used is None and blocks_total is not None and usage is not None:
+            blocks_used = float(round(usage * blocks_total))
+        if blocks_total is not None and blocks_used is not None and blocks_used > blocks_total:
+            self._skip(SkipReason.OUT_OF_RANGE, "kv blocks used", (),
+                       f"{blocks_used:g} > total {blocks_total:g}")
+            blocks_used = None
         return EngineSnapshot(
             counter_series=tuple((name, tuple(found[1])) for name, found in counters
                                  if found is not None),
@@ -211,11 +238,102 @@ class _Reader:
             generation_tokens=self._sum(self._lookup(*n.generation_tokens)),
             running=self._sum(self._lookup(*n.running)),
             waiting=self._sum(self._lookup(*n.waiting)),
-            kv_cache_usage=self._kv_fraction(),
+            kv_cache_usage=usage,
             ttft=self._histogram(*n.ttft),
             itl=self._histogram(*n.itl),
             e2e=self._histogram(*n.e2e),
+            queue_time=self._histogram(*n.queue_time),
+            preemptions=self._sum(preemptions),
+            prefix_cache_hits=self._sum(hits),
+            prefix_cache_queries=self._sum(queries),
+            prefix_cache_hit_rate=self._mean_fraction(*n.prefix_cache_hit_rate),
+            sleep_state=self._sleep_state(),
+            prompt_length=self._histogram(*n.prompt_length),
+            generation_length=self._histogram(*n.generation_length),
+            kv_blocks_total=blocks_total,
+            kv_blocks_used=blocks_used,
         )
+
+    def _prefix_cache(self) -> tuple[tuple[str, Series] | None, tuple[str, Series] | None]:
+        """The hits counter and the queries counter (hits + misses where the engine
+        counts misses instead of queries); both or neither."""
+        n = self._names
+        hits = self._lookup(*n.prefix_cache_hits)
+        if hits is None:
+            return None, None
+        queries = self._lookup(*n.prefix_cache_queries)
+        if queries is not None:
+            return hits, queries
+        misses = self._lookup(*n.prefix_cache_misses)
+        if misses is None:
+            return None, None
+        total: dict[Labels, float] = defaultdict(float)
+        for labels, value in (*hits[1], *misses[1]):
+            total[labels] += value
+        return hits, (misses[0] + "+hits", list(total.items()))
+
+    def _mean_fraction(self, *names: str) -> float | None:
+        """A gauge in [0, 1], averaged over its series (one per engine core)."""
+        found = self._lookup(*names)
+        if found is None:
+            return None
+        name, series = found
+        values = [v for labels, v in series if self._valid(name, labels, v)]
+        if not values or any(self._fraction(name, v) is None for v in values):
+            return None
+        return sum(v / len(values) for v in values)
+
+    def _sleep_state(self) -> SleepState | None:
+        """vLLM's one-hot `engine_sleep_state`; with several engine cores, the deepest sleep.
+
+        A core whose three series are all 0 (or whose value is not 0/1) makes the
+        state unknown rather than guessed.
+        """
+        found = self._lookup(*self._names.sleep_state)
+        if found is None:
+            return None
+        name, series = found
+        states: dict[Labels, set[SleepState]] = defaultdict(set)
+        for labels, value in series:
+            if not self._valid(name, labels, value):
+                return None
+            if value not in (0.0, 1.0):
+                self._skip(SkipReason.OUT_OF_RANGE, name, labels, value)
+                return None
+            label = dict(labels).get("sleep_state", "")
+            core = tuple(kv for kv in labels if kv[0] != "sleep_state")
+            on = states.setdefault(core, set())  # a core with every series at 0 still counts
+            if value == 1.0 and label in SleepState.__members__.values():
+                on.add(SleepState(label))
+        if not states or any(len(on) != 1 for on in states.values()):
+            return None
+        seen = {state for on in states.values() for state in on}
+        for deepest in (SleepState.DISCARD_ALL, SleepState.WEIGHTS_OFFLOADED):
+            if deepest in seen:
+                return deepest
+        return SleepState.AWAKE
+
+    def _info_label_total(self, names: tuple[str, ...], label: str) -> float | None:
+        """The sum over series of a numeric label of an info gauge (vLLM's
+        `cache_config_info{num_gpu_blocks="…"}`, one series per engine core)."""
+        found = self._lookup(*names)
+        if found is None:
+            return None
+        name, series = found
+        total = 0.0
+        for labels, _ in series:
+            raw = dict(labels).get(label)
+            try:
+                value = float(raw) if raw is not None else math.nan
+            except ValueError:
+                return None  # "None" before the engine has sized its cache
+            if not self._valid(name, labels, value):
+                return None
+            if value == 0:
+                self._skip(SkipReason.OUT_OF_RANGE, name, labels, value)
+                return None
+            total += value
+        return total if series and not math.isinf(total) else None
 
     def _kv_fraction(self) -> float | None:
         found = self._lookup(*self._names.kv_cache_usage)

@@ -24,7 +24,7 @@ next interval, which is then simply longer. Missing data is never read as zero.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from gearshift.agents.metrics.model import (
@@ -37,9 +37,15 @@ from gearshift.agents.metrics.model import (
     Quantiles,
     Skip,
     SkipReason,
+    SleepState,
 )
 from gearshift.v1 import agent_pb2
 
+SLEEP_STATES = {
+    SleepState.AWAKE: agent_pb2.ENGINE_SLEEP_STATE_AWAKE,
+    SleepState.WEIGHTS_OFFLOADED: agent_pb2.ENGINE_SLEEP_STATE_WEIGHTS_OFFLOADED,
+    SleepState.DISCARD_ALL: agent_pb2.ENGINE_SLEEP_STATE_DISCARD_ALL,
+}
 P50 = 0.5
 P99 = 0.99
 UINT64_MAX = 2**64 - 1
@@ -169,6 +175,9 @@ class RateCalculator:
             waiting_requests=snapshot.waiting or 0.0,
             kv_cache_usage=min(1.0, max(0.0, snapshot.kv_cache_usage or 0.0)),
             errors_total=round(snapshot.request_errors or 0.0),
+            sleep_state=snapshot.sleep_state,
+            kv_blocks_total=_count(snapshot.kv_blocks_total),
+            kv_blocks_used=_count(snapshot.kv_blocks_used),
             skips=snapshot.skips,
         )
         previous, previous_at = self._previous, self._previous_at
@@ -188,7 +197,7 @@ class RateCalculator:
         interval_s = now - previous_at
         resets: list[bool] = []
 
-        def per_second(name: str, before: float | None, after: float | None) -> float:
+        def increase(name: str, before: float | None, after: float | None) -> float | None:
             parts_before, parts_after = previous.series_of(name), snapshot.series_of(name)
             if parts_before is not None and parts_after is not None:
                 total, reset = series_delta(parts_before, parts_after)
@@ -196,8 +205,30 @@ class RateCalculator:
             else:
                 delta, reset = _counter_delta(before, after)
             resets.append(reset)
+            return delta
+
+        def per_second(name: str, before: float | None, after: float | None) -> float:
+            delta = increase(name, before, after)
             rate = delta / interval_s if delta is not None else 0.0
             return rate if math.isfinite(rate) else 0.0
+
+        def ratio(numerator: float | None, denominator: float | None) -> float | None:
+            if numerator is None or denominator is None or denominator <= 0:
+                return None
+            value = numerator / denominator
+            return value if math.isfinite(value) else None
+
+        def mean_length(before: Histogram | None, after: Histogram | None, counter: str,
+                        finished: float | None) -> float | None:
+            """Per finished request: the length histogram's mean, else the token
+            counter's increase over the finished requests'."""
+            if before is not None and after is not None:
+                delta, reset = histogram_delta(before, after)
+                if not (reset and max(before.series, after.series) > 1) and delta.sum is not None:
+                    return ratio(delta.sum, delta.count)
+                return None
+            return ratio(increase(counter, getattr(previous, counter),
+                                  getattr(snapshot, counter)), finished)
 
         def latency(before: Histogram | None, after: Histogram | None) -> Quantiles:
             if after is None or before is None:
@@ -208,9 +239,13 @@ class RateCalculator:
                 return ABSENT  # some process restarted: the sum is no interval's count
             return quantiles_of(delta)
 
+        finished: float | None = None
         if snapshot.requests_finished is not None and previous.requests_finished is not None:
-            request_rate = per_second("requests_finished", previous.requests_finished,
-                                      snapshot.requests_finished)
+            finished = increase("requests_finished", previous.requests_finished,
+                                snapshot.requests_finished)
+            request_rate = (finished or 0.0) / interval_s
+            if not math.isfinite(request_rate):
+                request_rate = 0.0
         else:
             request_rate = (snapshot.completed_in_window or 0.0) / interval_s
             if not math.isfinite(request_rate):
@@ -229,8 +264,34 @@ class RateCalculator:
             generation_tokens_per_s=per_second(
                 "generation_tokens", previous.generation_tokens, snapshot.generation_tokens
             ),
+            queue_time=latency(previous.queue_time, snapshot.queue_time),
+            preemptions_per_s=(
+                per_second("preemptions", previous.preemptions, snapshot.preemptions)
+                if previous.preemptions is not None and snapshot.preemptions is not None
+                else None),
+            prefix_cache_hit_rate=self._hit_rate(previous, snapshot, increase, ratio),
+            mean_prompt_tokens=mean_length(previous.prompt_length, snapshot.prompt_length,
+                                           "prompt_tokens", finished),
+            mean_generation_tokens=mean_length(previous.generation_length,
+                                               snapshot.generation_length,
+                                               "generation_tokens", finished),
             counter_reset=any(resets),
         )
+
+    @staticmethod
+    def _hit_rate(previous: EngineSnapshot, snapshot: EngineSnapshot,
+                  increase: Callable[[str, float | None, float | None], float | None],
+                  ratio: Callable[[float | None, float | None], float | None]) -> float | None:
+        """Prefix-cache hits over queries in the interval (None without queries); the
+        engine's own gauge where it has no counters."""
+        if snapshot.prefix_cache_queries is None or previous.prefix_cache_queries is None:
+            return snapshot.prefix_cache_hit_rate
+        hits = increase("prefix_cache_hits", previous.prefix_cache_hits,
+                        snapshot.prefix_cache_hits)
+        queries = increase("prefix_cache_queries", previous.prefix_cache_queries,
+                           snapshot.prefix_cache_queries)
+        rate = ratio(hits, queries)
+        return None if rate is None else min(1.0, max(0.0, rate))
 
 
 def to_proto(sample: EngineSample, target: agent_pb2.DeploymentReport) -> None:
@@ -244,16 +305,38 @@ def to_proto(sample: EngineSample, target: agent_pb2.DeploymentReport) -> None:
     target.kv_cache_usage = sample.kv_cache_usage
     target.partial_interval = sample.counter_reset or sample.refused
     target.errors_total = _uint64(sample.errors_total)
+    optional = (
+        ("preemptions_per_s", sample.preemptions_per_s),
+        ("prefix_cache_hit_rate", sample.prefix_cache_hit_rate),
+        ("mean_prompt_tokens", sample.mean_prompt_tokens),
+        ("mean_generation_tokens", sample.mean_generation_tokens),
+        ("kv_blocks_total", None if sample.kv_blocks_total is None
+         else _uint64(sample.kv_blocks_total)),
+        ("kv_blocks_used", None if sample.kv_blocks_used is None
+         else _uint64(sample.kv_blocks_used)),
+    )
+    for name, value in optional:
+        if value is None:
+            target.ClearField(name)
+        else:
+            setattr(target, name, value)
+    target.sleep_state = SLEEP_STATES.get(sample.sleep_state,
+                                          agent_pb2.ENGINE_SLEEP_STATE_UNSPECIFIED)
     for quantiles, message in (
         (sample.ttft, target.ttft),
         (sample.itl, target.itl),
         (sample.e2e, target.e2e),
+        (sample.queue_time, target.queue_time),
     ):
         message.present = quantiles.present
         message.p50_s = quantiles.p50_s
         message.p99_s = quantiles.p99_s
         message.mean_s = quantiles.mean_s
         message.count = _uint64(quantiles.count)
+
+
+def _count(value: float | None) -> int | None:
+    return None if value is None or not math.isfinite(value) else round(value)
 
 
 def _uint64(value: int) -> int:

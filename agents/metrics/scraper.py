@@ -139,10 +139,21 @@ def _merge(
         running=_prefer(iterations.running, prometheus.running),
         waiting=_prefer(iterations.waiting, prometheus.waiting),
         kv_cache_usage=_prefer(iterations.kv_cache_usage, prometheus.kv_cache_usage),
+        kv_blocks_total=_prefer(iterations.kv_blocks_total, prometheus.kv_blocks_total),
+        kv_blocks_used=_prefer(iterations.kv_blocks_used, prometheus.kv_blocks_used),
+        **_prefix_counters(prometheus, iterations),
         completed_in_window=iterations.completed_in_window,
         iter_latency_s=iterations.iter_latency_s,
         skips=(),
     )
+
+
+def _prefix_counters(prometheus: EngineSnapshot, iterations: EngineSnapshot
+                     ) -> dict[str, float | None]:
+    """Both prefix-cache counters from one source: the Prometheus text's if it has them."""
+    source = prometheus if prometheus.prefix_cache_queries is not None else iterations
+    return {"prefix_cache_hits": source.prefix_cache_hits,
+            "prefix_cache_queries": source.prefix_cache_queries}
 
 
 def _prefer(first: float | None, second: float | None) -> float | None:

@@ -8,7 +8,11 @@ An empty array `[]` is valid: no iteration ran since the last read. Mapping:
   iteration that has them;
 - `completed_in_window` = the sum of `numCompletedRequests` over the array (the
   requests finished since the previous read, so it is already a delta);
-- `iter_latency_s` = the mean `iterLatencyMS`, in seconds.
+- `iter_latency_s` = the mean `iterLatencyMS`, in seconds;
+- KV blocks total/used = `kvCacheStats.maxNumBlocks` / `usedNumBlocks`, and the
+  prefix-cache counters hits = `kvCacheStats.reusedBlocks`, queries = `reusedBlocks +
+  missedBlocks` (cumulative since the engine started, as the engine's own
+  `cacheHitRate` = reused / (reused + missed) shows), from the newest iteration.
 A single top-level object (as quoted in TensorRT-LLM issue 6364) is read as a
 one-element array. Fields of the wrong type or out of range are skipped with a
 reason; a body that is not JSON raises `MetricsParseError` naming the place.
@@ -99,6 +103,8 @@ class _Iterations:
         running: float | None = None
         waiting: float | None = None
         kv: float | None = None
+        blocks: tuple[float, float] | None = None
+        reuse: tuple[float, float] | None = None
         completed: float | None = None
         latencies_s: list[float] = []
         for index, item in enumerate(document):
@@ -112,6 +118,8 @@ class _Iterations:
             running = _newer(running, self._number(item, "numActiveRequests", where))
             waiting = _newer(waiting, self._number(item, "numQueuedRequests", where))
             kv = _newer(kv, self._kv_usage(item, where))
+            blocks = self._kv_blocks(item, where) or blocks
+            reuse = self._block_reuse(item, where) or reuse
             done = self._number(item, "numCompletedRequests", where)
             if done is not None and not math.isinf((completed or 0.0) + done):
                 completed = (completed or 0.0) + done
@@ -123,6 +131,10 @@ class _Iterations:
             waiting=waiting,
             kv_cache_usage=kv,
             completed_in_window=completed,
+            kv_blocks_total=blocks[0] if blocks else None,
+            kv_blocks_used=blocks[1] if blocks else None,
+            prefix_cache_hits=reuse[0] if reuse else None,
+            prefix_cache_queries=reuse[1] if reuse else None,
             iter_latency_s=sum(x / len(latencies_s) for x in latencies_s) if latencies_s else None,
             skips=tuple(self.skips),
         )
@@ -145,6 +157,41 @@ class _Iterations:
             )
             return None
         return used / most
+
+
+    def _kv_stats(self, item: dict[str, Any], where: str) -> dict[str, Any] | None:
+        stats = item.get("kvCacheStats")
+        return stats if isinstance(stats, dict) else None  # a wrong type is skipped by _kv_usage
+
+    def _kv_blocks(self, item: dict[str, Any], where: str) -> tuple[float, float] | None:
+        """(maxNumBlocks, usedNumBlocks) when both are there and consistent (checked
+        and skipped with a reason by `_kv_usage`)."""
+        stats = self._kv_stats(item, where)
+        if stats is None:
+            return None
+        most: Any = stats.get("maxNumBlocks")
+        used: Any = stats.get("usedNumBlocks")
+        if not (_plain_number(most) and _plain_number(used)):
+            return None
+        total, taken = float(most), float(used)
+        return (total, taken) if 0 <= taken <= total and total > 0 else None
+
+    def _block_reuse(self, item: dict[str, Any], where: str) -> tuple[float, float] | None:
+        """(reusedBlocks, reusedBlocks + missedBlocks): the prefix-cache counters."""
+        stats = self._kv_stats(item, where)
+        if stats is None:
+            return None
+        path = f"{where}.kvCacheStats"
+        reused = self._number(stats, "reusedBlocks", path)
+        missed = self._number(stats, "missedBlocks", path)
+        if reused is None or missed is None or math.isinf(reused + missed):
+            return None
+        return reused, reused + missed
+
+
+def _plain_number(value: Any) -> bool:
+    return (not isinstance(value, bool) and isinstance(value, int | float)
+            and math.isfinite(value))
 
 
 def _newer(old: float | None, new: float | None) -> float | None:

@@ -34,6 +34,13 @@ class DeploymentPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DEPLOYMENT_PHASE_FAILED: _ClassVar[DeploymentPhase]
     DEPLOYMENT_PHASE_BUILDING: _ClassVar[DeploymentPhase]
 
+class EngineSleepState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ENGINE_SLEEP_STATE_UNSPECIFIED: _ClassVar[EngineSleepState]
+    ENGINE_SLEEP_STATE_AWAKE: _ClassVar[EngineSleepState]
+    ENGINE_SLEEP_STATE_WEIGHTS_OFFLOADED: _ClassVar[EngineSleepState]
+    ENGINE_SLEEP_STATE_DISCARD_ALL: _ClassVar[EngineSleepState]
+
 class CommandPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     COMMAND_PHASE_UNSPECIFIED: _ClassVar[CommandPhase]
@@ -57,6 +64,10 @@ DEPLOYMENT_PHASE_DRAINING: DeploymentPhase
 DEPLOYMENT_PHASE_STOPPED: DeploymentPhase
 DEPLOYMENT_PHASE_FAILED: DeploymentPhase
 DEPLOYMENT_PHASE_BUILDING: DeploymentPhase
+ENGINE_SLEEP_STATE_UNSPECIFIED: EngineSleepState
+ENGINE_SLEEP_STATE_AWAKE: EngineSleepState
+ENGINE_SLEEP_STATE_WEIGHTS_OFFLOADED: EngineSleepState
+ENGINE_SLEEP_STATE_DISCARD_ALL: EngineSleepState
 COMMAND_PHASE_UNSPECIFIED: CommandPhase
 COMMAND_PHASE_ACCEPTED: CommandPhase
 COMMAND_PHASE_RUNNING: CommandPhase
@@ -140,7 +151,7 @@ class Quantiles(_message.Message):
     def __init__(self, present: _Optional[bool] = ..., p50_s: _Optional[float] = ..., p99_s: _Optional[float] = ..., mean_s: _Optional[float] = ..., count: _Optional[int] = ...) -> None: ...
 
 class DeploymentReport(_message.Message):
-    __slots__ = ("deployment_id", "engine", "engine_version", "model", "revision", "phase", "endpoint", "request_rate", "running_requests", "waiting_requests", "ttft", "itl", "e2e", "prompt_tokens_per_s", "generation_tokens_per_s", "kv_cache_usage", "errors_total", "restarts", "gpu_indices", "message", "metrics_present", "backend", "served_model_name", "source", "tensor_parallel_size", "partial_interval")
+    __slots__ = ("deployment_id", "engine", "engine_version", "model", "revision", "phase", "endpoint", "request_rate", "running_requests", "waiting_requests", "ttft", "itl", "e2e", "prompt_tokens_per_s", "generation_tokens_per_s", "kv_cache_usage", "errors_total", "restarts", "gpu_indices", "message", "metrics_present", "backend", "served_model_name", "source", "tensor_parallel_size", "partial_interval", "queue_time", "preemptions_per_s", "prefix_cache_hit_rate", "sleep_state", "mean_prompt_tokens", "mean_generation_tokens", "kv_blocks_total", "kv_blocks_used")
     DEPLOYMENT_ID_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     ENGINE_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -167,6 +178,14 @@ class DeploymentReport(_message.Message):
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     TENSOR_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
     PARTIAL_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_TIME_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTIONS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_HIT_RATE_FIELD_NUMBER: _ClassVar[int]
+    SLEEP_STATE_FIELD_NUMBER: _ClassVar[int]
+    MEAN_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MEAN_GENERATION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KV_BLOCKS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    KV_BLOCKS_USED_FIELD_NUMBER: _ClassVar[int]
     deployment_id: str
     engine: str
     engine_version: str
@@ -193,7 +212,15 @@ class DeploymentReport(_message.Message):
     source: str
     tensor_parallel_size: int
     partial_interval: bool
-    def __init__(self, deployment_id: _Optional[str] = ..., engine: _Optional[str] = ..., engine_version: _Optional[str] = ..., model: _Optional[str] = ..., revision: _Optional[str] = ..., phase: _Optional[_Union[DeploymentPhase, str]] = ..., endpoint: _Optional[str] = ..., request_rate: _Optional[float] = ..., running_requests: _Optional[float] = ..., waiting_requests: _Optional[float] = ..., ttft: _Optional[_Union[Quantiles, _Mapping]] = ..., itl: _Optional[_Union[Quantiles, _Mapping]] = ..., e2e: _Optional[_Union[Quantiles, _Mapping]] = ..., prompt_tokens_per_s: _Optional[float] = ..., generation_tokens_per_s: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., errors_total: _Optional[int] = ..., restarts: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., message: _Optional[str] = ..., metrics_present: _Optional[bool] = ..., backend: _Optional[str] = ..., served_model_name: _Optional[str] = ..., source: _Optional[str] = ..., tensor_parallel_size: _Optional[int] = ..., partial_interval: _Optional[bool] = ...) -> None: ...
+    queue_time: Quantiles
+    preemptions_per_s: float
+    prefix_cache_hit_rate: float
+    sleep_state: EngineSleepState
+    mean_prompt_tokens: float
+    mean_generation_tokens: float
+    kv_blocks_total: int
+    kv_blocks_used: int
+    def __init__(self, deployment_id: _Optional[str] = ..., engine: _Optional[str] = ..., engine_version: _Optional[str] = ..., model: _Optional[str] = ..., revision: _Optional[str] = ..., phase: _Optional[_Union[DeploymentPhase, str]] = ..., endpoint: _Optional[str] = ..., request_rate: _Optional[float] = ..., running_requests: _Optional[float] = ..., waiting_requests: _Optional[float] = ..., ttft: _Optional[_Union[Quantiles, _Mapping]] = ..., itl: _Optional[_Union[Quantiles, _Mapping]] = ..., e2e: _Optional[_Union[Quantiles, _Mapping]] = ..., prompt_tokens_per_s: _Optional[float] = ..., generation_tokens_per_s: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., errors_total: _Optional[int] = ..., restarts: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., message: _Optional[str] = ..., metrics_present: _Optional[bool] = ..., backend: _Optional[str] = ..., served_model_name: _Optional[str] = ..., source: _Optional[str] = ..., tensor_parallel_size: _Optional[int] = ..., partial_interval: _Optional[bool] = ..., queue_time: _Optional[_Union[Quantiles, _Mapping]] = ..., preemptions_per_s: _Optional[float] = ..., prefix_cache_hit_rate: _Optional[float] = ..., sleep_state: _Optional[_Union[EngineSleepState, str]] = ..., mean_prompt_tokens: _Optional[float] = ..., mean_generation_tokens: _Optional[float] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ...) -> None: ...
 
 class Report(_message.Message):
     __slots__ = ("seq", "time", "gpus", "deployments", "interval_s")
