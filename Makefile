@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROTOS := $(wildcard proto/gearshift/v1/*.proto)
 
-.PHONY: demo test proto lint bench clean check-proto fuzz
+.PHONY: demo test proto lint bench clean check-proto fuzz promtool
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -16,9 +16,22 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/gearshift demo $(DEMO_ARGS)
 
-test: $(STAMP)
+test: $(STAMP) promtool
 	$(BIN)/python scripts/gen_proto.py --check
 	$(BIN)/pytest -q -p no:cacheprovider tests
+
+# promtool (Debian's `prometheus` package) checks and unit-tests the alert rules
+# (tests/unit/test_prometheus_rules.py). Installed when missing and apt-get can (as root,
+# or with sudo without a password); otherwise those tests skip and say why.
+promtool:
+	@command -v promtool >/dev/null 2>&1 || { \
+		SUDO=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); \
+		export DEBIAN_FRONTEND=noninteractive; \
+		$$SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1 \
+		|| { $$SUDO apt-get update -qq >/dev/null 2>&1 \
+		     && $$SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1; } \
+		|| echo "promtool could not be installed (apt-get install prometheus needs root):" \
+		        "the alert rule tests will be skipped"; }
 
 # Coverage-guided (atheris, the optional `fuzz` extra) for FUZZ_SECONDS per parser when it
 # installs; otherwise the hypothesis properties with many more examples. Bounded either way.

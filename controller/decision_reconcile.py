@@ -24,6 +24,7 @@ The mapping, per decision (compare-and-set on the status it was read with):
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from gearshift.controller.migration_machine import MigrationKind, MigrationPhase
 from gearshift.controller.migration_store import MigrationRepository, MigrationRow
@@ -47,37 +48,44 @@ def _outcome(row: MigrationRow) -> tuple[DecisionStatus, str]:
     return DecisionStatus.ROLLED_BACK, f"migration {row.id} {verb}: {row.reason}"
 
 
-def _reconcile_one(store: Store, migrations: MigrationRepository, d: DecisionRow) -> bool:
+def _new_status(migrations: MigrationRepository, d: DecisionRow
+                ) -> tuple[DecisionStatus, str] | None:
+    """What `d` becomes from its migration rows; None: it stays as it is."""
     rows = migrations.rows(decision_id=d.id)
     if not rows:
         if d.status is DecisionStatus.EXECUTING:
-            return store.update_decision_status(
-                d.id, DecisionStatus.APPROVED, "approved; its migration was never stored, retrying",
-                expected_from=DecisionStatus.EXECUTING)
-        return False
+            return DecisionStatus.APPROVED, "approved; its migration was never stored, retrying"
+        return None
     row = rows[0]
     if row.phase.active:
         if d.status is DecisionStatus.APPROVED:
             what = (f"trial {row.id}: measuring {row.to_engine} before the move"
                     if row.kind is MigrationKind.TRIAL else f"migration {row.id}")
-            return store.update_decision_status(d.id, DecisionStatus.EXECUTING, what,
-                                                expected_from=DecisionStatus.APPROVED)
-        return False
-    status, reason = _outcome(row)
-    return store.update_decision_status(d.id, status, reason, expected_from=d.status)
+            return DecisionStatus.EXECUTING, what
+        return None
+    return _outcome(row)
 
 
-def reconcile_decisions(store: Store, migrations: MigrationRepository) -> int:
+OnStatus = Callable[[DecisionRow, DecisionStatus], None]
+
+
+def reconcile_decisions(store: Store, migrations: MigrationRepository,
+                        on_status: OnStatus | None = None) -> int:
     """Settle every approved or executing decision from its migration rows; returns how
-    many changed."""
+    many changed. `on_status` observes each change after it is stored."""
     changed = 0
     for status in (DecisionStatus.EXECUTING, DecisionStatus.APPROVED):
         for d in store.list_decisions(status=status, limit=RECONCILE_LIMIT):
             if d.mode == "dry-run":
                 continue
-            if _reconcile_one(store, migrations, d):
-                changed += 1
-                log.info("decision %s reconciled from its migration rows", d.id)
+            new = _new_status(migrations, d)
+            if new is None or not store.update_decision_status(d.id, new[0], new[1],
+                                                               expected_from=d.status):
+                continue
+            changed += 1
+            log.info("decision %s reconciled from its migration rows", d.id)
+            if on_status is not None:
+                on_status(d, new[0])
     return changed
 
 

@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+from gearshift.controller.engine_restarts import RestartTracker
 from gearshift.v1 import agent_pb2, control_pb2
 
 UNREACHABLE_AFTER_INTERVALS = 3
@@ -110,6 +111,7 @@ class FleetState:
         # model -> host -> shapes of its routable (ready or draining, with endpoint) deployments
         self._routable: dict[str, dict[str, list[DeploymentShape]]] = {}
         self._counts: Counter[tuple[str, int]] = Counter()  # (engine, phase) -> deployments
+        self.restarts = RestartTracker()  # engine restarts seen in reports (crash loops)
 
     # -- agents -----------------------------------------------------------------
 
@@ -141,6 +143,7 @@ class FleetState:
         if report.gpus:
             entry.gpus = list(report.gpus)
         fresh = {dep.deployment_id: dep for dep in report.deployments}
+        self.restarts.observe(host_id, entry.deployments, fresh, now)
         entry.deployments = fresh
         entry.deployment_ts = dict.fromkeys(fresh, now)
         shape = _shape(fresh.values())
@@ -157,6 +160,7 @@ class FleetState:
         entry = self.hosts.pop(host_id, None)
         if entry is None:
             return
+        self.restarts.forget_host(host_id)
         self._counts.subtract((s[4], s[2]) for s in entry.shape)
         self._routes_changed(self._index_host(host_id, entry.shape, ()))
 

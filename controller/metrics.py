@@ -1,8 +1,33 @@
-"""The controller's Prometheus metrics: one container, injectable registry, base units."""
+"""The controller's Prometheus metrics: one container, injectable registry, base units.
+
+docs/observability.md lists every metric with what it means and the alerts built on
+it (deploy/prometheus/rules.yaml). Label sets are bounded: states, phases, kinds and
+results are enums; `rule` is a rule name of the applied policy; `engine` and `model`
+are the fleet's engines and served models (no host or deployment ids).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from enum import Enum
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from gearshift.controller.migration_machine import (
+    TERMINAL_PHASES,
+    MigrationKind,
+    MigrationPhase,
+)
+
+if TYPE_CHECKING:
+    from gearshift.controller.migration_store import MigrationRow
+
+# A move lasts minutes to hours (an engine build can take an hour).
+MIGRATION_DURATION_BUCKETS_S = (30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0,
+                                7200.0, 14400.0)
+ACTIVE_MIGRATION_PHASES = tuple(p for p in MigrationPhase if p.active)
+MIGRATION_RESULTS = tuple(p for p in MigrationPhase if p in TERMINAL_PHASES)
 
 
 class ControllerMetrics:
@@ -31,3 +56,97 @@ class ControllerMetrics:
         self.route_version = Gauge(
             "gearshift_controller_routing_table_version", "Version of the routing table.",
             registry=r)
+
+        # -- decisions, migrations, leadership, engine restarts (the alerts' signals) ------
+        self.decisions = Counter(
+            "gearshift_controller_decisions",
+            "Decisions by the policy rule that made them and each status they entered "
+            "(outcome: proposed when made, then approved, executing, done, rolled_back, "
+            "superseded or rejected).", ["rule", "outcome"], registry=r)
+        self.migrations_started = Counter(
+            "gearshift_controller_migrations_started",
+            "Migrations created, by kind.", ["kind"], registry=r)
+        self.migration_transitions = Counter(
+            "gearshift_controller_migration_transitions",
+            "Migration phase transitions, by kind and the phase entered.",
+            ["kind", "phase"], registry=r)
+        self.migrations_ended = Counter(
+            "gearshift_controller_migrations_ended",
+            "Migrations that ended, by kind and result (done, rolled_back, aborted).",
+            ["kind", "result"], registry=r)
+        self.migration_seconds = Histogram(
+            "gearshift_controller_migration_duration_seconds",
+            "Time from a migration's creation to its end, by kind and result.",
+            ["kind", "result"], buckets=MIGRATION_DURATION_BUCKETS_S, registry=r)
+        self.migrations_in_flight = Gauge(
+            "gearshift_controller_migrations_in_flight",
+            "Active migrations by kind and phase (the leader's; 0 on followers).",
+            ["kind", "phase"], registry=r)
+        self.migrations_past_deadline = Gauge(
+            "gearshift_controller_migrations_past_deadline",
+            "Active migrations that stayed in their phase past its deadline (stuck), by phase.",
+            ["phase"], registry=r)
+        self.migration_oldest_age = Gauge(
+            "gearshift_controller_migration_oldest_age_seconds",
+            "Age of the oldest active migration (0 when none).", registry=r)
+        self.is_leader = Gauge(
+            "gearshift_controller_is_leader",
+            "1 while this controller leads (acts on the fleet), 0 while it follows.",
+            registry=r)
+        self.leader_epoch = Gauge(
+            "gearshift_controller_leader_epoch",
+            "Fencing epoch of the term this controller leads or last led (0: never led).",
+            registry=r)
+        self.engine_restarts = Counter(
+            "gearshift_controller_engine_restarts",
+            "Engine restarts seen in agents' reports, by engine and model.",
+            ["engine", "model"], registry=r)
+        self.crash_looping = Gauge(
+            "gearshift_controller_crash_looping_deployments",
+            "Deployments whose engine restarted at least CRASH_LOOP_RESTARTS times within "
+            "CRASH_LOOP_WINDOW_S, by engine and model (the leader's; 0 on followers).",
+            ["engine", "model"], registry=r)
+        for kind in MigrationKind:
+            self.migrations_started.labels(kind.value)
+            for phase in MigrationPhase:
+                self.migration_transitions.labels(kind.value, phase.value)
+            for result in MIGRATION_RESULTS:
+                # present from the start, so increase() sees the first end
+                self.migrations_ended.labels(kind.value, result.value)
+
+    def decision(self, rule: str, status: Enum | str) -> None:
+        """A decision made by `rule` entered `status` (a `DecisionStatus`)."""
+        self.decisions.labels(rule or "unknown",
+                              status.value if isinstance(status, Enum) else status).inc()
+
+    def migration_created(self, row: MigrationRow) -> None:
+        self.migrations_started.labels(row.kind.value).inc()
+
+    def migration_transition(self, row: MigrationRow, _before: MigrationPhase,
+                             to: MigrationPhase, _message: str) -> None:
+        """Count a stored transition; an ending also counts its result and duration."""
+        kind = row.kind.value
+        self.migration_transitions.labels(kind, to.value).inc()
+        if to.active:
+            return
+        self.migrations_ended.labels(kind, to.value).inc()
+        end = row.finished_at or row.updated_at
+        self.migration_seconds.labels(kind, to.value).observe(
+            max(0.0, (end - row.created_at).total_seconds()))
+
+    def set_migrations(self, in_flight: dict[tuple[str, str], int],
+                       past_deadline: dict[str, int], oldest_age_s: float) -> None:
+        """Replace the migration gauges (every active kind and phase is exported, 0 or not)."""
+        for kind in MigrationKind:
+            for phase in ACTIVE_MIGRATION_PHASES:
+                self.migrations_in_flight.labels(kind.value, phase.value).set(
+                    in_flight.get((kind.value, phase.value), 0))
+        for phase in ACTIVE_MIGRATION_PHASES:
+            self.migrations_past_deadline.labels(phase.value).set(past_deadline.get(phase.value, 0))
+        self.migration_oldest_age.set(oldest_age_s)
+
+    def set_crash_looping(self, counts: Iterable[tuple[tuple[str, str], int]]) -> None:
+        """Replace the crash-loop gauge with (engine, model) -> deployments now looping."""
+        self.crash_looping.clear()
+        for (engine, model), n in counts:
+            self.crash_looping.labels(engine, model).set(n)

@@ -21,6 +21,7 @@ from gearshift.common.enum_labels import enum_label
 from gearshift.common.errors import InvalidArgument
 from gearshift.controller.canary import Sla
 from gearshift.controller.fleet import FleetState
+from gearshift.controller.migration_machine import MigrationPhase
 from gearshift.controller.migration_store import (
     FINAL_COMMAND_PHASES,
     MigrationCommandRow,
@@ -65,6 +66,11 @@ class OrchestratorSettings:
     min_available: int = 1  # source replicas kept serving until the target is promoted
     gpus_per_replica: int | None = None  # None: as many as the source replica uses
     trtllm_backend: str = "pytorch"  # "tensorrt" adds an engine build (phase building)
+    # A move that stays in one phase longer than this beyond the phase's own time limit
+    # (building: build_timeout_s; the others: none) is reported stuck: a gauge and an
+    # alert for people, never an action (a move waits for capacity, an unreachable host,
+    # an agent's answer or canary data for as long as it takes).
+    stuck_after_s: float = 1800.0
 
     def __post_init__(self) -> None:
         steps = self.canary_steps
@@ -81,6 +87,13 @@ class OrchestratorSettings:
         if self.trtllm_backend not in ("pytorch", "tensorrt"):
             raise InvalidArgument(f"orchestrator: trtllm_backend {self.trtllm_backend!r} is not "
                                   "one of pytorch, tensorrt")
+        if not self.stuck_after_s > 0:
+            raise InvalidArgument(f"orchestrator: stuck_after_s must be > 0, got {self.stuck_after_s}")
+
+    def phase_deadline_s(self, phase: MigrationPhase) -> float:
+        """How long a move may stay in `phase` before it counts as stuck."""
+        return self.stuck_after_s + (self.build_timeout_s if phase is MigrationPhase.BUILDING
+                                     else 0.0)
 
 
 def phase_name(value: int) -> str:

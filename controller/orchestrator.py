@@ -67,12 +67,14 @@ class MigrationOrchestrator:
     def __init__(self, repo: MigrationRepository, fleet: FleetState, send_command: SendCommand,
                  *, epoch: int, clock: Callable[[], float] = time.time,
                  settings: OrchestratorSettings | None = None,
-                 on_transition: OnTransition | None = None) -> None:
+                 on_transition: OnTransition | None = None,
+                 on_created: Callable[[MigrationRow], None] | None = None) -> None:
         self._repo = repo
         self._fleet = fleet
         self._clock = clock
         self.settings = settings or OrchestratorSettings()
         self._ledger = MigrationLedger(repo, clock, on_transition)
+        self._on_created = on_created  # observes each new move after it is stored (metrics)
         self._commands = AgentCommands(repo, fleet, send_command, epoch=epoch, clock=clock,
                                        settings=self.settings)
         self._steps = PhaseSteps(repo, fleet, self._ledger, self._commands, self.settings)
@@ -134,6 +136,11 @@ class MigrationOrchestrator:
                             "source replica(s)" + (f" for decision {decision_id}"
                                                    if decision_id else ""))
         self._reload_active()
+        if self._on_created is not None:
+            try:
+                self._on_created(row)
+            except Exception:  # an observer must not break the move
+                log.exception("migration %s: on_created observer failed", row.id)
         return row
 
     def abort(self, migration_id: str, reason: str) -> MigrationRow:
@@ -222,6 +229,16 @@ class MigrationOrchestrator:
         for e in others:
             e.weight = (1.0 - share) / len(others)
         return endpoints
+
+    def active(self) -> builtins.list[MigrationRow]:
+        """The active moves as the last tick (or create/abort) read them: no store read."""
+        return builtins.list(self._active.values())
+
+    def stuck(self, row: MigrationRow) -> bool:
+        """True when `row` stayed in its phase past the phase's deadline (see
+        `OrchestratorSettings.stuck_after_s`): reported, never acted on."""
+        return row.phase.active and (self._clock() - row.phase_entered_at.timestamp()
+                                     > self.settings.phase_deadline_s(row.phase))
 
     def install(self) -> None:
         """Install `route_override` on the fleet and recompute the routing table now."""

@@ -115,6 +115,9 @@ class PolicyLoop:
         self._unloadable: int | None = None  # stored active version that no longer loads
         self.learner: CapacityLearner | None = None
         self.forecaster: Forecaster | None = None
+        # Observes every status a decision enters, with its rule (the decision metrics);
+        # called after the store accepted the change.
+        self.on_decision: Callable[[str, DecisionStatus], None] | None = None
 
     # -- policy versions ------------------------------------------------------------
 
@@ -301,7 +304,23 @@ class PolicyLoop:
 
     def reconcile(self) -> int:
         """Settle decisions from their migration rows (every tick; level-triggered)."""
-        return reconcile_decisions(self.store, self.migrations)
+        return reconcile_decisions(self.store, self.migrations, on_status=self._observed)
+
+    def _observed(self, row: DecisionRow, status: DecisionStatus) -> None:
+        if self.on_decision is not None:
+            try:
+                self.on_decision(row.rule, status)
+            except Exception:  # an observer must not break the loop
+                log.exception("decision %s: on_decision observer failed", row.id)
+
+    def _set_status(self, row: DecisionRow, status: DecisionStatus, reason: str,
+                    expected_from: DecisionStatus | None = None) -> bool:
+        """`Store.update_decision_status`, observed when it changed the row."""
+        changed = self.store.update_decision_status(row.id, status, reason,
+                                                    expected_from=expected_from)
+        if changed:
+            self._observed(row, status)
+        return changed
 
     def _store_decision(self, d: dict[str, Any], version: int, mode: str, now: float) -> DecisionRow | None:
         for open_row in self.store.list_decisions(model=d["model"], limit=20):
@@ -310,8 +329,8 @@ class PolicyLoop:
             if open_row.to_engine == d["to_engine"]:
                 return None  # the same move is already on its way
             if open_row.status == DecisionStatus.PROPOSED:
-                self.store.update_decision_status(
-                    open_row.id, DecisionStatus.SUPERSEDED, "a newer decision replaced it",
+                self._set_status(
+                    open_row, DecisionStatus.SUPERSEDED, "a newer decision replaced it",
                     expected_from=DecisionStatus.PROPOSED)
         inputs = {**d["inputs"], "policy": d["policy_version"]}
         row = DecisionRow(
@@ -324,11 +343,12 @@ class PolicyLoop:
                            "approve": "waiting for approval (gearshift decisions approve ID)"}
             .get(mode, ""))
         self.store.add_decision(row)
+        self._observed(row, DecisionStatus.PROPOSED)
         log.info("decision %s: move %s from %s to %s (rule %s, mode %s)", row.id, row.model,
                  row.from_engine, row.to_engine, row.rule, mode)
         if mode == "auto":
-            self.store.update_decision_status(row.id, DecisionStatus.APPROVED, "auto mode",
-                                              expected_from=DecisionStatus.PROPOSED)
+            self._set_status(row, DecisionStatus.APPROVED, "auto mode",
+                             expected_from=DecisionStatus.PROPOSED)
             self._execute(row.id)
         return self.store.get_decision(row.id)
 
@@ -354,8 +374,8 @@ class PolicyLoop:
             return
         what = (f"trial {mig.id}: measuring {row.to_engine} on {trial:.0%} of traffic before "
                 "the move" if trial is not None else f"migration {mig.id}")
-        self.store.update_decision_status(row.id, DecisionStatus.EXECUTING, what,
-                                          expected_from=DecisionStatus.APPROVED)
+        self._set_status(row, DecisionStatus.EXECUTING, what,
+                         expected_from=DecisionStatus.APPROVED)
 
     def _retry_approved(self) -> None:
         for row in self.store.list_decisions(status=DecisionStatus.APPROVED, limit=50):
@@ -374,8 +394,8 @@ class PolicyLoop:
             raise FailedPrecondition(
                 f"decision {decision_id} was made in dry-run mode; apply a policy in approve or "
                 "auto mode to act on decisions")
-        if not self.store.update_decision_status(
-                decision_id, DecisionStatus.APPROVED, f"approved by {by or '?'}: {reason}".rstrip(": "),
+        if not self._set_status(
+                row, DecisionStatus.APPROVED, f"approved by {by or '?'}: {reason}".rstrip(": "),
                 expected_from=DecisionStatus.PROPOSED):
             raise FailedPrecondition(
                 f"decision {decision_id} is {self._get(decision_id).status.value}; only a proposed "
@@ -384,9 +404,9 @@ class PolicyLoop:
         return self._get(decision_id)
 
     def reject(self, decision_id: str, reason: str, by: str) -> DecisionRow:
-        self._get(decision_id)
-        if not self.store.update_decision_status(
-                decision_id, DecisionStatus.REJECTED, f"rejected by {by or '?'}: {reason}",
+        row = self._get(decision_id)
+        if not self._set_status(
+                row, DecisionStatus.REJECTED, f"rejected by {by or '?'}: {reason}",
                 expected_from=DecisionStatus.PROPOSED):
             raise FailedPrecondition(
                 f"decision {decision_id} is {self._get(decision_id).status.value}; only a proposed "

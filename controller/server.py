@@ -106,6 +106,9 @@ class Controller:
         self._tasks: list[asyncio.Task[None]] = []
         self._ops: OpsListener | None = None
         self._serving = False  # start() has finished: gRPC served, first election settled
+        self.metrics.is_leader.set_function(
+            lambda: 1.0 if self.leadership is not None and self.leadership.leading else 0.0)
+        self.metrics.leader_epoch.set_function(lambda: float(self.epoch))
 
     def _build_leader_parts(self) -> None:
         """The policy loop, orchestrator and learner, read afresh from the store (at
@@ -115,12 +118,15 @@ class Controller:
         self.history.seed(store, time.time())
         self.policy_loop = PolicyLoop(store, self.fleet, self.history,
                                       paused=self.persistence.paused, clock=time.time)
+        self.policy_loop.on_decision = self.metrics.decision
         self.orchestrator = MigrationOrchestrator(
             MigrationRepository(store.engine), self.fleet, self.agents.send_command,
             epoch=self.epoch,
             settings=OrchestratorSettings(
                 canary_steps=config.canary_steps, analysis_intervals=config.analysis_intervals,
-                sla_for=self.policy_loop.sla_for))
+                sla_for=self.policy_loop.sla_for),
+            on_transition=self.metrics.migration_transition,
+            on_created=self.metrics.migration_created)
         self.orchestrator.install()
         self.policy_loop.orchestrator = self.orchestrator
         self.learner = CapacityLearner(store)
@@ -332,18 +338,39 @@ class Controller:
                 log.exception("housekeeping failed")
 
     def _update_gauges(self) -> None:
+        """The fleet's and the migrations' gauges: the leader's view; a follower (whose
+        fleet is a lapsed term's, if any) exports zeros, so alerts summed over every
+        controller count each host and move once."""
+        leading = self.leading
         names = {control_pb2.HOST_STATE_CONNECTED: "connected",
                  control_pb2.HOST_STATE_JOINING: "joining",
                  control_pb2.HOST_STATE_UNREACHABLE: "unreachable",
                  control_pb2.HOST_STATE_DISCONNECTED: "disconnected"}
-        by_state = self.fleet.host_state_counts()  # kept by the fleet: no walk over it
+        # kept by the fleet: no walk over it
+        by_state = self.fleet.host_state_counts() if leading else {}
         for value, state in names.items():
             self.metrics.hosts.labels(state).set(by_state.get(value, 0))
         self.metrics.deployments.clear()
-        for (engine, phase_value), n in self.fleet.deployment_counts().items():
+        for (engine, phase_value), n in (self.fleet.deployment_counts().items() if leading
+                                         else ()):
             phase = deployment_phase_name(phase_value)
             self.metrics.deployments.labels(engine, phase).inc(n)  # unknown phases add up
         self.metrics.route_version.set(self.fleet.route_version)
+        now = time.time()
+        for (engine, model), n in self.fleet.restarts.take().items():
+            self.metrics.engine_restarts.labels(engine, model).inc(n)
+        self.metrics.set_crash_looping(
+            self.fleet.restarts.crash_looping(now).items() if leading else ())
+        active = self.orchestrator.active() if leading else []
+        in_flight: dict[tuple[str, str], int] = {}
+        stuck: dict[str, int] = {}
+        for row in active:
+            key = (row.kind.value, row.phase.value)
+            in_flight[key] = in_flight.get(key, 0) + 1
+            if self.orchestrator.stuck(row):
+                stuck[row.phase.value] = stuck.get(row.phase.value, 0) + 1
+        oldest_s = max((now - row.created_at.timestamp() for row in active), default=0.0)
+        self.metrics.set_migrations(in_flight, stuck, oldest_s)
 
     async def stop(self, grace_s: float = 2.0) -> None:
         led_to_the_end = self.leading and self._led

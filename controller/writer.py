@@ -91,6 +91,9 @@ class WriterMetrics:
             "Writes dropped: reason=full (pending set full), closed (writer closed), "
             "rejected (the database refuses the row itself).",
             ["kind", "reason"], registry=registry)
+        for spec in SPECS:  # present from the start, so increase() sees the first drop
+            for reason in ("full", "rejected"):
+                self.dropped.labels(spec.kind, reason)
         self.flush_seconds = Histogram(
             "gearshift_store_flush_seconds", "Time to commit one batch, in seconds.",
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),

@@ -14,6 +14,13 @@ from prometheus_client.registry import REGISTRY
 
 from gearshift.gateway.limits import ClientLimits
 
+# The `reason` of gearshift_gateway_errors_total: the clients' own errors, and failures on
+# the serving side (the alert GearshiftGatewayUpstreamErrors counts these only; a test
+# checks both against what the proxy emits and what deploy/prometheus/rules.yaml matches).
+CLIENT_ERROR_REASONS = frozenset({"unknown_model", "bad_request", "client_disconnected"})
+UPSTREAM_ERROR_REASONS = frozenset({"no_endpoint", "upstream_5xx", "upstream_unavailable",
+                                    "truncated"})
+
 # Time to first byte buckets (seconds): fine below 10 ms where gateway overhead lives.
 TTFT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                   10.0, 30.0)
@@ -30,7 +37,9 @@ class GatewayMetrics:
             ["model", "deployment", "code"], registry=self.registry)
         self.errors_total = Counter(
             "gearshift_gateway_errors_total",
-            "Requests that failed as the client sees them, by model and reason.",
+            "Requests that failed as the client sees them, by model and reason (the client's "
+            "own: unknown_model, bad_request, client_disconnected; upstream: no_endpoint, "
+            "upstream_5xx, upstream_unavailable, truncated).",
             ["model", "reason"], registry=self.registry)
         self.ttft_seconds = Histogram(
             "gearshift_gateway_ttft_seconds",

@@ -167,8 +167,24 @@ def test_postgres_restart_under_load_loses_no_decision(tmp_path: Path) -> None:
             fleet.stop()
 
 
+def _gauge(port: int, name: str, **labels: str) -> float | None:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{{want}}} " if labels else f"{name} "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
 def test_stale_leader_resuming_after_a_pause_is_fenced(ha: HaFleet, tmp_path: Path) -> None:
-    ha.start_all(ARGS)
+    from gearshift.devfleet.local_fleet import free_port
+
+    ops = {name: free_port() for name in ha.names}
+    for name in ha.names:
+        ha.start_controller((*ARGS, "--metrics-listen", f"127.0.0.1:{ops[name]}"), name)
     start_moving_hosts(ha)
     ha.start_gateway()
     with gateway_load(ha.gateway_url, "m") as load:
@@ -186,6 +202,16 @@ def test_stale_leader_resuming_after_a_pause_is_fenced(ha: HaFleet, tmp_path: Pa
             return st is not None and not st.leader and st.leader_id == new
 
         wait_for(stepped_down, 15, "the stale leader to step down")
+        # Its fleet is a lapsed term's: it exports no hosts (the new leader's are counted
+        # once, and its own would turn unreachable), and says it follows.
+        wait_for(lambda: _gauge(ops[new], "gearshift_controller_hosts", state="connected") == 2,
+                 30, "the new leader to count both hosts")
+        wait_for(lambda: [_gauge(ops[old], "gearshift_controller_hosts", state=s)
+                          for s in ("connected", "disconnected", "unreachable")] == [0, 0, 0],
+                 30, "the stale leader to export no hosts")
+        assert _gauge(ops[old], "gearshift_controller_is_leader") == 0.0
+        assert _gauge(ops[new], "gearshift_controller_is_leader") == 1.0
+        assert _gauge(ops[new], "gearshift_controller_leader_epoch") == new_epoch
         end = wait_for(lambda: ended(ha, mig["id"]), 90, "the move to end")
         assert end["phase"] == "done", [(s["to_phase"], s["message"]) for s in end["steps"]]
     assert load.failed == 0, load.errors[:5]

@@ -19,6 +19,7 @@ from gearshift.common.engines import ENGINE_NAMES
 from gearshift.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from gearshift.controller.canary import Sla
 from gearshift.controller.fleet import FleetState
+from gearshift.controller.metrics import ControllerMetrics
 from gearshift.controller.migration_ledger import MigrationLedger
 from gearshift.controller.migration_machine import IllegalTransition, MigrationKind, TrialOutcome
 from gearshift.controller.migration_store import MigrationPhase, MigrationRepository, MigrationRow
@@ -124,6 +125,7 @@ class Harness:
         for host_id, dep_id, gpu in sources:
             self.agents.run(host_id, dep_id, "vllm", gpu)
         self.transitions: list[tuple[str, str]] = []
+        self.metrics = ControllerMetrics()
         self.epoch = 0
         self.restart()
 
@@ -140,8 +142,16 @@ class Harness:
         self.orch = MigrationOrchestrator(
             self.repo, self.fleet, self.agents.send, epoch=self.epoch, clock=self.clock,
             settings=self.settings,
-            on_transition=lambda row, a, b, _msg: self.transitions.append((a.value, b.value)))
+            on_transition=self._transition, on_created=self.metrics.migration_created)
         self.orch.install()
+
+    def _transition(self, row: MigrationRow, before: MigrationPhase, to: MigrationPhase,
+                    message: str) -> None:
+        self.transitions.append((before.value, to.value))
+        self.metrics.migration_transition(row, before, to, message)
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        return self.metrics.registry.get_sample_value(name, labels)
 
     def cycle(self) -> None:
         self.clock.t += INTERVAL_S
@@ -466,3 +476,58 @@ def test_an_illegal_transition_raises_and_saves_nothing(make: Callable[..., Harn
     with pytest.raises(IllegalTransition, match="only a trial that measured its target"):
         ledger.go(h.orch.get(mid), P.DONE, "pretending it moved")
     assert h.orch.get(mid).phase is P.ROLLING_BACK
+
+
+def test_metrics_count_a_move_its_phases_its_end_and_its_duration(
+        make: Callable[..., Harness]) -> None:
+    h = make()
+    started_at = h.clock.t
+    mid = h.orch.create("llama", "vllm", "tensorrt-llm").id
+    kind = "engine_switch"
+    assert h.metric("gearshift_controller_migrations_started_total", kind=kind) == 1
+    assert h.metric("gearshift_controller_migrations_ended_total", kind=kind,
+                    result="done") == 0  # exported before the first end
+    row = h.until(phase_is(P.DONE), mid)
+    for phase in ("starting", "warming", "canary", "promoting", "draining", "done"):
+        assert h.metric("gearshift_controller_migration_transitions_total", kind=kind,
+                        phase=phase) == 1, phase
+    assert h.metric("gearshift_controller_migrations_ended_total", kind=kind, result="done") == 1
+    assert h.metric("gearshift_controller_migrations_ended_total", kind=kind,
+                    result="rolled_back") == 0
+    assert h.metric("gearshift_controller_migration_duration_seconds_count", kind=kind,
+                    result="done") == 1
+    assert row.finished_at is not None
+    assert h.metric("gearshift_controller_migration_duration_seconds_sum", kind=kind,
+                    result="done") == pytest.approx(row.finished_at.timestamp() - started_at)
+
+
+def test_metrics_count_a_rollback_by_its_result(make: Callable[..., Harness]) -> None:
+    h = make()
+    mid = h.orch.create("llama", "vllm", "tensorrt-llm").id
+    h.until(at_step(0), mid)
+    h.agents.latency["tensorrt-llm"] = (2.0, 0.04)
+    h.until(phase_is(P.ROLLED_BACK), mid)
+    assert h.metric("gearshift_controller_migrations_ended_total", kind="engine_switch",
+                    result="rolled_back") == 1
+    assert h.metric("gearshift_controller_migrations_ended_total", kind="engine_switch",
+                    result="done") == 0
+    assert h.metric("gearshift_controller_migration_transitions_total", kind="engine_switch",
+                    phase="rolling_back") == 1
+
+
+def test_a_move_waiting_past_its_phase_deadline_is_stuck(make: Callable[..., Harness]) -> None:
+    h = make(gpus={"h1": 1}, stuck_after_s=10.0)  # no free GPU: waits in pending
+    mid = h.orch.create("llama", "vllm", "tensorrt-llm").id
+    h.cycle()
+    [row] = h.orch.active()
+    assert row.id == mid and row.phase is P.PENDING and not h.orch.stuck(row)
+    for _ in range(10):
+        h.cycle()
+    [row] = h.orch.active()
+    assert row.phase is P.PENDING and h.orch.stuck(row)  # reported, nothing done about it
+    assert h.agents.sent == []
+    settings = h.orch.settings
+    assert settings.phase_deadline_s(P.PENDING) == 10.0
+    assert settings.phase_deadline_s(P.BUILDING) == settings.build_timeout_s + 10.0
+    with pytest.raises(InvalidArgument, match="stuck_after_s"):
+        make(stuck_after_s=0.0)

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from gearshift.common.errors import FailedPrecondition
 from gearshift.controller.fleet import FleetState
+from gearshift.controller.metrics import ControllerMetrics
 from gearshift.controller.migration_machine import MigrationKind, MigrationPhase, TrialOutcome
 from gearshift.controller.migration_store import MigrationRow
 from gearshift.controller.policy_loop import PolicyLoop, RateHistory
@@ -132,3 +134,26 @@ def test_an_approved_decision_whose_migration_started_becomes_executing(store: S
     loop.reconcile()
     row = store.get_decision(d.id)
     assert row is not None and row.status is DecisionStatus.EXECUTING and mig.id in row.status_reason
+
+
+def test_decision_metrics_count_each_status_entered_by_rule(store: Store) -> None:
+    loop = _loop(store, NOW, {"vllm": 1})
+    metrics = ControllerMetrics()
+    loop.on_decision = metrics.decision
+
+    def count(rule: str, outcome: str) -> float | None:
+        return metrics.registry.get_sample_value("gearshift_controller_decisions_total",
+                                                 {"rule": rule, "outcome": outcome})
+
+    moving = _decision(store, DecisionStatus.EXECUTING, NOW, rule="prefer-trt")
+    _migration(loop, moving.id, MigrationPhase.ROLLED_BACK, reason="canary failed")
+    proposed = _decision(store, DecisionStatus.PROPOSED, NOW, rule="cheaper", mode="approve")
+    loop.reconcile()
+    loop.reconcile()  # nothing changes: nothing counted
+    assert count("prefer-trt", "rolled_back") == 1
+    loop.reject(proposed.id, "not now", "ops")
+    assert count("cheaper", "rejected") == 1
+    with pytest.raises(FailedPrecondition, match="only a proposed decision"):
+        loop.reject(proposed.id, "again", "ops")  # refused: not counted again
+    assert count("cheaper", "rejected") == 1
+    assert count("prefer-trt", "done") is None and count("cheaper", "approved") is None
