@@ -4,7 +4,7 @@
 #   install.sh system   python3 (>= 3.11, with venv), tini and CA certificates from the base's
 #                       apt where the base lacks them; the unprivileged user gearshift (10001)
 #   install.sh deps     /opt/gearshift/.venv with the pinned dependencies (requirements.txt)
-#   install.sh app      gearshift itself from /src, without touching the dependencies
+#   install.sh app      gearshift itself from /tmp/src, without touching the dependencies
 #
 # pip reaches PyPI; when the build passes a CA bundle as the secret `ca` (a host behind a
 # TLS-inspecting proxy), pip uses it from /run/secrets/ca: it is never copied into a layer.
@@ -57,7 +57,7 @@ deps)
 app)
     # setuptools and wheel come pinned with the dependencies: no network here.
     "$VENV/bin/pip" install --no-cache-dir --disable-pip-version-check --no-input \
-        --no-deps --no-build-isolation --no-index /src
+        --no-deps --no-build-isolation --no-index /tmp/src
     "$VENV/bin/python" -m compileall -q "$VENV/lib" >/dev/null || true
     ln -sf "$VENV/bin/gearshift" /usr/local/bin/gearshift
     gearshift --version >/dev/null 2>&1 || gearshift --help >/dev/null

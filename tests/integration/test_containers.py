@@ -146,6 +146,34 @@ class Pod:
         self.podman("network", "rm", "--force", self.network, check=False, timeout=60)
 
 
+def test_images_are_labelled_non_root_and_start_under_tini(
+        images: tuple[dict[str, str], str, str]) -> None:
+    env, control_image, agent_image = images
+    for image in (control_image, agent_image):
+        config = json.loads(_run(["podman", "image", "inspect", "--format", "{{json .Config}}",
+                                  image], env).stdout)
+        labels = config["Labels"]
+        assert labels["org.opencontainers.image.version"] == _project_version(), image
+        assert labels["org.opencontainers.image.source"].startswith("https://"), image
+        assert labels["org.opencontainers.image.revision"] not in ("", "unknown"), image
+        assert config["User"] == f"{APP_UID}:{APP_UID}", image
+        assert config["Entrypoint"][:2] == ["tini", "--"], image
+        # No build secret (the CA bundle given to pip) is left in the image.
+        probe = _run(["podman", "run", "--rm", "--network", "none", "--entrypoint", "/bin/sh",
+                      image, "-c", "id -u; test ! -e /run/secrets/ca && echo clean"], env)
+        assert probe.stdout.split() == [str(APP_UID), "clean"], probe.stdout
+    assert "dev.gearshift.engine" in json.loads(_run(
+        ["podman", "image", "inspect", "--format", "{{json .Config.Labels}}", agent_image],
+        env).stdout)
+
+
+def _project_version() -> str:
+    for line in (REPO / "pyproject.toml").read_text().splitlines():
+        if line.startswith("version = "):
+            return line.split('"')[1]
+    raise AssertionError("no version in pyproject.toml")
+
+
 def _owned_dir(path: Path, files: dict[str, Path] | None = None) -> Path:
     """A directory (with copies of `files`) the containers' user owns: their key files
     stay mode 0600, as on a host or in a Kubernetes Secret with fsGroup."""
