@@ -20,7 +20,7 @@ demo: $(STAMP)
 # configured here where that is possible (root on Debian/Ubuntu), else it is skipped.
 test: $(STAMP)
 	$(BIN)/python scripts/gen_proto.py --check
-	-@scripts/podman-setup.sh >/dev/null
+	-@scripts/podman-setup.sh --with-base >/dev/null
 	$(BIN)/pytest -q -p no:cacheprovider tests
 
 # Coverage-guided (atheris, the optional `fuzz` extra) for FUZZ_SECONDS per parser when it
@@ -53,17 +53,17 @@ ENGINE ?= vllm
 ENGINE_IMAGE ?=
 CONTROL_BASE_IMAGE ?=
 LOCAL_BASE_IMAGE := localhost/gearshift-debian:bookworm
-PODMAN_ENV = $(if $(filter podman,$(CONTAINER)),eval "$$(scripts/podman-setup.sh)" &&,)
+PODMAN_ENV = $(if $(filter podman,$(CONTAINER)),eval "$$(scripts/podman-setup.sh $(1))" &&,)
 
 podman-setup:
 	scripts/podman-setup.sh
 
 image:
-	$(PODMAN_ENV) CONTAINER=$(CONTAINER) ENGINE=$(ENGINE) ENGINE_IMAGE=$(ENGINE_IMAGE) \
+	$(call PODMAN_ENV) CONTAINER=$(CONTAINER) ENGINE=$(ENGINE) ENGINE_IMAGE=$(ENGINE_IMAGE) \
 		CONTROL_BASE_IMAGE=$(CONTROL_BASE_IMAGE) scripts/build-images.sh
 
 image-emulator:
-	$(PODMAN_ENV) CONTAINER=$(CONTAINER) ENGINE=emulator ENGINE_IMAGE=$(LOCAL_BASE_IMAGE) \
+	$(call PODMAN_ENV,--with-base) CONTAINER=$(CONTAINER) ENGINE=emulator ENGINE_IMAGE=$(LOCAL_BASE_IMAGE) \
 		CONTROL_BASE_IMAGE=$(LOCAL_BASE_IMAGE) scripts/build-images.sh
 
 # The container test alone (it is part of `make test` too, where podman can run).

@@ -6,11 +6,12 @@
 # - writes a containers.conf under build/podman/ (runtime runc: crun cannot start containers on
 #   hosts whose cgroups are in hybrid mode; default ulimits within this host's limits) and prints
 #   `export CONTAINERS_CONF=...` for the caller;
-# - builds the local base image `localhost/gearshift-debian:bookworm` with debootstrap when it is
-#   missing (no registry needed: the image and agent test images build FROM it).
+# - with --with-base: builds the local base image `localhost/gearshift-debian:bookworm` with
+#   debootstrap when it is missing (no registry needed: `make image-emulator` and the container
+#   test build both images FROM it).
 #
-# Usage: eval "$(scripts/podman-setup.sh)"      (prints only the export line on stdout)
-# With GEARSHIFT_PODMAN_NO_INSTALL=1 it installs nothing (exit 1 naming what is missing).
+# Usage: eval "$(scripts/podman-setup.sh [--with-base])"   (prints only the export line on stdout)
+# With GEARSHIFT_PODMAN_NO_INSTALL=1 it installs nothing (exit 3 naming what is missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,6 +19,8 @@ BASE_IMAGE="${GEARSHIFT_BASE_IMAGE:-localhost/gearshift-debian:bookworm}"
 SUITE="${GEARSHIFT_BASE_SUITE:-bookworm}"
 CONF_DIR="$PWD/build/podman"
 CONF="$CONF_DIR/containers.conf"
+WITH_BASE=
+[ "${1:-}" = --with-base ] && WITH_BASE=1
 log() { echo "podman-setup: $*" >&2; }
 
 need=()
@@ -28,7 +31,7 @@ command -v debootstrap >/dev/null || need+=(debootstrap)
 if [ ${#need[@]} -gt 0 ]; then
     if [ -n "${GEARSHIFT_PODMAN_NO_INSTALL:-}" ]; then
         log "missing ${need[*]} (scripts/podman-setup.sh installs them as root on Debian/Ubuntu)"
-        exit 1
+        exit 3
     fi
     if ! command -v apt-get >/dev/null; then
         log "missing ${need[*]} and no apt-get here: install them with the system's package manager"
@@ -64,7 +67,7 @@ if [ ! -f "$CONF" ] || [ "$(cat "$CONF")" != "$(printf '%s' "$want")" ]; then
 fi
 export CONTAINERS_CONF="$CONF"
 
-if ! podman image exists "$BASE_IMAGE"; then
+if [ -n "$WITH_BASE" ] && ! podman image exists "$BASE_IMAGE"; then
     command -v debootstrap >/dev/null || { log "debootstrap missing: cannot build $BASE_IMAGE"; exit 1; }
     log "building $BASE_IMAGE with debootstrap --variant=minbase $SUITE (about 30 s)"
     root=$(mktemp -d)

@@ -35,7 +35,11 @@ system)
         rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb /var/log/apt /var/log/dpkg.log
     fi
     command -v tini
-    python3 --version
+    if ! python3 -c 'import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 11))'; then
+        echo "install.sh: this base's python3 ($(python3 --version 2>&1)) is older than 3.11" \
+             "or has no venv module: gearshift needs 3.11 or newer" >&2
+        exit 1
+    fi
     if ! getent passwd gearshift >/dev/null; then
         if command -v useradd >/dev/null 2>&1; then
             useradd --system --uid "$APP_UID" --user-group --home-dir /var/lib/gearshift \
