@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROTOS := $(wildcard proto/gearshift/v1/*.proto)
 
-.PHONY: demo test proto lint bench clean check-proto fuzz promtool
+.PHONY: demo test proto lint bench clean check-proto fuzz promtool image image-emulator test-containers podman-setup
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -16,8 +16,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/gearshift demo $(DEMO_ARGS)
 
+# The container test (tests/integration/test_containers.py) needs podman: installed and
+# configured here where that is possible (root on Debian/Ubuntu), else it is skipped.
 test: $(STAMP) promtool
 	$(BIN)/python scripts/gen_proto.py --check
+	-@scripts/podman-setup.sh --with-base >/dev/null
 	$(BIN)/pytest -q -p no:cacheprovider tests
 
 # promtool (Debian's `prometheus` package) checks and unit-tests the alert rules
@@ -51,6 +54,34 @@ proto: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check common controller agents policies cli gateway devfleet bench tests scripts
 	$(BIN)/mypy common controller agents policies cli gateway devfleet
+
+# Container images (deploy/images/). `make image` builds the control plane on Debian and the
+# agent on an engine's official serving image (ENGINE_IMAGE; vLLM by default): both bases are
+# pulled from their registries. `make image-emulator` needs no registry: both images on a
+# Debian base made here with debootstrap, the agent's engines being the emulator (the
+# container test's images). With podman, scripts/podman-setup.sh first installs and
+# configures it (idempotent; root on Debian/Ubuntu).
+CONTAINER ?= $(shell command -v podman >/dev/null 2>&1 && echo podman || echo docker)
+ENGINE ?= vllm
+ENGINE_IMAGE ?=
+CONTROL_BASE_IMAGE ?=
+LOCAL_BASE_IMAGE := localhost/gearshift-debian:bookworm
+PODMAN_ENV = $(if $(filter podman,$(CONTAINER)),eval "$$(scripts/podman-setup.sh $(1))" &&,)
+
+podman-setup:
+	scripts/podman-setup.sh
+
+image:
+	$(call PODMAN_ENV) CONTAINER=$(CONTAINER) ENGINE=$(ENGINE) ENGINE_IMAGE=$(ENGINE_IMAGE) \
+		CONTROL_BASE_IMAGE=$(CONTROL_BASE_IMAGE) scripts/build-images.sh
+
+image-emulator:
+	$(call PODMAN_ENV,--with-base) CONTAINER=$(CONTAINER) ENGINE=emulator ENGINE_IMAGE=$(LOCAL_BASE_IMAGE) \
+		CONTROL_BASE_IMAGE=$(LOCAL_BASE_IMAGE) scripts/build-images.sh
+
+# The container test alone (it is part of `make test` too, where podman can run).
+test-containers: $(STAMP)
+	$(BIN)/pytest -q -p no:cacheprovider tests/integration/test_containers.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

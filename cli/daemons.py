@@ -94,7 +94,11 @@ def controller(ctx: click.Context, listen: str, db_url: str, data_dir: Path,
               help="controller HOST:PORT (overrides the config file)")
 @click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="agent YAML config")
-@click.option("--host-id", default=None, help="host identity (overrides the config file)")
+@click.option("--host-id", default=None, envvar="GEARSHIFT_HOST_ID",
+              help="host identity (overrides the config file)")
+@click.option("--bind-host", default=None, envvar="GEARSHIFT_BIND_HOST", metavar="ADDRESS",
+              help="address engines listen on and are reached at, e.g. a pod's IP "
+              "(overrides the config file's bind_host)")
 @click.option("--workdir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="work dir: engine logs and records (overrides the config file)")
 @click.option("--metrics-listen", default=None, metavar="HOST:PORT",
@@ -106,8 +110,8 @@ def controller(ctx: click.Context, listen: str, db_url: str, data_dir: Path,
 @click.option("--log-level", default="info", show_default=True)
 @click.pass_context
 def agent(ctx: click.Context, controller_addr: str | None, config_path: Path | None,
-          host_id: str | None, workdir: Path | None, metrics_listen: str | None,
-          drain_on_exit: bool | None, log_level: str) -> None:
+          host_id: str | None, bind_host: str | None, workdir: Path | None,
+          metrics_listen: str | None, drain_on_exit: bool | None, log_level: str) -> None:
     """Run the agent on a GPU host: supervise engines and report to the controller.
 
     Engines outlive the agent: on SIGTERM or a crash they keep serving, and the
@@ -123,7 +127,7 @@ def agent(ctx: click.Context, controller_addr: str | None, config_path: Path | N
     setup_logging(log_level)
     try:
         cfg = load_agent_config(config_path, {"controller": controller_addr, "host_id": host_id,
-                                              "workdir": workdir, "drain_on_exit": drain_on_exit,
+                                              "bind_host": bind_host, "workdir": workdir, "drain_on_exit": drain_on_exit,
                                               "metrics_listen": metrics_listen},
                                 defaults={"tls": _tls_from_env()})
         asyncio.run(run_agent(cfg))

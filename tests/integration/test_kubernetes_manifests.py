@@ -1,0 +1,197 @@
+"""The Kubernetes manifests as an operator applies them: each overlay rendered by
+`kubectl kustomize` (with certificates made by `gearshift certs init`, as the README says),
+valid against the two newest Kubernetes minor versions kubernetes-validate knows
+(strict: unknown fields are errors), and holding what the deployment relies on."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gearshift.agents.config import load_agent_config
+from gearshift.controller.certificate_authority import init_certs
+
+kubernetes_validate = pytest.importorskip("kubernetes_validate")
+from kubernetes_validate.utils import all_versions  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+KUBE = REPO / "deploy" / "kubernetes"
+OVERLAYS = ("single", "ha")
+NODE = "gpu-node-1"
+DB_URL = "postgresql+psycopg://gearshift:secret@db.example:5432/gearshift"
+
+
+def _newest_minors(n: int = 2) -> list[str]:
+    by_minor: dict[str, str] = {}
+    for v in all_versions():
+        major, minor = v.split(".")[:2]
+        by_minor[f"{major}.{minor}"] = v  # sorted: the last patch of each minor wins
+    return [by_minor[m] for m in sorted(by_minor, key=lambda m: tuple(map(int, m.split("."))))[-n:]]
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed (it renders the Kustomize overlays)")
+    tree = tmp_path_factory.mktemp("k8s") / "kubernetes"
+    shutil.copytree(KUBE, tree, ignore=shutil.ignore_patterns("secrets"))
+    init_certs(tree / "base" / "secrets", hosts=[NODE],
+               sans=["gearshift-controller", "*.gearshift-controller-headless.gearshift.svc"],
+               days=1)
+    (tree / "overlays" / "ha" / "secrets").mkdir()
+    (tree / "overlays" / "ha" / "secrets" / "db-url").write_text(DB_URL)
+    out = {}
+    for overlay in OVERLAYS:
+        proc = subprocess.run(["kubectl", "kustomize", str(tree / "overlays" / overlay)],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        out[overlay] = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    return out
+
+
+def _one(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].startswith(name)]
+    assert len(found) == 1, (kind, name, [d["metadata"]["name"] for d in found])
+    return found[0]
+
+
+def _pod(workload: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = workload["spec"]["template"]["spec"]
+    return spec
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_is_valid_for_the_newest_kubernetes(rendered: dict[str, list[dict[str, Any]]],
+                                                    overlay: str) -> None:
+    versions = _newest_minors()
+    assert len(versions) == 2
+    for version in versions:
+        for doc in rendered[overlay]:
+            kubernetes_validate.validate(doc, version, strict=True)  # raises on an error
+
+
+def test_validation_is_strict() -> None:
+    """The check above can fail: an unknown field is refused."""
+    bad = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "x"},
+           "automountServiceAcountToken": False}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, _newest_minors()[-1], strict=True)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_pod_is_hardened_and_probed(rendered: dict[str, list[dict[str, Any]]],
+                                          overlay: str) -> None:
+    docs = rendered[overlay]
+    assert all(d["metadata"].get("namespace") == "gearshift" for d in docs
+               if d["kind"] != "Namespace")
+    ns = _one(docs, "Namespace", "gearshift")
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    workloads = [d for d in docs if d["kind"] in ("StatefulSet", "Deployment", "DaemonSet", "Job")]
+    assert {d["metadata"]["name"] for d in workloads} == {
+        "gearshift-controller", "gearshift-gateway", "gearshift-agent", "gearshift-policy-apply"}
+    for w in workloads:
+        pod = _pod(w)
+        name = w["metadata"]["name"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, name
+        assert pod["automountServiceAccountToken"] is False, name
+        assert pod["serviceAccountName"] == name, name
+        for c in pod.get("initContainers", []) + pod["containers"]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False, (name, c["name"])
+            assert sc["readOnlyRootFilesystem"] is True, (name, c["name"])
+            assert sc["capabilities"]["drop"] == ["ALL"], (name, c["name"])
+            assert "memory" in c["resources"]["requests"], (name, c["name"])
+        if w["kind"] == "Job":
+            continue
+        (main,) = pod["containers"]
+        assert main["livenessProbe"]["httpGet"]["path"] == "/healthz", name
+        assert main["readinessProbe"]["httpGet"]["path"] == "/readyz", name
+        probe_port = main["readinessProbe"]["httpGet"]["port"]
+        metrics = next(p for p in main["ports"] if p["name"] == probe_port)
+        assert f"--metrics-listen=0.0.0.0:{metrics['containerPort']}" in main["args"], name
+    for name in ("gearshift-controller", "gearshift-gateway"):
+        assert _one(docs, "PodDisruptionBudget", name)
+    policies = {d["metadata"]["name"]: d for d in docs if d["kind"] == "NetworkPolicy"}
+    assert policies["gearshift-default-deny-ingress"]["spec"]["podSelector"] == {}
+    assert len(policies) == 4
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_role_gets_only_its_secrets(rendered: dict[str, list[dict[str, Any]]],
+                                         overlay: str) -> None:
+    docs = rendered[overlay]
+    gateway_secret = _one(docs, "Secret", "gearshift-gateway")
+    assert sorted(gateway_secret["data"]) == ["ca.pem", "gateway-key.pem", "gateway.pem",
+                                              "read.token"]
+    gateway = _one(docs, "Deployment", "gearshift-gateway")
+    mounted = {v["secret"]["secretName"] for v in _pod(gateway)["volumes"] if "secret" in v}
+    assert mounted == {gateway_secret["metadata"]["name"]}  # the generated, hashed name
+    controller_tokens = _one(docs, "Secret", "gearshift-controller-tokens")
+    assert sorted(controller_tokens["data"]) == ["tokens.yaml"]
+    assert "admin.token" in _one(docs, "Secret", "gearshift-admin")["data"]
+    # No certificate or key in any ConfigMap.
+    for cm in (d for d in docs if d["kind"] == "ConfigMap"):
+        assert not any("PRIVATE KEY" in v for v in cm["data"].values()), cm["metadata"]["name"]
+
+
+def test_single_runs_one_controller_on_its_own_volume(
+        rendered: dict[str, list[dict[str, Any]]]) -> None:
+    sts = _one(rendered["single"], "StatefulSet", "gearshift-controller")
+    assert sts["spec"]["replicas"] == 1
+    (claim,) = sts["spec"]["volumeClaimTemplates"]
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    (c,) = _pod(sts)["containers"]
+    assert not any(e["name"] == "GEARSHIFT_DB" for e in c["env"])  # SQLite under the data dir
+    assert {"name": "data", "mountPath": "/var/lib/gearshift/data"} in c["volumeMounts"]
+
+
+def test_ha_controllers_share_postgresql_and_advertise_pod_dns(
+        rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered["ha"]
+    sts = _one(docs, "StatefulSet", "gearshift-controller")
+    assert sts["spec"]["replicas"] == 3 and "volumeClaimTemplates" not in sts["spec"]
+    (c,) = _pod(sts)["containers"]
+    db = next(e for e in c["env"] if e["name"] == "GEARSHIFT_DB")
+    db_secret = _one(docs, "Secret", "gearshift-db")
+    assert db["valueFrom"]["secretKeyRef"] == {"name": db_secret["metadata"]["name"], "key": "url"}
+    headless = _one(docs, "Service", "gearshift-controller-headless")
+    assert headless["spec"]["clusterIP"] == "None"
+    assert sts["spec"]["serviceName"] == headless["metadata"]["name"]
+    assert ("--advertise=$(POD_NAME).gearshift-controller-headless.$(POD_NAMESPACE).svc:50051"
+            in c["args"])
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} \
+        in c["env"]
+
+
+@pytest.mark.parametrize(("overlay", "gpus"), [("single", 1), ("ha", 8)])
+def test_agent_daemonset_per_node(rendered: dict[str, list[dict[str, Any]]], overlay: str,
+                                  gpus: int) -> None:
+    ds = _one(rendered[overlay], "DaemonSet", "gearshift-agent")
+    pod = _pod(ds)
+    assert pod["nodeSelector"]["nvidia.com/gpu.present"] == "true"
+    if gpus > 1:
+        assert pod["nodeSelector"]["nvidia.com/gpu.count"] == str(gpus)
+    (agent,) = pod["containers"]
+    assert agent["resources"]["limits"]["nvidia.com/gpu"] == gpus
+    assert "--host-id=$(NODE_NAME)" in agent["args"]
+    env = {e["name"]: e for e in agent["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["GEARSHIFT_BIND_HOST"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in agent["volumeMounts"]}
+    assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
+    assert mounts["/var/cache/gearshift"] == "model-cache"
+    # This node's certificate only, copied by the init container.
+    (init,) = pod["initContainers"]
+    assert "agent-$NODE_NAME.pem" in init["command"][-1]
+    assert volumes[mounts["/etc/gearshift/tls"]]["emptyDir"]["medium"] == "Memory"
+    assert all(m["name"] != "all-certs" for m in agent["volumeMounts"])
+    config = _one(rendered[overlay], "ConfigMap", "gearshift-agent")
+    parsed = load_agent_config(None, {**yaml.safe_load(config["data"]["agent.yaml"]),
+                                      "host_id": NODE, "bind_host": "10.0.0.7"})
+    assert parsed.controller == "gearshift-controller:50051"
