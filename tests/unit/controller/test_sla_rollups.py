@@ -109,3 +109,24 @@ def test_controller_exports_the_latest_minute_and_drops_absent_signals() -> None
     # The latest minute had no hit rate and no blocks: no series (absent, not 0).
     assert "gearshift_controller_sla_prefix_cache_hit_ratio{" not in text
     assert "gearshift_controller_sla_kv_blocks{" not in text
+
+
+def test_live_policy_facts_from_the_ready_deployments() -> None:
+    from gearshift.controller.policy_facts import sla_signals
+    ready = [
+        ("h1", rep("a", queue_time=queue(0.1, 0.4), preemptions_per_s=1.0,
+                   prefix_cache_hit_rate=0.2, kv_blocks_total=100, kv_blocks_used=10,
+                   sleep_state=agent_pb2.ENGINE_SLEEP_STATE_AWAKE)),
+        ("h2", rep("b", queue_time=queue(0.2, 0.6), preemptions_per_s=2.0,
+                   prefix_cache_hit_rate=0.4, kv_blocks_total=100, kv_blocks_used=30,
+                   sleep_state=agent_pb2.ENGINE_SLEEP_STATE_DISCARD_ALL)),
+        ("h3", rep("c", engine="sglang")),  # exports none of them
+    ]
+    facts = sla_signals(ready)
+    v = facts["vllm"]
+    assert (v.queue_p50_ms, v.queue_p99_ms) == pytest.approx((200.0, 600.0))  # the worst
+    assert v.preemptions_per_s == 3.0 and v.prefix_cache_hit_rate == pytest.approx(0.3)
+    assert (v.kv_blocks_total, v.kv_blocks_used, v.asleep) == (200.0, 40.0, True)
+    s = facts["sglang"]
+    assert (s.queue_p99_ms, s.preemptions_per_s, s.prefix_cache_hit_rate, s.asleep,
+            s.kv_blocks_total) == (None, None, None, None, None)
