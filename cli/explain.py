@@ -37,7 +37,7 @@ GENERIC_REVERSAL = ("a change in the inputs above that makes another engine chea
 # Inputs every decision carries; the rule's own inputs are shown before them.
 _TRAFFIC_KEYS = ("rps_current", "rps_sustained", "rps_mean", "rps_peak", "burstiness",
                  "revisions_per_week", "history_h", "dwell_h")
-_FRACTION_WORDS = ("share", "error_rate", "tolerance", "fraction", "usage", "hysteresis",
+_FRACTION_WORDS = ("share", "error_rate", "hit_rate", "tolerance", "fraction", "usage", "hysteresis",
                    "capacity_gain")
 _LATENCY_WORDS = ("ttft", "itl", "latency", "e2e")
 _SYMBOL = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "eq": "==", "ne": "!=", "in": "in"}

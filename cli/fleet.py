@@ -8,6 +8,8 @@ import click
 
 from gearshift.cli.client import call, control_stub
 from gearshift.cli.output import (
+    TABLE_WIDTH_CHARS,
+    WIDE_TABLE_WIDTH_CHARS,
     fmt_ms,
     fmt_rate,
     output_option,
@@ -91,28 +93,55 @@ def hosts(ctx: click.Context, output: str) -> None:
 @fleet.command()
 @click.option("--model", default="", help="only this model")
 @click.option("--host", "host_id", default="", help="only this host")
-@output_option
+@click.option("-o", "--output", type=click.Choice(["table", "wide", "json"]), default="table",
+              show_default=True,
+              help="table for people, wide adds the SLA signals, json for tools")
 @click.pass_context
 def deployments(ctx: click.Context, model: str, host_id: str, output: str) -> None:
-    """Deployments with live figures from the engines' own metrics."""
+    """Deployments with live figures from the engines' own metrics (-o wide: also queue
+    time, preemptions, prefix-cache hit rate, sleep state, request lengths, KV blocks)."""
     with control_stub(ctx) as stub:
         resp = call(stub.ListDeployments,
                     control_pb2.ListDeploymentsRequest(model=model, host_id=host_id))
     if output == "json":
         print_json([to_dict(d) for d in resp.deployments])
         return
-    rows = []
+    columns = ["deployment", "host", "model", "engine", "rev", "phase", "req/s", "run/wait",
+               "ttft p50 ms", "ttft p99 ms", "itl p99 ms", "tok/s", "kv", "restarts", "endpoint"]
+    rows: list[tuple[object, ...]] = []
     for d in resp.deployments:
         r = d.report
-        rows.append((r.deployment_id, d.host_id, r.model, f"{r.engine} {r.engine_version}".strip(),
-                     r.revision or "-", phase(r.phase), fmt_rate(r.request_rate),
-                     f"{r.running_requests:.0f}/{r.waiting_requests:.0f}",
-                     fmt_ms(r.ttft.p50_s, r.ttft.present), fmt_ms(r.ttft.p99_s, r.ttft.present),
-                     fmt_ms(r.itl.p99_s, r.itl.present), f"{r.generation_tokens_per_s:.0f}",
-                     f"{r.kv_cache_usage * 100:.0f}%", r.restarts, r.endpoint))
-    print_table("deployments", ["deployment", "host", "model", "engine", "rev", "phase", "req/s",
-                                "run/wait", "ttft p50 ms", "ttft p99 ms", "itl p99 ms", "tok/s",
-                                "kv", "restarts", "endpoint"], rows)
+        row: tuple[object, ...] = (
+            r.deployment_id, d.host_id, r.model, f"{r.engine} {r.engine_version}".strip(),
+            r.revision or "-", phase(r.phase), fmt_rate(r.request_rate),
+            f"{r.running_requests:.0f}/{r.waiting_requests:.0f}",
+            fmt_ms(r.ttft.p50_s, r.ttft.present), fmt_ms(r.ttft.p99_s, r.ttft.present),
+            fmt_ms(r.itl.p99_s, r.itl.present), f"{r.generation_tokens_per_s:.0f}",
+            f"{r.kv_cache_usage * 100:.0f}%", r.restarts, r.endpoint)
+        rows.append(row + sla_cells(r) if output == "wide" else row)
+    if output == "wide":
+        columns += list(SLA_COLUMNS)
+    print_table("deployments", columns, rows,
+                width=WIDE_TABLE_WIDTH_CHARS if output == "wide" else TABLE_WIDTH_CHARS)
+
+
+SLA_COLUMNS = ("queue p50 ms", "queue p99 ms", "preempt/s", "prefix hit", "sleep",
+               "prompt tok", "gen tok", "kv blocks")
+
+
+def sla_cells(r: agent_pb2.DeploymentReport) -> tuple[str, ...]:
+    """The SLA signals of one report, "-" where the engine does not export one."""
+    def opt(name: str, fmt: str) -> str:
+        return format(getattr(r, name), fmt) if r.HasField(name) else "-"
+    hit = f"{r.prefix_cache_hit_rate * 100:.0f}%" if r.HasField("prefix_cache_hit_rate") else "-"
+    sleep = ("-" if r.sleep_state == agent_pb2.ENGINE_SLEEP_STATE_UNSPECIFIED
+             else enum_label(agent_pb2.EngineSleepState, "ENGINE_SLEEP_STATE_", r.sleep_state))
+    used = str(r.kv_blocks_used) if r.HasField("kv_blocks_used") else "-"
+    blocks = f"{used}/{r.kv_blocks_total}" if r.HasField("kv_blocks_total") else "-"
+    return (fmt_ms(r.queue_time.p50_s, r.queue_time.present),
+            fmt_ms(r.queue_time.p99_s, r.queue_time.present), opt("preemptions_per_s", ".2f"),
+            hit, sleep, opt("mean_prompt_tokens", ".0f"), opt("mean_generation_tokens", ".0f"),
+            blocks)
 
 
 @fleet.command()

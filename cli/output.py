@@ -26,13 +26,18 @@ def print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=False, default=str))
 
 
-def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+TABLE_WIDTH_CHARS = 160
+WIDE_TABLE_WIDTH_CHARS = 320  # `-o wide`: a line per row rather than folded headers
+
+
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *,
+                width: int = TABLE_WIDTH_CHARS) -> None:
     table = Table(title=title, title_justify="left", header_style="bold")
     for c in columns:
         table.add_column(c, overflow="fold")
     for r in rows:
         table.add_row(*("" if v is None else str(v) for v in r))
-    Console(width=160).print(table)
+    Console(width=width).print(table)
 
 
 def fmt_ms(seconds: float | None, present: bool = True) -> str:

@@ -9,6 +9,7 @@ are the fleet's engines and served models (no host or deployment ids).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextlib import suppress
 from enum import Enum
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,7 @@ from gearshift.controller.migration_machine import (
 
 if TYPE_CHECKING:
     from gearshift.controller.migration_store import MigrationRow
+    from gearshift.controller.tables import RollupRow
 
 # A move lasts minutes to hours (an engine build can take an hour).
 MIGRATION_DURATION_BUCKETS_S = (30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0,
@@ -113,6 +115,7 @@ class ControllerMetrics:
             for result in MIGRATION_RESULTS:
                 # present from the start, so increase() sees the first end
                 self.migrations_ended.labels(kind.value, result.value)
+        self.sla = SlaSignalMetrics(r)  # the SLA signals' block, below
 
     def decision(self, rule: str, status: Enum | str) -> None:
         """A decision made by `rule` entered `status` (a `DecisionStatus`)."""
@@ -150,3 +153,68 @@ class ControllerMetrics:
         self.crash_looping.clear()
         for (engine, model), n in counts:
             self.crash_looping.labels(engine, model).set(n)
+
+    def observe_rollups(self, rows: Iterable[RollupRow]) -> None:
+        self.sla.observe(rows)
+
+
+# --- SLA signals per model and engine (docs/engines.md, "Signals for SLA policies") ---------
+
+class SlaSignalMetrics:
+    """The latest complete minute's SLA signals per (model, engine), from the rollups.
+
+    A signal that minute did not have is removed (absent, not 0), so an engine that
+    does not export it shows no series. Labels are bounded by the models served.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        labels = ["model", "engine"]
+        self.queue_time = Gauge(
+            "gearshift_controller_sla_queue_time_seconds",
+            "Time requests waited before being scheduled, by quantile (latest minute).",
+            [*labels, "quantile"], registry=r)
+        self.preemptions = Gauge(
+            "gearshift_controller_sla_preemptions_per_second",
+            "Preempted (vLLM) or retracted (SGLang) requests per second (latest minute).",
+            labels, registry=r)
+        self.prefix_cache_hit_ratio = Gauge(
+            "gearshift_controller_sla_prefix_cache_hit_ratio",
+            "Prefix-cache hits over queries, 0..1 (latest minute).", labels, registry=r)
+        self.sleeping_replicas = Gauge(
+            "gearshift_controller_sla_sleeping_replicas",
+            "Deployments whose engine is asleep (latest minute).", labels, registry=r)
+        self.request_tokens = Gauge(
+            "gearshift_controller_sla_request_tokens_mean",
+            "Mean prompt or generated tokens per finished request (latest minute).",
+            [*labels, "kind"], registry=r)
+        self.kv_blocks = Gauge(
+            "gearshift_controller_sla_kv_blocks",
+            "KV-cache blocks summed over deployments, total or used (latest minute).",
+            [*labels, "state"], registry=r)
+
+    def observe(self, rows: Iterable[RollupRow]) -> None:
+        latest: dict[tuple[str, str], RollupRow] = {}
+        for row in rows:
+            key = (row.model, row.engine)
+            if key not in latest or row.minute >= latest[key].minute:
+                latest[key] = row
+        for (model, engine), row in latest.items():
+            self._set(self.queue_time, (model, engine, "0.5"), row.queue_p50_s)
+            self._set(self.queue_time, (model, engine, "0.99"), row.queue_p99_s)
+            self._set(self.preemptions, (model, engine), row.preemptions_per_s)
+            self._set(self.prefix_cache_hit_ratio, (model, engine), row.prefix_cache_hit_rate)
+            self.sleeping_replicas.labels(model, engine).set(row.sleeping_replicas)
+            self._set(self.request_tokens, (model, engine, "prompt"), row.mean_prompt_tokens)
+            self._set(self.request_tokens, (model, engine, "generation"),
+                      row.mean_generation_tokens)
+            self._set(self.kv_blocks, (model, engine, "total"), row.kv_blocks_total)
+            self._set(self.kv_blocks, (model, engine, "used"), row.kv_blocks_used)
+
+    @staticmethod
+    def _set(gauge: Gauge, labels: tuple[str, ...], value: float | None) -> None:
+        if value is not None:
+            gauge.labels(*labels).set(value)
+            return
+        with suppress(KeyError):  # never set: nothing to remove
+            gauge.remove(*labels)

@@ -10,6 +10,7 @@ is the rate forecast over the policy's horizon. Both are pure reads.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from gearshift.common.engines import ENGINE_NAMES
@@ -17,7 +18,7 @@ from gearshift.controller.fleet import FleetState
 from gearshift.controller.learning import live_capacities
 from gearshift.policies.loader import Policy
 from gearshift.policies.schema import ModelPriors
-from gearshift.policies.signals import EngineFacts, ModelFacts
+from gearshift.policies.signals import LATENCY_SOURCE, PRIOR_SOURCE, EngineFacts, ModelFacts
 from gearshift.v1 import agent_pb2
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ def model_facts(fleet: FleetState, ready: list[tuple[str, agent_pb2.DeploymentRe
             measured_ttft[d.engine] = max(measured_ttft.get(d.engine, 0.0), d.ttft.p99_s * 1000)
         if d.itl.present:
             measured_itl[d.engine] = max(measured_itl.get(d.engine, 0.0), d.itl.p99_s * 1000)
+    sla = sla_signals(ready)
     caps, cite = live_capacities(learner, model, gpu_models[0] if gpu_models else None,
                                  priors)
     engines = {}
@@ -54,7 +56,11 @@ def model_facts(fleet: FleetState, ready: list[tuple[str, agent_pb2.DeploymentRe
             for k in ("candidate_ttft_p99_s", "candidate_itl_p99_s"):
                 if isinstance(trial.get("figures"), dict) and k in trial["figures"]:
                     cite[f"trial_{k}.{e}"] = trial["figures"][k]
-        engines[e] = EngineFacts(
+        if e not in measured_ttft and e not in measured_itl and prior is not None and (
+                prior.ttft_p99_ms is not None or prior.itl_p99_ms is not None):
+            cite[f"{LATENCY_SOURCE}.{e}"] = PRIOR_SOURCE
+        engines[e] = replace(
+            sla.get(e, EngineFacts()),
             capacity_rps=caps[e].capacity_rps,
             ttft_p99_ms=measured_ttft.get(e, prior.ttft_p99_ms if prior else None),
             itl_p99_ms=measured_itl.get(e, prior.itl_p99_ms if prior else None),
@@ -69,6 +75,43 @@ def model_facts(fleet: FleetState, ready: list[tuple[str, agent_pb2.DeploymentRe
         sla_ttft_p99_ms=priors.sla_ttft_p99_ms, sla_itl_p99_ms=priors.sla_itl_p99_ms, engines=engines,
         nvidia=any(m.upper().startswith("NVIDIA") for m in gpu_models) if gpu_models else None,
         gpu_model=gpu_models[0] if gpu_models else None, labels=labels, citations=cite)
+
+
+_ASLEEP = frozenset({agent_pb2.ENGINE_SLEEP_STATE_WEIGHTS_OFFLOADED,
+                     agent_pb2.ENGINE_SLEEP_STATE_DISCARD_ALL})
+
+
+def sla_signals(ready: list[tuple[str, agent_pb2.DeploymentReport]]) -> dict[str, EngineFacts]:
+    """Per engine, the SLA signals of its ready deployments' latest reports: queue
+    quantiles the worst deployment's (as TTFT), preemptions and KV blocks summed, hit
+    rate and request lengths averaged, asleep when any is; None where no report has it."""
+    by_engine: dict[str, list[agent_pb2.DeploymentReport]] = {}
+    for _, d in ready:
+        by_engine.setdefault(d.engine, []).append(d)
+    out = {}
+    for engine, reports in by_engine.items():
+        def values(name: str, of: list[agent_pb2.DeploymentReport] = reports) -> list[float]:
+            return [float(getattr(d, name)) for d in of if d.HasField(name)]
+
+        def mean(name: str) -> float | None:
+            found = values(name)
+            return sum(found) / len(found) if found else None
+
+        queued = [d.queue_time for d in reports if d.queue_time.present]
+        known_sleep = [d.sleep_state for d in reports
+                       if d.sleep_state != agent_pb2.ENGINE_SLEEP_STATE_UNSPECIFIED]
+        out[engine] = EngineFacts(
+            queue_p50_ms=max(q.p50_s for q in queued) * 1000 if queued else None,
+            queue_p99_ms=max(q.p99_s for q in queued) * 1000 if queued else None,
+            preemptions_per_s=sum(values("preemptions_per_s")) if values("preemptions_per_s")
+            else None,
+            prefix_cache_hit_rate=mean("prefix_cache_hit_rate"),
+            asleep=any(s in _ASLEEP for s in known_sleep) if known_sleep else None,
+            mean_prompt_tokens=mean("mean_prompt_tokens"),
+            mean_generation_tokens=mean("mean_generation_tokens"),
+            kv_blocks_total=sum(values("kv_blocks_total")) if values("kv_blocks_total") else None,
+            kv_blocks_used=sum(values("kv_blocks_used")) if values("kv_blocks_used") else None)
+    return out
 
 
 def rate_forecast(forecaster: Forecaster | None, model: str, policy: Policy,

@@ -32,13 +32,22 @@ reports, hence the hand-written fold):
   boundaries and are forgotten after `BASELINE_TTL_S` without reports (checked
   every `BASELINE_SWEEP_S`).
 - `engine_version` and `gpu_model` are the last non-empty values seen.
+- SLA signals (docs/engines.md): `queue_p50_s` / `queue_p99_s` as the other latencies;
+  `preemptions_per_s` the sum over deployments of each one's mean (over its reports
+  that have the field); `prefix_cache_hit_rate`, `mean_prompt_tokens` and
+  `mean_generation_tokens` the plain mean over the reports that have them;
+  `sleeping_replicas` the deployments whose latest report in the minute says asleep;
+  `kv_blocks_total` / `kv_blocks_used` the sum over deployments of each one's latest.
+  A signal no report of the minute had is NULL, never 0.
 """
 
 from __future__ import annotations
 
 import math
 from array import array
+from collections.abc import Iterable
 from datetime import UTC, datetime
+from typing import TypeVar
 
 import numpy as np
 
@@ -51,14 +60,21 @@ LATENESS_S = 5.0  # reports may arrive this long after their minute ended
 BASELINE_TTL_S = 600.0  # forget a deployment's errors_total baseline after this long unseen
 BASELINE_SWEEP_S = 60.0  # look for such baselines at most this often
 P99_TAIL_FRACTION = 0.01
+_N = TypeVar("_N", int, float)
 
 
 class _Deployment:
     """One deployment's sums within one bucket."""
 
-    __slots__ = ("gen_sum", "n", "rate_latest", "rate_sum", "running_sum", "waiting_sum")
+    __slots__ = ("blocks_total", "blocks_used", "gen_sum", "n", "preempt_n", "preempt_sum",
+                 "rate_latest", "rate_sum", "running_sum", "sleeping", "waiting_sum")
 
     def __init__(self) -> None:
+        self.preempt_n = 0
+        self.preempt_sum = 0.0
+        self.sleeping = False
+        self.blocks_total: int | None = None
+        self.blocks_used: int | None = None
         self.n = 0
         self.rate_sum = 0.0
         self.rate_latest = 0.0
@@ -105,8 +121,9 @@ class _Latency:
 class _Bucket:
     """Everything known about one (model, engine, minute)."""
 
-    __slots__ = ("deployments", "e2e", "engine_version", "errors", "gpu_model", "itl",
-                 "kv_sum", "rate_max", "rate_total", "reports", "ttft")
+    __slots__ = ("deployments", "e2e", "engine_version", "errors", "gen_len", "gpu_model",
+                 "hit_rate", "itl", "kv_sum", "prompt_len", "queue", "rate_max", "rate_total",
+                 "reports", "ttft")
 
     def __init__(self) -> None:
         self.deployments: dict[str, _Deployment] = {}
@@ -120,6 +137,31 @@ class _Bucket:
         self.ttft = _Latency()
         self.itl = _Latency()
         self.e2e = _Latency()
+        self.queue = _Latency()
+        self.hit_rate = _Mean()
+        self.prompt_len = _Mean()
+        self.gen_len = _Mean()
+
+
+class _Mean:
+    """The mean of the reports that have a value."""
+
+    __slots__ = ("n", "total")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.total = 0.0
+
+    def add(self, value: float) -> None:
+        self.n += 1
+        self.total += value
+
+    def value(self) -> float | None:
+        return self.total / self.n if self.n else None
+
+
+_ASLEEP = frozenset({agent_pb2.ENGINE_SLEEP_STATE_WEIGHTS_OFFLOADED,
+                     agent_pb2.ENGINE_SLEEP_STATE_DISCARD_ALL})
 
 
 class RollupAggregator:
@@ -144,11 +186,13 @@ class RollupAggregator:
         """
         if not report.metrics_present:
             return
-        t, i, e = report.ttft, report.itl, report.e2e
+        t, i, e, q = report.ttft, report.itl, report.e2e, report.queue_time
         if not math.isfinite(
                 ts + report.request_rate + report.running_requests + report.waiting_requests
                 + report.generation_tokens_per_s + report.kv_cache_usage + t.p50_s + t.p99_s
-                + i.p50_s + i.p99_s + e.p50_s + e.p99_s):
+                + i.p50_s + i.p99_s + e.p50_s + e.p99_s + q.p50_s + q.p99_s
+                + report.preemptions_per_s + report.prefix_cache_hit_rate
+                + report.mean_prompt_tokens + report.mean_generation_tokens):
             raise InvalidArgument(
                 f"report of deployment {report.deployment_id!r} from host {host_id!r}: "
                 f"time or a metric is not a finite number (NaN or infinity)")
@@ -179,6 +223,7 @@ class RollupAggregator:
         bucket.ttft.add(report.ttft)
         bucket.itl.add(report.itl)
         bucket.e2e.add(report.e2e)
+        self._add_sla_signals(report, bucket, dep)
         if report.engine_version:
             bucket.engine_version = report.engine_version
         if gpu_model:
@@ -188,6 +233,26 @@ class RollupAggregator:
         if prev is not None:
             bucket.errors += errors_total - prev[0] if errors_total >= prev[0] else errors_total
         self._errors_baseline[dep_id] = (errors_total, ts)
+
+    @staticmethod
+    def _add_sla_signals(report: agent_pb2.DeploymentReport, bucket: _Bucket,
+                         dep: _Deployment) -> None:
+        bucket.queue.add(report.queue_time)
+        has = report.HasField
+        if has("preemptions_per_s"):
+            dep.preempt_n += 1
+            dep.preempt_sum += report.preemptions_per_s
+        if has("prefix_cache_hit_rate"):
+            bucket.hit_rate.add(report.prefix_cache_hit_rate)
+        if has("mean_prompt_tokens"):
+            bucket.prompt_len.add(report.mean_prompt_tokens)
+        if has("mean_generation_tokens"):
+            bucket.gen_len.add(report.mean_generation_tokens)
+        dep.sleeping = report.sleep_state in _ASLEEP
+        if has("kv_blocks_total"):
+            dep.blocks_total = report.kv_blocks_total
+        if has("kv_blocks_used"):
+            dep.blocks_used = report.kv_blocks_used
 
     def flush_completed(self, now: float) -> list[RollupRow]:
         """Rows of every minute complete at `now`; later reports for them are dropped."""
@@ -249,4 +314,20 @@ def _row(key: tuple[str, str, int], b: _Bucket) -> RollupRow:
         generation_tokens_per_s=sum(d.gen_sum / d.n for d in deps),
         kv_cache_usage_mean=b.kv_sum / b.reports,
         errors=b.errors,
+        queue_p50_s=b.queue.p50(),
+        queue_p99_s=b.queue.p99(),
+        preemptions_per_s=_sum_or_none(d.preempt_sum / d.preempt_n for d in deps if d.preempt_n),
+        prefix_cache_hit_rate=b.hit_rate.value(),
+        mean_prompt_tokens=b.prompt_len.value(),
+        mean_generation_tokens=b.gen_len.value(),
+        sleeping_replicas=sum(1 for d in deps if d.sleeping),
+        kv_blocks_total=_sum_or_none(d.blocks_total for d in deps if d.blocks_total is not None),
+        kv_blocks_used=_sum_or_none(d.blocks_used for d in deps if d.blocks_used is not None),
     )
+
+
+def _sum_or_none(values: Iterable[_N]) -> _N | None:
+    total: _N | None = None
+    for value in values:
+        total = value if total is None else total + value
+    return total

@@ -186,6 +186,7 @@ class Controller:
 
     def _on_rollups(self, rows: list[RollupRow]) -> None:
         self.learner.observe(rows)  # stored by housekeeping, off the event loop
+        self.metrics.observe_rollups(rows)
 
     def _on_command_result(self, host_id: str, result: agent_pb2.CommandResult) -> None:
         self.orchestrator.on_command_result(host_id, result)

@@ -153,6 +153,16 @@ class RollupRow(SQLModel, table=True):
     generation_tokens_per_s: float = 0.0
     kv_cache_usage_mean: float = 0.0  # 0..1, mean over reports
     errors: int = Field(default=0, sa_type=sa.BigInteger)  # failed requests within the minute
+    # SLA signals (NULL: no report of the minute had it; see controller/rollup.py).
+    queue_p50_s: float | None = None  # time waiting before scheduling
+    queue_p99_s: float | None = None
+    preemptions_per_s: float | None = None
+    prefix_cache_hit_rate: float | None = None  # 0..1
+    mean_prompt_tokens: float | None = None
+    mean_generation_tokens: float | None = None
+    sleeping_replicas: int = 0  # deployments whose engine was asleep at their latest report
+    kv_blocks_total: int | None = Field(default=None, sa_type=sa.BigInteger)
+    kv_blocks_used: int | None = Field(default=None, sa_type=sa.BigInteger)
 
 
 class CommandLogRow(SQLModel, table=True):

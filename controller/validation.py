@@ -33,6 +33,11 @@ MAX_GPU_TEMPERATURE_C = 200.0
 MIN_GPU_TEMPERATURE_C = -60.0
 MAX_GPU_POWER_W = 10_000.0
 MAX_ENDPOINT_LEN = 512
+MAX_TOKENS_PER_REQUEST = 100_000_000.0  # far above any context length
+MAX_KV_BLOCKS = 2.0**40
+SLEEP_STATES = frozenset(agent_pb2.EngineSleepState.values())
+_OPTIONAL_SIGNALS = ("preemptions_per_s", "prefix_cache_hit_rate", "mean_prompt_tokens",
+                     "mean_generation_tokens")
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
@@ -96,7 +101,46 @@ def _looks_valid(d: agent_pb2.DeploymentReport) -> bool:
             and d.request_rate <= MAX_REQUEST_RATE_PER_GPU * gpus
             and d.prompt_tokens_per_s + d.generation_tokens_per_s <= MAX_TOKENS_PER_S_PER_GPU * gpus
             and d.running_requests + d.waiting_requests <= MAX_REQUESTS_IN_FLIGHT_PER_GPU * gpus
-            and max(nums[6:]) <= MAX_LATENCY_S)
+            and max(nums[6:]) <= MAX_LATENCY_S and _sla_signals_look_valid(d, gpus))
+
+
+def _sla_signals_look_valid(d: agent_pb2.DeploymentReport, gpus: int) -> bool:
+    q = d.queue_time
+    queue = (q.p50_s, q.p99_s, q.mean_s)
+    optional = [getattr(d, f) for f in _OPTIONAL_SIGNALS if d.HasField(f)]
+    return (math.isfinite(sum(queue) + sum(optional)) and min(*queue, *optional) >= 0
+            and max(queue) <= MAX_LATENCY_S
+            and d.preemptions_per_s <= MAX_REQUEST_RATE_PER_GPU * gpus
+            and d.prefix_cache_hit_rate <= 1.0
+            and max(d.mean_prompt_tokens, d.mean_generation_tokens) <= MAX_TOKENS_PER_REQUEST
+            and d.sleep_state in SLEEP_STATES
+            and d.kv_blocks_total <= MAX_KV_BLOCKS
+            and (not d.HasField("kv_blocks_used") or not d.HasField("kv_blocks_total")
+                 or d.kv_blocks_used <= d.kv_blocks_total))
+
+
+def _check_sla_signals(p: str, d: agent_pb2.DeploymentReport, gpus: int, per_gpu: str) -> None:
+    """Name the first SLA signal that is out of range (the fast check failed)."""
+    for f in ("p50_s", "p99_s", "mean_s"):
+        _finite_nonneg(f"{p}.queue_time.{f}", getattr(d.queue_time, f), MAX_LATENCY_S)
+    bounds = {"preemptions_per_s": MAX_REQUEST_RATE_PER_GPU * gpus, "prefix_cache_hit_rate": 1.0,
+              "mean_prompt_tokens": MAX_TOKENS_PER_REQUEST,
+              "mean_generation_tokens": MAX_TOKENS_PER_REQUEST}
+    for name, high in bounds.items():
+        if d.HasField(name):
+            shown = per_gpu if name == "preemptions_per_s" else ""
+            _finite_nonneg(f"{p}.{name}{shown}", getattr(d, name), high)
+    if d.sleep_state not in SLEEP_STATES:
+        raise InvalidArgument(f"{p}.sleep_state: expected one of "
+                              f"{', '.join(agent_pb2.EngineSleepState.keys())}, "
+                              f"found {d.sleep_state}")
+    if d.kv_blocks_total > MAX_KV_BLOCKS:
+        raise InvalidArgument(f"{p}.kv_blocks_total: expected at most {MAX_KV_BLOCKS:g}, "
+                              f"found {d.kv_blocks_total}")
+    if (d.HasField("kv_blocks_used") and d.HasField("kv_blocks_total")
+            and d.kv_blocks_used > d.kv_blocks_total):
+        raise InvalidArgument(f"{p}.kv_blocks_used: expected at most kv_blocks_total "
+                              f"({d.kv_blocks_total}), found {d.kv_blocks_used}")
 
 
 def peer_ip(peer: str) -> IPAddress | None:
@@ -220,3 +264,4 @@ def check_report(report: agent_pb2.Report, host_id: str = "",
             q = getattr(d, qname)
             for f in ("p50_s", "p99_s", "mean_s"):
                 _finite_nonneg(f"{p}.{qname}.{f}", getattr(q, f), MAX_LATENCY_S)
+        _check_sla_signals(p, d, gpus, per_gpu)

@@ -86,7 +86,14 @@ from gearshift.policies.priors import (
     priors_for,
     resolve_capacities,
 )
-from gearshift.policies.signals import EngineFacts, ModelFacts, ModelHistory, SignalValue
+from gearshift.policies.signals import (
+    LATENCY_SOURCE,
+    PRIOR_SOURCE,
+    EngineFacts,
+    ModelFacts,
+    ModelHistory,
+    SignalValue,
+)
 from gearshift.policies.trace import Trace
 
 RHO_SATURATION_RATIO = 1.25   # the engine's saturation rate / its SLA capacity
@@ -274,6 +281,8 @@ class BlindLearner:
             prior = priors.get(e)  # type: ignore[call-overload]
             ttft = (float(np.median(recent)) if recent
                     else prior.ttft_p99_ms if prior is not None else None)
+            if not recent and ttft is not None:
+                cite[f"{LATENCY_SOURCE}.{e}"] = PRIOR_SOURCE
             engines[e] = EngineFacts(capacity_rps=caps[e].capacity_rps, ttft_p99_ms=ttft,
                                      cold_start_s=p.cold_start_s[e], build_s=p.build_s[e],
                                      build_overhead_usd=p.build_overhead_usd[e])

@@ -23,8 +23,20 @@ from gearshift.common.engines import ENGINE_NAMES, engine_entry
 from gearshift.policies.economics import CostSettings, MoveEstimate, estimate_move
 from gearshift.policies.loader import Policy
 from gearshift.policies.model_state import trial_share
-from gearshift.policies.rules import RULE_KINDS, ConditionResult, RuleContext, RuleOutcome
-from gearshift.policies.signals import Signals, SignalValue, SignalView, meets_sla
+from gearshift.policies.rules import (
+    BREACH_RULE_KINDS,
+    RULE_KINDS,
+    ConditionResult,
+    RuleContext,
+    RuleOutcome,
+)
+from gearshift.policies.signals import (
+    Signals,
+    SignalValue,
+    SignalView,
+    breach_is_measured,
+    meets_sla,
+)
 
 HOURS_PER_DAY = 24.0
 
@@ -153,10 +165,14 @@ def _candidates(policy: Policy, sig: Signals, current: str,
     return allowed, refused
 
 
-def _evaluate(policy: Policy, ctx: RuleContext, refused: list[tuple[str, str]]) -> _Evaluation:
+def _evaluate(policy: Policy, ctx: RuleContext, refused: list[tuple[str, str]],
+              kinds: frozenset[str] | None = None) -> _Evaluation:
+    """The first rule (of `kinds`, or any) with an opinion decides."""
     ev = _Evaluation(alternatives=list(refused))
     current = ctx.view.engine
     for rule, params in zip(policy.doc.spec.rules, policy.rule_params, strict=True):
+        if kinds is not None and rule.kind not in kinds:
+            continue
         outcome = RULE_KINDS[rule.kind].evaluate(rule, params, ctx)
         if outcome.target is None:
             ev.alternatives.append((f"rule {rule.name}", outcome.why))
@@ -225,13 +241,19 @@ def _plan_model(policy: Policy, model: str, sig: Signals, st: ModelState, now: f
         outcome = RuleOutcome(pin, f"pinned to {pin}", urgent=True, estimate=candidates.get(pin))
         ev = _Evaluation(outcome=outcome, rule="pin")
     else:
-        if sig.history_s < policy.doc.spec.signals.min_history:
+        # Before minHistory only a measured SLA breach may move the model, at once: the
+        # rules that judge traffic need history, a breach does not (docs/decisions.md).
+        young = sig.history_s < policy.doc.spec.signals.min_history
+        if young and not breach_is_measured(sig.facts, st.engine):
             return None
         best = max((e for e in candidates.values() if e is not None), default=None,
                    key=lambda e: e.net_usd)
         view = SignalView(sig, st.engine, now - st.since, None if best is None else best.net_usd)
-        ev = _evaluate(policy, RuleContext(view, candidates, _engine_order(policy, sig)), refused)
+        ev = _evaluate(policy, RuleContext(view, candidates, _engine_order(policy, sig)), refused,
+                       kinds=BREACH_RULE_KINDS if young else None)
         if ev.outcome is None or ev.outcome.target in (None, st.engine):
+            return None
+        if young and not ev.outcome.urgent:
             return None
         if not ev.outcome.urgent and _guardrail(policy, st, now) is not None:
             return None

@@ -15,7 +15,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gearshift.policies.economics import MoveEstimate
 from gearshift.policies.schema import Condition, Rule
-from gearshift.policies.signals import SIGNALS, SignalValue, SignalView, is_number
+from gearshift.policies.signals import (
+    SIGNALS,
+    SignalValue,
+    SignalView,
+    is_number,
+    queue_share_of_ttft_sla,
+)
 
 OPERATORS = ("gt", "ge", "lt", "le", "eq", "ne", "in")
 NUMBER_OPERATORS = frozenset({"gt", "ge", "lt", "le", "eq", "ne"})
@@ -70,6 +76,22 @@ class _Params(BaseModel):
 
 class NoParams(_Params):
     pass
+
+
+# The SLA guard's saturation warning: queue time p99 at or above this share of the TTFT p99
+# target. Waiting time grows without bound as load nears capacity (in an M/M/c queue the
+# mean wait goes as rho / (1 - rho)) while prefill time stays flat, so the queue's share of
+# the TTFT budget rises steeply just before TTFT breaks; at half the budget the engine is
+# a few percent of load away from breaking it (bench/sla_queue_warning.py measures the lead
+# on the emulator).
+DEFAULT_QUEUE_SHARE_OF_TTFT_SLA = 0.5
+
+
+class SlaGuardParams(_Params):
+    """`queueShareOfTtftSla`: the saturation warning's threshold (null: no warning)."""
+
+    queue_share_of_ttft_sla: float | None = Field(default=DEFAULT_QUEUE_SHARE_OF_TTFT_SLA, gt=0,
+                                                  le=1, alias="queueShareOfTtftSla")
 
 
 class SavingsParams(_Params):
@@ -154,7 +176,11 @@ def _static(rule: Rule, _: NoParams, ctx: RuleContext) -> RuleOutcome:
                        estimate=ctx.candidates.get(rule.prefer or ""))
 
 
-def _sla_guard(rule: Rule, _: NoParams, ctx: RuleContext) -> RuleOutcome:
+def _sla_guard(rule: Rule, params: SlaGuardParams, ctx: RuleContext) -> RuleOutcome:
+    """A measured breach moves at once (urgent) to the engine that meets the SLA and saves
+    most; without a breach, a queue that takes `queueShareOfTtftSla` of the TTFT budget
+    (saturation coming) moves, within the guardrails, to an engine with more capacity per
+    replica that meets the SLA."""
     view = ctx.view
     facts = view.signals.facts
     ef = facts.engines.get(view.engine)
@@ -164,6 +190,10 @@ def _sla_guard(rule: Rule, _: NoParams, ctx: RuleContext) -> RuleOutcome:
         "itl_p99_ms": None if ef is None else ef.itl_p99_ms,
         "sla_itl_p99_ms": facts.sla_itl_p99_ms,
     }
+    share = queue_share_of_ttft_sla(facts, view.engine)
+    if share is not None:
+        inputs["queue_p99_ms"] = None if ef is None else ef.queue_p99_ms
+        inputs["queue_share_of_ttft_sla"] = share
     ok = SIGNALS["sla_ok"].read(view)
     inputs["sla_ok"] = ok
     tests = tuple(
@@ -173,6 +203,11 @@ def _sla_guard(rule: Rule, _: NoParams, ctx: RuleContext) -> RuleOutcome:
         if isinstance(measured, int | float) and isinstance(target, int | float)
         and measured > target)
     if ok is not False:
+        limit = params.queue_share_of_ttft_sla
+        if ok and share is not None and limit is not None and share >= limit:
+            return _saturation(view, ctx, inputs, ConditionResult(
+                "queue_share_of_ttft_sla", "ge", limit, share, _unit("queue_share_of_ttft_sla"),
+                True, "test"))
         return RuleOutcome(None, "SLA met" if ok else "SLA not measured yet", inputs=inputs)
     if not ctx.candidates:
         return RuleOutcome(None, f"{view.engine} breaks the SLA but no other engine meets it",
@@ -185,6 +220,28 @@ def _sla_guard(rule: Rule, _: NoParams, ctx: RuleContext) -> RuleOutcome:
     return RuleOutcome(target, f"{view.engine} breaks the latency SLA; {target} meets it",
                        urgent=True, inputs=inputs, estimate=ctx.candidates[target],
                        conditions=tests)
+
+
+def _saturation(view: SignalView, ctx: RuleContext, inputs: dict[str, SignalValue],
+                test: ConditionResult) -> RuleOutcome:
+    """The SLA holds but the queue says the engine is saturating: move (not urgent) to
+    the candidate with the most capacity per replica, if it has more than this one."""
+    facts = view.signals.facts
+    mine = facts.engines.get(view.engine)
+    here = None if mine is None else mine.capacity_rps
+    more = {e: c.capacity_rps for e in ctx.candidates
+            if (c := facts.engines.get(e)) is not None and c.capacity_rps is not None
+            and (here is None or c.capacity_rps > here)}
+    seen = f"queue p99 at {test.observed:.0%} of the TTFT target" if is_number(
+        test.observed) else "queue p99 high"
+    if not more:
+        return RuleOutcome(None, f"{seen} (saturation coming) but no engine that meets the "
+                           f"SLA has more capacity per replica", inputs=inputs,
+                           conditions=(test,))
+    target = max(more, key=lambda e: (more[e], -ctx.order.index(e)))
+    return RuleOutcome(target, f"{seen} on {view.engine} (saturation coming before TTFT "
+                       f"breaks); {target} has more capacity per replica",
+                       inputs=inputs, estimate=ctx.candidates[target], conditions=(test,))
 
 
 def _savings(rule: Rule, params: SavingsParams, ctx: RuleContext) -> RuleOutcome:
@@ -214,9 +271,14 @@ def _savings(rule: Rule, params: SavingsParams, ctx: RuleContext) -> RuleOutcome
                        inputs=inputs, estimate=best, conditions=test)
 
 
+# Kinds whose move answers a measured SLA breach: the only ones evaluated before minHistory.
+BREACH_RULE_KINDS = frozenset({"sla-guard"})
+
 RULE_KINDS: dict[str, RuleKind] = {
-    "sla-guard": RuleKind("move off an engine that breaks the latency SLA (bypasses dwell)",
-                          NoParams, conditions=False, prefer=False, evaluate=_sla_guard),
+    "sla-guard": RuleKind("move off an engine that breaks the latency SLA (at once: bypasses "
+                          "dwell and minHistory when measured), or whose queue time says it is "
+                          "saturating (within the guardrails)",
+                          SlaGuardParams, conditions=False, prefer=False, evaluate=_sla_guard),
     "expected-savings": RuleKind("move when expected savings over the horizon, net of switch and "
                                  "rebuild costs, exceed the switch cost by the hysteresis margin",
                                  SavingsParams, conditions=False, prefer=False, evaluate=_savings),

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 
 from gearshift.common.engines import ENGINE_NAMES
 from gearshift.policies.schema import Condition, PolicyDoc
+from gearshift.policies.signals import SIGNALS
 
 ENGINES: tuple[str, ...] = tuple(ENGINE_NAMES)
 Path = tuple[str | int, ...]
@@ -33,6 +34,9 @@ def doc_warnings(doc: PolicyDoc, at: At) -> None:
                         at((*base, key, j, op), f"NaN never compares true: the condition on "
                            f"{c.signal!r} never holds")
         _contradictions(rule.when, (*base, "when"), at)
+        for key, conds in (("when", rule.when), ("whenAny", rule.when_any)):
+            for j, c in enumerate(conds):
+                _out_of_bounds(c, (*base, key, j), at)
         if rule.prefer is not None and rule.prefer in spec.preferences.exclude:
             at((*base, "prefer"), f"prefers {rule.prefer!r}, which preferences.exclude "
                f"excludes: the rule never moves a model")
@@ -47,6 +51,25 @@ def _numeric(c: Condition) -> list[tuple[str, float]]:
     if isinstance(c.eq, float | int) and not isinstance(c.eq, bool):
         out.append(("eq", float(c.eq)))
     return out
+
+
+def _out_of_bounds(c: Condition, path: Path, at: At) -> None:
+    """A threshold outside the values the signal can take (a hit rate above 1, a
+    negative queue time): the condition never holds, or always does."""
+    spec = SIGNALS.get(c.signal)
+    if spec is None or spec.bounds is None:
+        return
+    low, high = spec.bounds
+    unit = f" {spec.unit}" if spec.unit and spec.unit != "ratio" else ""
+    for op, v in _numeric(c):
+        never = ((op in ("gt", "ge") and (v > high or (op == "gt" and v == high)))
+                 or (op in ("lt", "le") and (v < low or (op == "lt" and v == low)))
+                 or (op == "eq" and not low <= v <= high))
+        always = ((op in ("gt", "ge") and (v < low or (op == "ge" and v == low)))
+                  or (op in ("lt", "le") and (v > high or (op == "le" and v == high))))
+        if never or always:
+            at(path, f"{c.signal!r} lies within {low:g}..{high:g}{unit}: {op} {v:g} "
+               f"{'never holds' if never else 'holds for every measured value'}")
 
 
 def _contradictions(conds: list[Condition], path: Path, at: At) -> None:

@@ -40,6 +40,22 @@ class EngineFacts:
     cold_start_s: float | None = None
     build_s: float | None = None
     build_overhead_usd: float | None = None
+    # SLA signals measured on the engine (docs/engines.md, "Signals for SLA policies").
+    queue_p50_ms: float | None = None  # time requests waited before being scheduled
+    queue_p99_ms: float | None = None
+    preemptions_per_s: float | None = None
+    prefix_cache_hit_rate: float | None = None  # 0..1
+    asleep: bool | None = None  # a deployment's engine is in sleep mode (vLLM)
+    mean_prompt_tokens: float | None = None
+    mean_generation_tokens: float | None = None
+    kv_blocks_total: float | None = None
+    kv_blocks_used: float | None = None
+
+
+# The citation key saying where an engine's latency figures come from: "measured" (the
+# default: a live measurement, or a trace header's figures) or "prior" (the policy's).
+LATENCY_SOURCE = "latency_source"
+PRIOR_SOURCE = "prior"
 
 
 @dataclass(frozen=True)
@@ -317,6 +333,7 @@ class SignalSpec:
     unit: str
     help: str
     read: Callable[[SignalView], SignalValue]
+    bounds: tuple[float, float] | None = None  # every value lies within (policy warnings)
 
 
 def _engine_fact(engine: str, name: str) -> Callable[[SignalView], SignalValue]:
@@ -349,6 +366,32 @@ def _forecast_figure(v: SignalView, name: str) -> SignalValue:
 
 def _sla_ok(v: SignalView) -> SignalValue:
     return meets_sla(v.signals.facts, v.engine)
+
+
+def _queue_share(v: SignalView) -> SignalValue:
+    return queue_share_of_ttft_sla(v.signals.facts, v.engine)
+
+
+def queue_share_of_ttft_sla(facts: ModelFacts, engine: str) -> float | None:
+    """Queue p99 / TTFT p99 target on `engine`: the share of the TTFT budget spent
+    waiting to be scheduled; None when either is unknown."""
+    ef = facts.engines.get(engine)
+    if ef is None or ef.queue_p99_ms is None or not facts.sla_ttft_p99_ms:
+        return None
+    return ef.queue_p99_ms / facts.sla_ttft_p99_ms
+
+
+def _kv_blocks_free(v: SignalView) -> SignalValue:
+    ef = v.signals.facts.engines.get(v.engine)
+    if ef is None or ef.kv_blocks_total is None or ef.kv_blocks_used is None:
+        return None
+    return max(0.0, ef.kv_blocks_total - ef.kv_blocks_used)
+
+
+def breach_is_measured(facts: ModelFacts, engine: str) -> bool:
+    """`engine` breaks the latency SLA by a measured figure (not a policy prior)."""
+    return (meets_sla(facts, engine) is False
+            and facts.citations.get(f"{LATENCY_SOURCE}.{engine}") != PRIOR_SOURCE)
 
 
 def meets_sla(facts: ModelFacts, engine: str) -> bool | None:
@@ -387,6 +430,35 @@ SIGNALS: dict[str, SignalSpec] = {
     "sla_ttft_p99_ms": SignalSpec("number", "ms", "TTFT p99 target",
                                   lambda v: v.signals.facts.sla_ttft_p99_ms),
     "sla_ok": SignalSpec("bool", "", "the current engine meets every latency target", _sla_ok),
+    # SLA signals of the current engine, from its engines' own metrics (docs/engines.md).
+    "queue_p50_ms": SignalSpec("number", "ms", "measured queue time p50 on the current engine "
+                               "(waiting before being scheduled)", _current_fact("queue_p50_ms"),
+                               (0.0, math.inf)),
+    "queue_p99_ms": SignalSpec("number", "ms", "measured queue time p99 on the current engine",
+                               _current_fact("queue_p99_ms"), (0.0, math.inf)),
+    "queue_share_of_ttft_sla": SignalSpec(
+        "number", "ratio", "queue time p99 / TTFT p99 target on the current engine: the share "
+        "of the TTFT budget spent waiting (rises before TTFT breaks)", _queue_share,
+        (0.0, math.inf)),
+    "preemptions_per_s": SignalSpec("number", "req/s", "requests preempted (vLLM) or retracted "
+                                    "(SGLang) per second on the current engine",
+                                    _current_fact("preemptions_per_s"), (0.0, math.inf)),
+    "prefix_cache_hit_rate": SignalSpec("number", "ratio", "prefix-cache hits / queries on the "
+                                        "current engine", _current_fact("prefix_cache_hit_rate"),
+                                        (0.0, 1.0)),
+    "engine_asleep": SignalSpec("bool", "", "a deployment's engine is in sleep mode (vLLM: "
+                                "looks idle, serves nothing)", _current_fact("asleep")),
+    "mean_prompt_tokens": SignalSpec("number", "tokens", "mean prompt length per request on the "
+                                     "current engine", _current_fact("mean_prompt_tokens"),
+                                     (0.0, math.inf)),
+    "mean_generation_tokens": SignalSpec("number", "tokens", "mean generated tokens per request "
+                                         "on the current engine",
+                                         _current_fact("mean_generation_tokens"), (0.0, math.inf)),
+    "kv_blocks_total": SignalSpec("number", "blocks", "KV-cache blocks of the current engine's "
+                                  "deployments (SGLang: token slots)",
+                                  _current_fact("kv_blocks_total"), (0.0, math.inf)),
+    "kv_blocks_free": SignalSpec("number", "blocks", "KV-cache blocks not in use on the current "
+                                 "engine's deployments", _kv_blocks_free, (0.0, math.inf)),
     **{f"capacity_rps.{e.name}": SignalSpec("number", "req/s",
                                             f"measured {e.display_name} capacity per replica",
                                             _engine_fact(e.name, "capacity_rps"))
@@ -418,5 +490,6 @@ def is_number(value: SignalValue) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-__all__ = ["DEPRECATED_SIGNALS", "ENGINES", "SIGNALS", "EngineFacts", "ModelFacts", "ModelHistory", "SignalSettings",
-           "SignalSpec", "SignalView", "Signals", "compute_signals", "meets_sla"]
+__all__ = ["DEPRECATED_SIGNALS", "ENGINES", "LATENCY_SOURCE", "PRIOR_SOURCE", "SIGNALS", "EngineFacts",
+           "ModelFacts", "ModelHistory", "SignalSettings", "SignalSpec", "SignalView", "Signals",
+           "breach_is_measured", "compute_signals", "meets_sla", "queue_share_of_ttft_sla"]

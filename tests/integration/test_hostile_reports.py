@@ -98,6 +98,8 @@ async def test_an_unknown_phase_is_shown_as_unknown_and_upkeep_goes_on(
     ({"request_rate": 1e300}, "request_rate (1 GPU)"),
     ({"request_rate": 20_001.0, "tensor_parallel_size": 2}, "request_rate (2 GPUs)"),
     ({"kv_cache_usage": 1.5}, "kv_cache_usage"),
+    ({"prefix_cache_hit_rate": 1.5}, "prefix_cache_hit_rate"),
+    ({"kv_blocks_total": 10, "kv_blocks_used": 11}, "kv_blocks_used"),
     ({"endpoint": "javascript:alert(1)"}, "endpoint"),
     ({"endpoint": "http://10.9.8.7:8000"}, "not the address this host connects from"),
     ({"endpoint": "http://user:pw@127.0.0.1:8000"}, "no credentials"),
