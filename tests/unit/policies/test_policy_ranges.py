@@ -17,6 +17,7 @@ from gearshift.policies.trace import read_trace
 EXAMPLES = Path(__file__).parents[3] / "policies" / "examples"
 TRACES = Path(__file__).parent / "traces"
 DEFAULT = (EXAMPLES / "default.yaml").read_text()
+INTERVAL_LINE = DEFAULT.splitlines().index("  interval: 15m") + 1
 
 
 def problems(text: str) -> list[str]:
@@ -28,7 +29,7 @@ def problems(text: str) -> list[str]:
 @pytest.mark.parametrize("value", ["1000000000d", "1.0e+300", "8d", "0.5s"])
 def test_an_interval_that_cannot_be_scheduled_is_refused_at_its_key(value: str) -> None:
     [line] = problems(DEFAULT.replace("interval: 15m", f"interval: {value}"))
-    assert line.startswith("p.yaml:22: spec.interval: expected a duration from 1s to 7d")
+    assert line.startswith(f"p.yaml:{INTERVAL_LINE}: spec.interval: expected a duration from 1s to 7d")
 
 
 def test_a_maintenance_window_too_long_for_a_date_is_refused() -> None:
@@ -57,7 +58,7 @@ def test_a_misspelled_or_bad_interval_is_reported_at_interval_not_spec() -> None
     [typo] = problems(DEFAULT.replace("interval: 15m", "intervl: 15m"))
     assert "spec.intervl: unknown key" in typo and "did you mean 'interval'?" in typo
     [banana] = problems(DEFAULT.replace("interval: 15m", "interval: banana"))
-    assert banana.startswith("p.yaml:22: spec.interval: expected a duration like")
+    assert banana.startswith(f"p.yaml:{INTERVAL_LINE}: spec.interval: expected a duration like")
     assert "'spec'" not in typo + banana
 
 
