@@ -26,9 +26,8 @@ from gearshift.agents.emulator.config import (
 )
 from gearshift.agents.emulator.flavors import get_flavor
 from gearshift.agents.emulator.releases import check_options
-from gearshift.common.engine_versions import facts_for, release_for
+from gearshift.common.engine_versions import facts_for, release_for, version_key
 from gearshift.common.engines import ENGINE_NAMES
-from gearshift.common.errors import InvalidArgument
 
 ENV_PREFIX = "GEARSHIFT_EMULATOR_"
 
@@ -98,9 +97,10 @@ def emulate(flavor: str, capacity_rps: float | None, load_s: float, ttft_base_s:
     found = get_flavor(flavor)
     version = engine_version or found.default_version
     try:
-        resolved = release_for(flavor, version)
-    except InvalidArgument as exc:
-        raise click.BadParameter(exc.message, param_hint="--engine-version") from None
+        version_key(version)
+    except ValueError as exc:
+        raise click.BadParameter(f"{exc} (e.g. 0.11.0)", param_hint="--engine-version") from None
+    resolved = release_for(flavor, version)
     if resolved.flagged:
         click.echo(f"warning: {flavor} {resolved.describe()}: emulating the nearest row of "
                    "the version table", err=True)
