@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import stat
 import sys
 from collections.abc import AsyncIterator
@@ -124,7 +125,7 @@ async def test_pinned_version_mismatch_is_refused_before_anything_starts(tmp_pat
     agent.read_package_versions()
     spec = DeploymentSpec(deployment_id="t2", model="m1", engine="tensorrt-llm",
                           engine_version="1.2")
-    with pytest.raises(InvalidArgument, match="pins tensorrt-llm 1.2, this host has "
-                                              "tensorrt-llm 1.1.0"):
+    with pytest.raises(InvalidArgument, match=re.escape(
+            "pins tensorrt-llm 1.2, this host has tensorrt-llm 1.1.0")):
         await agent.start_deployment(spec)
     assert "t2" not in agent.supervisors
