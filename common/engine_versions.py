@@ -182,11 +182,14 @@ def _vllm(since: str, *, names: MetricNames, drain: str = "", note: str = "") ->
         sources=(_VLLM_SRC.format(v=since),), note=note)
 
 
+# Before 0.12 there is no vllm:engine_sleep_state (a sleeping engine looks idle).
 _VLLM_TPOT_ONLY = replace(_VLLM_NAMES, itl=("time_per_output_token_seconds",),
-                          kv_cache_usage=("kv_cache_usage_perc", "gpu_cache_usage_perc"))
+                          kv_cache_usage=("kv_cache_usage_perc", "gpu_cache_usage_perc"),
+                          sleep_state=())
 _VLLM_ITL = replace(_VLLM_NAMES, itl=("inter_token_latency_seconds",
                                       "time_per_output_token_seconds"),
-                    kv_cache_usage=("kv_cache_usage_perc", "gpu_cache_usage_perc"))
+                    kv_cache_usage=("kv_cache_usage_perc", "gpu_cache_usage_perc"),
+                    sleep_state=())
 _VLLM_ITL_ONLY = replace(_VLLM_NAMES, itl=("inter_token_latency_seconds",),
                          kv_cache_usage=("kv_cache_usage_perc",))
 
@@ -197,7 +200,8 @@ VLLM_TABLE = VersionTable(
               note="ITL only as vllm:time_per_output_token_seconds; no --shutdown-timeout"),
         _vllm("0.10.2", names=_VLLM_ITL,
               note="vllm:inter_token_latency_seconds next to the deprecated TPOT name"),
-        _vllm("0.12.0", names=replace(_VLLM_ITL, kv_cache_usage=("kv_cache_usage_perc",)),
+        _vllm("0.12.0", names=replace(_VLLM_ITL, kv_cache_usage=("kv_cache_usage_perc",),
+                                      sleep_state=_VLLM_NAMES.sleep_state),
               note="vllm:gpu_cache_usage_perc gone; vllm:engine_sleep_state added"),
         _vllm("0.15.0", names=_VLLM_ITL_ONLY,
               note="vllm:time_per_output_token_seconds gone"),
@@ -265,9 +269,19 @@ def _sgl(since: str, *, names: MetricNames = SGLANG.metric_names, note: str = ""
         sources=(_SGL_SRC.format(v=since),), note=note)
 
 
+_SGL_NAMES = SGLANG.metric_names
 SGLANG_TABLE = VersionTable(
     engine=SGLANG.name,
-    rows=(_sgl("0.4.10"), _sgl("0.5.0")),
+    rows=(
+        _sgl("0.4.10", names=replace(_SGL_NAMES, queue_time=(), preemptions=(),
+                                     kv_blocks_total=()),
+             note="no sglang:queue_time_seconds, num_retracted_requests, max_total_num_tokens"),
+        _sgl("0.5.0", names=replace(_SGL_NAMES, preemptions=(), kv_blocks_total=()),
+             note="sglang:queue_time_seconds added"),
+        _sgl("0.5.6", names=replace(_SGL_NAMES, preemptions=()),
+             note="sglang:max_total_num_tokens added"),
+        _sgl("0.5.7", note="sglang:num_retracted_requests added"),
+    ),
     until="0.6",
 )
 

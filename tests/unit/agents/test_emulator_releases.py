@@ -110,10 +110,14 @@ async def test_vllm_metric_names_follow_the_release():
 
 DEFAULT_ARGV = {"vllm": ["serve", "org/m"], "tensorrt-llm": ["org/m"],
                 "sglang": ["--model-path", "org/m"]}
+# What the TensorRT-LLM runtime always writes: both metric surfaces on.
+TRTLLM_EXTRA = "enable_iter_perf_stats: true\nreturn_perf_metrics: true\n"
 
 
 DEFAULT_ARGV = {"vllm": ["serve", "org/m"], "tensorrt-llm": ["org/m"],
                 "sglang": ["--model-path", "org/m"]}
+# What the TensorRT-LLM runtime always writes: both metric surfaces on.
+TRTLLM_EXTRA = "enable_iter_perf_stats: true\nreturn_perf_metrics: true\n"
 
 
 @pytest.mark.parametrize("engine", ENGINE_NAMES)
@@ -127,11 +131,15 @@ def test_default_release_is_an_extracted_one(engine):
 # The emulated trtllm-serve gives these figures on its JSON /metrics (iteration stats) only.
 TRTLLM_JSON_FIGURES = {"prompt_tokens", "generation_tokens", "running", "waiting",
                        "kv_cache_usage"}
+# SGLang registers its token-length histograms only with --collect-tokens-histogram
+# (sglang/srt/metrics/collector.py of 0.4.10, `if collect_tokens_histogram:`), which the
+# runtime does not pass: the emulator leaves them out too.
+SGLANG_OPT_IN_FIGURES = {"prompt_length", "generation_length"}
 ROWS = [(e, row) for e in ENGINE_NAMES for row in TABLES[e].rows]
 
 
 @pytest.mark.parametrize(("engine", "row"), ROWS, ids=[f"{e}-{r.since}" for e, r in ROWS])
-def test_emulated_release_serves_the_names_its_row_reads(engine, row):
+def test_emulated_release_serves_the_names_its_row_reads(engine, row, tmp_path: Path):
     """Emulating a release of each row (the production `make_state` path, release filter
     included) serves each figure the row reads under the row's first spelling."""
     facts = facts_for(release_for(engine, row.since))
@@ -139,12 +147,19 @@ def test_emulated_release_serves_the_names_its_row_reads(engine, row):
     options = EmulatorOptions(capacity_rps=40.0, engine_version=facts.version,
                               release_facts=facts,
                               trtllm_prefixed_names="trtllm_" in row.metric_names.prefixes)
-    state = make_state(parse_engine_argv(engine, DEFAULT_ARGV[engine]), options)
+    argv = list(DEFAULT_ARGV[engine])
+    if engine == "tensorrt-llm":
+        extra = tmp_path / "extra.yaml"
+        extra.write_text(TRTLLM_EXTRA)
+        argv += ["--extra_llm_api_options", str(extra)]
+    state = make_state(parse_engine_argv(engine, argv), options)
     families = {f.name.removesuffix("_created")
                 for f in text_string_to_metric_families(state.metrics.render().decode())}
     names = row.metric_names
     for figure in row.figures:
         if engine == "tensorrt-llm" and figure in TRTLLM_JSON_FIGURES:
+            continue
+        if engine == "sglang" and figure in SGLANG_OPT_IN_FIGURES:
             continue
         assert names.prefixes[0] + getattr(names, figure)[0] in families, (figure, facts.version)
 
