@@ -181,9 +181,13 @@ class Agent:
 
     def _watch_metrics(self, sup: EngineSupervisor) -> None:
         assert self._session is not None
+        # A version the table knows is read under its release's names; any other under
+        # the catalog's, which list every release's spellings.
+        resolved = self.engine_release(sup.spec.engine)
         self.scrapers[sup.spec.deployment_id] = EngineScraper(
             sup.spec.engine, sup.endpoint, session=self._session,
-            timeout_s=self.config.scrape_timeout_s, registry=self.metrics.registry)
+            timeout_s=self.config.scrape_timeout_s, registry=self.metrics.registry,
+            names=None if resolved.flagged else resolved.row.metric_names)
 
     async def adopt_engines(self) -> list[str]:
         """Take over the engines a previous agent left running in this work dir; remove

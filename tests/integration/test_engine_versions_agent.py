@@ -17,6 +17,7 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from gearshift.agents.config import AgentConfig
@@ -96,6 +97,13 @@ async def test_release_without_config_alias_starts_with_extra_llm_api_options(tm
         (dep,) = report.deployments
         assert dep.engine_version == "1.1.0" and dep.engine_release == "1.0"
         assert dep.engine_version_match == agent_pb2.VERSION_MATCH_KNOWN
+        # Read under the release's names: that release's Prometheus names have no prefix.
+        async with aiohttp.ClientSession() as http, http.post(
+                f"{sup.endpoint}/v1/completions",
+                json={"model": sup.served_model_name, "prompt": "a b", "max_tokens": 4}) as resp:
+            assert resp.status == 200, await resp.text()
+        (dep,) = (await agent.build_report()).deployments
+        assert dep.ttft.present and dep.ttft.count == 1
 
 
 async def test_release_with_the_alias_gets_config(tmp_path: Path):
