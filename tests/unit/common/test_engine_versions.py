@@ -3,6 +3,10 @@ checked against the facts extracted from the releases it covers (common/engine_r
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
+from pathlib import Path
+
 import pytest
 
 from gearshift.common.engine_versions import (
@@ -15,8 +19,10 @@ from gearshift.common.engine_versions import (
     release_for,
     version_key,
 )
-from gearshift.common.engines import ENGINE_NAMES
+from gearshift.common.engines import ENGINE_NAMES, engine_entry
 from gearshift.common.errors import InvalidArgument
+
+EXTRACT_SCRIPT = Path(__file__).parents[3] / "scripts" / "extract_engine_release.py"
 
 
 def test_version_order_follows_pep440_for_what_engines_publish():
@@ -130,3 +136,36 @@ def test_facts_for_picks_the_extracted_release_at_or_below_the_version():
     assert facts_for(release_for("vllm", "0.11.2")).version == "0.11.0"
     assert facts_for(release_for("sglang", "0.5.3")).version == "0.5.5"  # nearest in its row
     assert facts_for(release_for("tensorrt-llm", "1.1.0")).derived
+
+
+# -- optional: an engine package installed here is re-extracted and compared ---------------
+
+def _installed(package: str) -> tuple[str, Path] | None:
+    """(version, site-packages root) of an installed distribution, read from its metadata
+    (nothing of the engine is imported)."""
+    try:
+        dist = importlib.metadata.distribution(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return dist.version, Path(str(dist.locate_file("")))
+
+
+@pytest.mark.parametrize("engine", ENGINE_NAMES)
+def test_installed_engine_package_matches_its_extracted_facts(engine):
+    """Where an engine package is installed (a GPU host's venv, or `pip install --no-deps`),
+    its own files give the same options and metric names as the stored facts of that
+    release. Skipped where it is not installed (the default here: the packages need GPUs)."""
+    package = engine_entry(engine).package
+    found = _installed(package)
+    if found is None:
+        pytest.skip(f"{package} is not installed in this environment")
+    version, root = found
+    if version not in extracted_releases(engine):
+        pytest.skip(f"{package} {version} has no extracted facts to compare with")
+    spec = importlib.util.spec_from_file_location("extract_engine_release", EXTRACT_SCRIPT)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    options, metrics, _files = script.extract(engine, root)
+    facts = release_facts(engine, version)
+    assert (frozenset(options), frozenset(metrics)) == (facts.options, facts.metrics)
