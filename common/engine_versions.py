@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from importlib import resources
 
@@ -134,7 +134,6 @@ class VersionTable:
     engine: str
     rows: tuple[EngineRelease, ...]
     until: str
-    extracted: tuple[str, ...] = field(default_factory=tuple)  # releases with extracted facts
 
     def __post_init__(self) -> None:
         keys = [version_key(r.since) for r in self.rows]
@@ -170,8 +169,8 @@ def _flags(**kw: str) -> LaunchFlags:
 # -- vLLM ---------------------------------------------------------------------------------
 # The names every vLLM row reads; rows replace what changed.
 _VLLM_NAMES = VLLM.metric_names
-_VLLM_SRC = ("PyPI wheel vllm=={v}: vllm/engine/arg_utils.py, vllm/entrypoints/openai/cli_args.py "
-             "(FrontendArgs), vllm/v1/metrics/loggers.py; extracted in "
+_VLLM_SRC = ("PyPI wheel vllm=={v}: vllm/engine/arg_utils.py, vllm/entrypoints/**/cli_args.py "
+             "(FrontendArgs), vllm/v1/metrics/*.py; extracted in "
              "common/engine_releases/vllm-{v}.json")
 
 
@@ -258,15 +257,17 @@ TRTLLM_TABLE = VersionTable(
 )
 
 # -- SGLang -------------------------------------------------------------------------------
-_SGL_SRC = ("PyPI wheel sglang=={v}: sglang/srt/server_args.py, sglang/srt/metrics/"
-            "collector.py; extracted in common/engine_releases/sglang-{v}.json")
+_SGL_SRC = ("PyPI wheel sglang=={v}: sglang/srt/server_args.py, sglang/srt/arg_groups/fields/, "
+            "sglang/srt/metrics/ or srt/observability/; extracted in "
+            "common/engine_releases/sglang-{v}.json")
 
 
-def _sgl(since: str, *, names: MetricNames = SGLANG.metric_names, note: str = "") -> EngineRelease:
+def _sgl(since: str, *, names: MetricNames = SGLANG.metric_names, read: str = "",
+         note: str = "") -> EngineRelease:
     return EngineRelease(
         engine=SGLANG.name, since=since, flags=_flags(), metric_names=names,
         metric_endpoints=SGLANG.metric_endpoints, health=SGLANG.health,
-        sources=(_SGL_SRC.format(v=since),), note=note)
+        sources=(_SGL_SRC.format(v=read or since),), note=note)
 
 
 _SGL_NAMES = SGLANG.metric_names
@@ -277,7 +278,8 @@ SGLANG_TABLE = VersionTable(
                                      kv_blocks_total=()),
              note="no sglang:queue_time_seconds, num_retracted_requests, max_total_num_tokens"),
         _sgl("0.5.0", names=replace(_SGL_NAMES, preemptions=(), kv_blocks_total=()),
-             note="sglang:queue_time_seconds added"),
+             read="0.5.5",  # the first 0.5 wheel read (0.5.0 could not be fetched)
+             note="sglang:queue_time_seconds added (read in 0.5.5; 0.5.0-0.5.4 not read)"),
         _sgl("0.5.6", names=replace(_SGL_NAMES, preemptions=()),
              note="sglang:max_total_num_tokens added"),
         _sgl("0.5.7", note="sglang:num_retracted_requests added"),
