@@ -71,6 +71,7 @@ class DeploymentConfig(_Strict):
     gpu_indices: list[int] = Field(default_factory=list)
     shutdown_timeout_s: float = Field(30.0, ge=0)
     extra_args: list[str] = Field(default_factory=list)
+    engine_version: str = ""  # pinned engine release ("0.11" = any 0.11.x); "" = any
 
     @field_validator("engine")
     @classmethod

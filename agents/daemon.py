@@ -27,7 +27,7 @@ from grpc import aio
 
 from gearshift.agents.commands import CommandExecutor
 from gearshift.agents.config import AgentConfig, EngineConfig
-from gearshift.agents.engine_version import probe_version
+from gearshift.agents.engine_version import metadata_version, probe_version
 from gearshift.agents.gpus import EmulatedGpus, GpuSource, open_gpu_source
 from gearshift.agents.handover import WorkdirLock, clean_up_dead, survey
 from gearshift.agents.metrics import EngineScraper, to_proto
@@ -37,6 +37,12 @@ from gearshift.agents.runtimes.engine_state import EngineRecord, EngineStateDir
 from gearshift.agents.runtimes.supervisor import EngineSupervisor
 from gearshift.common.credentials import TlsFiles, secure_channel
 from gearshift.common.endpoints import ControllerEndpoints, leader_hint
+from gearshift.common.engine_versions import (
+    ResolvedRelease,
+    VersionMatch,
+    check_pinned_version,
+    release_for,
+)
 from gearshift.common.engines import ENGINE_NAMES, engine_entry
 from gearshift.common.errors import FailedPrecondition, InvalidArgument
 from gearshift.common.ops_http import OpsListener, parse_listen
@@ -54,6 +60,11 @@ STALL_INTERVALS = 3  # no answer from the controller for this many intervals: re
 STALL_MIN_S = 5.0
 PENDING_RESULTS_LIMIT = 1000
 DEFAULT_DRAIN_GRACE_S = 30.0
+VERSION_MATCH_PROTO = {
+    VersionMatch.KNOWN: agent_pb2.VERSION_MATCH_KNOWN,
+    VersionMatch.NEAREST: agent_pb2.VERSION_MATCH_NEAREST,
+    VersionMatch.UNKNOWN: agent_pb2.VERSION_MATCH_UNKNOWN,
+}
 
 
 class Agent:
@@ -89,8 +100,11 @@ class Agent:
             "start": self._cmd_start, "drain": self._cmd_drain, "stop": self._cmd_stop,
             "build": self._cmd_build}, journal=config.command_journal)
         self._stopping = asyncio.Event()
-        # Versions found by each engine's catalog probe, for engines whose config gives none.
+        # Versions found by detection (package METADATA, else the catalog's probe) for
+        # engines whose config gives none, and where each was read.
         self.probed_versions: dict[str, str] = {}
+        self.version_sources: dict[str, str] = {}
+        self._probing: asyncio.Task[None] | None = None
         self.metrics = AgentMetrics()
         self.metrics.watch_engines(lambda: [(dep_id, sup.spec.engine, sup)
                                             for dep_id, sup in list(self.supervisors.items())])
@@ -103,17 +117,39 @@ class Agent:
         return self.config.engine(name)
 
     def engine_version(self, name: str) -> str:
-        """The configured version, else what the catalog's probe found ("" = unknown)."""
+        """The configured version, else what detection found ("" = unknown)."""
         return self._engine(name).version or self.probed_versions.get(name, "")
 
+    def version_source(self, name: str) -> str:
+        """Where the engine's version was read: "config", "metadata", "probe" or ""."""
+        if self._engine(name).version:
+            return "config"
+        return self.version_sources.get(name, "")
+
+    def engine_release(self, name: str) -> ResolvedRelease:
+        """The version-table row the engine runs with, and how its version matched."""
+        return release_for(name, self.engine_version(name))
+
+    def read_package_versions(self) -> None:
+        """Each unconfigured engine's version from its package METADATA (file reads only)."""
+        for name in ENGINE_NAMES:
+            eng = self._engine(name)
+            if eng.version or name in self.probed_versions:
+                continue
+            found = metadata_version(engine_entry(name).package, eng.executable, eng.env)
+            if found:
+                self.probed_versions[name] = found
+                self.version_sources[name] = "metadata"
+
     async def probe_versions(self) -> None:
-        """Run the catalog's version probe of every engine whose config gives no version."""
+        """Run the catalog's version probe of every engine whose version is still unknown."""
         async def one(name: str) -> None:
             eng = self._engine(name)
             found = await probe_version(engine_entry(name).version_probe, env=eng.env)
             if found:
                 self.probed_versions[name] = found
-        await asyncio.gather(*(one(n) for n in ENGINE_NAMES if not self._engine(n).version))
+                self.version_sources[name] = "probe"
+        await asyncio.gather(*(one(n) for n in ENGINE_NAMES if not self.engine_version(n)))
 
     async def start_deployment(self, spec: DeploymentSpec) -> EngineSupervisor:
         existing = self.supervisors.get(spec.deployment_id)
@@ -122,6 +158,14 @@ class Agent:
                 return existing
             raise FailedPrecondition(
                 f"deployment {spec.deployment_id} already runs with another spec; stop it first")
+        if self._probing is not None and not self._probing.done():
+            # The command line depends on the engine's release: know it first.
+            await asyncio.shield(self._probing)
+        resolved = self.engine_release(spec.engine)
+        check_pinned_version(spec.engine, spec.engine_version, self.engine_version(spec.engine))
+        if resolved.flagged:
+            log.warning("%s %s: launching with the flags of %s (%s)", spec.engine,
+                        resolved.describe(), resolved.row.label, resolved.match.value)
         sup = self._new_supervisor(spec, self.config.bind_host)
         self.supervisors[spec.deployment_id] = sup
         await sup.start()
@@ -133,13 +177,17 @@ class Agent:
         workdir = Path(self.config.workdir) / spec.deployment_id
         return EngineSupervisor(spec, get_runtime(spec.engine), executable=eng.executable,
                                 env=dict(eng.env), workdir=workdir, bind_host=bind_host,
-                                state=self.state)
+                                state=self.state, release=self.engine_release(spec.engine).row)
 
     def _watch_metrics(self, sup: EngineSupervisor) -> None:
         assert self._session is not None
+        # A version the table knows is read under its release's names; any other under
+        # the catalog's, which list every release's spellings.
+        resolved = self.engine_release(sup.spec.engine)
         self.scrapers[sup.spec.deployment_id] = EngineScraper(
             sup.spec.engine, sup.endpoint, session=self._session,
-            timeout_s=self.config.scrape_timeout_s, registry=self.metrics.registry)
+            timeout_s=self.config.scrape_timeout_s, registry=self.metrics.registry,
+            names=None if resolved.flagged else resolved.row.metric_names)
 
     async def adopt_engines(self) -> list[str]:
         """Take over the engines a previous agent left running in this work dir; remove
@@ -250,8 +298,11 @@ class Agent:
             else _none() for dep_id, sup in sups))
         for (dep_id, sup), sample in zip(sups, samples, strict=True):
             spec = sup.spec
+            resolved = self.engine_release(spec.engine)
             d = report.deployments.add(
                 deployment_id=dep_id, engine=spec.engine, engine_version=self.engine_version(spec.engine),
+                engine_release=resolved.row.label,
+                engine_version_match=VERSION_MATCH_PROTO[resolved.match],
                 model=spec.model, revision=spec.revision, phase=sup.phase.to_proto(),
                 endpoint=sup.endpoint or "", restarts=sup.restarts, message=sup.last_message or "",
                 backend=spec.backend, served_model_name=sup.served_model_name,
@@ -272,8 +323,11 @@ class Agent:
         hello.gpus.extend(self.gpus.read())
         for name in ENGINE_NAMES:
             eng = self._engine(name)
+            resolved = self.engine_release(name)
             hello.engines.add(engine=name, version=self.engine_version(name),
-                              executable=" ".join(eng.executable))
+                              executable=" ".join(eng.executable), release=resolved.row.label,
+                              version_match=VERSION_MATCH_PROTO[resolved.match],
+                              version_source=self.version_source(name))
         return hello
 
     def _emit_result(self, result: agent_pb2.CommandResult) -> None:
@@ -356,7 +410,8 @@ class Agent:
         lock = WorkdirLock(self.config.workdir)
         lock.acquire()
         self._session = aiohttp.ClientSession()
-        probing = asyncio.create_task(self.probe_versions())
+        self.read_package_versions()
+        probing = self._probing = asyncio.create_task(self.probe_versions())
         try:
             if self.config.metrics_listen:
                 self.ops = OpsListener(self.metrics.registry, self.readiness)
@@ -365,7 +420,10 @@ class Agent:
             await self.adopt_engines()
             for dep in self.config.deployments:
                 spec = DeploymentSpec(**dep.model_dump())
-                await self._start_configured(spec)
+                try:
+                    await self._start_configured(spec)
+                except InvalidArgument as exc:  # e.g. a pinned version this host lacks
+                    log.error("deployment %s not started: %s", spec.deployment_id, exc.message)
             self.started = True
             await self._connect_forever()
         finally:

@@ -64,6 +64,16 @@ def status(ctx: click.Context, output: str) -> None:
     print_table("fleet", ["", "value"], rows)
 
 
+def engine_label(engine: str, version: str, release: str, match: int) -> str:
+    """"vllm 0.11.2", or, for a version the agent's version table does not know, the row
+    it runs with: "vllm 0.40.0 [as 0.18: outside the version table]"."""
+    if match == agent_pb2.VERSION_MATCH_NEAREST:
+        return f"{engine} {version} [as {release}: outside the version table]"
+    if match == agent_pb2.VERSION_MATCH_UNKNOWN:
+        return f"{engine} ? [as {release}: version unknown]"
+    return f"{engine} {version}".strip()
+
+
 @fleet.command()
 @output_option
 @click.pass_context
@@ -82,7 +92,8 @@ def hosts(ctx: click.Context, output: str) -> None:
             gpus += " (emulated)"
         unhealthy = sum(1 for g in h.gpus if g.health in (agent_pb2.GPU_HEALTH_DEGRADED,
                                                            agent_pb2.GPU_HEALTH_FAILED))
-        engines = ", ".join(f"{e.engine} {e.version}".strip() for e in h.engines)
+        engines = ", ".join(engine_label(e.engine, e.version, e.release, e.version_match)
+                            for e in h.engines)
         rows.append((h.host_id, host_state(h.state), gpus, unhealthy, engines, h.deployments,
                      _age(h.last_report.ToNanoseconds() / 1e9),
                      ",".join(f"{k}={v}" for k, v in sorted(h.labels.items()))))
@@ -112,7 +123,8 @@ def deployments(ctx: click.Context, model: str, host_id: str, output: str) -> No
     for d in resp.deployments:
         r = d.report
         row: tuple[object, ...] = (
-            r.deployment_id, d.host_id, r.model, f"{r.engine} {r.engine_version}".strip(),
+            r.deployment_id, d.host_id, r.model,
+            engine_label(r.engine, r.engine_version, r.engine_release, r.engine_version_match),
             r.revision or "-", phase(r.phase), fmt_rate(r.request_rate),
             f"{r.running_requests:.0f}/{r.waiting_requests:.0f}",
             fmt_ms(r.ttft.p50_s, r.ttft.present), fmt_ms(r.ttft.p99_s, r.ttft.present),

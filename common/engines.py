@@ -143,6 +143,7 @@ class EngineEntry:
     display_name: str                # for people
     executable: tuple[str, ...]      # default command that serves
     version_probe: tuple[str, ...]   # a command that prints the version (agent hook)
+    package: str                     # the installed distribution whose METADATA has the version
     launch: LaunchFacts
     health: HealthSemantics
     metric_endpoints: tuple[MetricEndpoint, ...]
@@ -175,6 +176,7 @@ VLLM = EngineEntry(
     display_name="vLLM",
     executable=("vllm",),
     version_probe=("vllm", "--version"),
+    package="vllm",
     launch=LaunchFacts(runtime_module="gearshift.agents.runtimes.vllm", deployment_tag="vllm",
                        drain_timeout_flag="--shutdown-timeout"),
     health=HealthSemantics(paths=("/health",),
@@ -202,7 +204,10 @@ TENSORRT_LLM = EngineEntry(
     name="tensorrt-llm",
     display_name="TensorRT-LLM",
     executable=("trtllm-serve",),
-    version_probe=("python3", "-c", "import tensorrt_llm; print(tensorrt_llm.__version__)"),
+    # Reads the package metadata: importing tensorrt_llm would load CUDA libraries.
+    version_probe=("python3", "-c",
+                   "import importlib.metadata as m; print(m.version('tensorrt_llm'))"),
+    package="tensorrt_llm",
     launch=LaunchFacts(runtime_module="gearshift.agents.runtimes.trtllm", deployment_tag="trtllm"),
     health=HealthSemantics(paths=("/health", "/health_generate"),
                            note="connections refused while loading; 200 ready"),
@@ -237,7 +242,8 @@ SGLANG = EngineEntry(
     name="sglang",
     display_name="SGLang",
     executable=("python3", "-m", "sglang.launch_server"),
-    version_probe=("python3", "-c", "import sglang; print(sglang.__version__)"),
+    version_probe=("python3", "-c", "import importlib.metadata as m; print(m.version('sglang'))"),
+    package="sglang",
     launch=LaunchFacts(runtime_module="gearshift.agents.runtimes.sglang", deployment_tag="sglang"),
     # The HTTP server binds before the model is warm: 503 until a one-token generation
     # succeeds (and again while it exits).

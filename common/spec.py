@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from gearshift.common.engine_versions import version_key
 from gearshift.common.engines import ENGINE_NAMES, engine_entry, is_engine
 from gearshift.common.errors import InvalidArgument
 from gearshift.v1 import agent_pb2
@@ -71,6 +72,7 @@ class DeploymentSpec:
     gpu_indices: tuple[int, ...] = ()
     shutdown_timeout_s: float = 0.0        # the entry's drain timeout flag; 0 = not passed
     extra_args: tuple[str, ...] = field(default_factory=tuple)
+    engine_version: str = ""               # pinned release ("0.11" = any 0.11.x); "" = any
 
     def __post_init__(self) -> None:
         # Normalize what proto3 leaves empty, then check every field.
@@ -120,6 +122,13 @@ class DeploymentSpec:
         if not self.shutdown_timeout_s >= 0.0:
             raise InvalidArgument(
                 f"{where}: shutdown_timeout_s {self.shutdown_timeout_s} must be >= 0")
+        if self.engine_version:
+            try:
+                version_key(self.engine_version)
+            except ValueError:
+                raise InvalidArgument(
+                    f"{where}: engine_version {self.engine_version!r} is not a release "
+                    "version (e.g. 0.11 or 1.2.0)") from None
 
     @classmethod
     def from_proto(cls, msg: agent_pb2.DeploymentSpec) -> DeploymentSpec:
@@ -137,6 +146,7 @@ class DeploymentSpec:
             gpu_indices=tuple(msg.gpu_indices),
             shutdown_timeout_s=msg.shutdown_timeout_s,
             extra_args=tuple(msg.extra_args),
+            engine_version=msg.engine_version,
         )
 
     def to_proto(self) -> agent_pb2.DeploymentSpec:
@@ -153,4 +163,5 @@ class DeploymentSpec:
             gpu_indices=list(self.gpu_indices),
             shutdown_timeout_s=self.shutdown_timeout_s,
             extra_args=list(self.extra_args),
+            engine_version=self.engine_version,
         )

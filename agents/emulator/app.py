@@ -340,6 +340,10 @@ async def get_state(request: web.Request) -> web.Response:
     args["ignored"] = list(state.args.ignored)
     options = asdict(state.options)
     options.pop("faults")
+    options.pop("release_facts")
+    facts = state.options.release_facts  # the emulated release's extracted facts, if any
+    options["release"] = None if facts is None else {
+        "version": facts.version, "origin": facts.origin, "derived": facts.derived}
     return web.json_response({
         "flavor": state.args.flavor, "args": args, "options": options,
         "faults": state.faults.to_json(), "max_batch": state.engine.max_batch,

@@ -25,6 +25,8 @@ from gearshift.agents.emulator.config import (
     parse_faults_json,
 )
 from gearshift.agents.emulator.flavors import get_flavor
+from gearshift.agents.emulator.releases import check_options
+from gearshift.common.engine_versions import facts_for, release_for, version_key
 from gearshift.common.engines import ENGINE_NAMES
 
 ENV_PREFIX = "GEARSHIFT_EMULATOR_"
@@ -66,12 +68,17 @@ def _positive(_ctx: click.Context, param: click.Parameter, value: float | None) 
               envvar=ENV_PREFIX + "MAX_BATCH", show_envvar=True,
               help="Batch slots (default: derived from the capacity).")
 @click.option("--engine-version", default=None, envvar=ENV_PREFIX + "ENGINE_VERSION",
-              show_envvar=True, help="Version reported on /version.")
+              show_envvar=True,
+              help="The release to emulate (default: the flavour's): its row of the engine's "
+                   "version table decides the options accepted (others exit with status 2, "
+                   "as the real parser does) and the metric names served; reported on "
+                   "/version.")
 @click.option("--faults", "faults_json", default=None, envvar=ENV_PREFIX + "FAULTS",
               show_envvar=True, help='Faults at start, JSON, e.g. {"crash_after_s": 5}.')
 @click.option("--trtllm-metric-names", type=click.Choice(["prefixed", "unprefixed"]),
-              default="prefixed", show_default=True, envvar=ENV_PREFIX + "TRTLLM_METRIC_NAMES",
-              show_envvar=True, help="trtllm_ names (newer) or the 1.2.x unprefixed ones.")
+              default=None, envvar=ENV_PREFIX + "TRTLLM_METRIC_NAMES", show_envvar=True,
+              help="trtllm_ names or the unprefixed ones (default: the release's; "
+                   "unprefixed before 1.3).")
 @click.option("--build-s", type=click.FloatRange(min=0), default=0.0, show_default=True,
               envvar=ENV_PREFIX + "BUILD_S", show_envvar=True,
               help="Duration of the `build` stand-in.")
@@ -82,12 +89,25 @@ def _positive(_ctx: click.Context, param: click.Parameter, value: float | None) 
 @click.argument("engine_argv", nargs=-1, type=click.UNPROCESSED)
 def emulate(flavor: str, capacity_rps: float | None, load_s: float, ttft_base_s: float,
             itl_s: float, output_tokens: int, max_batch: int | None, engine_version: str | None,
-            faults_json: str | None, trtllm_metric_names: str, build_s: float,
+            faults_json: str | None, trtllm_metric_names: str | None, build_s: float,
             event_loop: str, engine_argv: tuple[str, ...]) -> None:
     # Deferred so `--help` stays cheap.
     from gearshift.agents.emulator.server import run
 
+    found = get_flavor(flavor)
+    version = engine_version or found.default_version
     try:
+        version_key(version)
+    except ValueError as exc:
+        raise click.BadParameter(f"{exc} (e.g. 0.11.0)", param_hint="--engine-version") from None
+    resolved = release_for(flavor, version)
+    if resolved.flagged:
+        click.echo(f"warning: {flavor} {resolved.describe()}: emulating the nearest row of "
+                   "the version table", err=True)
+    facts = facts_for(resolved)
+    try:
+        if facts is not None:
+            check_options(flavor, list(engine_argv), facts)
         args = parse_engine_argv(flavor, list(engine_argv))
     except EngineArgsError as exc:
         raise click.UsageError(f"engine arguments: {exc}") from None
@@ -98,11 +118,12 @@ def emulate(flavor: str, capacity_rps: float | None, load_s: float, ttft_base_s:
     if event_loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
         raise click.BadParameter("uvloop is not installed (pip install uvloop)",
                                  param_hint="--event-loop")
-    found = get_flavor(flavor)
+    prefixed = (trtllm_metric_names == "prefixed" if trtllm_metric_names
+                else "trtllm_" in resolved.row.metric_names.prefixes)
     options = EmulatorOptions(
         capacity_rps=capacity_rps or found.default_capacity_rps,
         load_s=load_s, ttft_base_s=ttft_base_s, itl_s=itl_s, output_tokens=output_tokens,
-        engine_version=engine_version or found.default_version, max_batch=max_batch,
-        trtllm_prefixed_names=trtllm_metric_names == "prefixed", build_s=build_s, faults=faults,
-        event_loop=event_loop)
+        engine_version=version, max_batch=max_batch,
+        trtllm_prefixed_names=prefixed, build_s=build_s, faults=faults,
+        event_loop=event_loop, release_facts=facts)
     sys.exit(run(args, options))

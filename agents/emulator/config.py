@@ -11,7 +11,10 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gearshift.common.engine_versions import ReleaseFacts
 
 DEFAULT_LOAD_S = 1.0
 DEFAULT_TTFT_BASE_S = 0.020
@@ -113,7 +116,8 @@ class EmulatorOptions:
     output_tokens: int = DEFAULT_OUTPUT_TOKENS
     engine_version: str = ""
     max_batch: int | None = None           # None: derived from capacity
-    trtllm_prefixed_names: bool = True     # False: 1.2.x unprefixed Prometheus names
+    trtllm_prefixed_names: bool = True     # False: unprefixed Prometheus names (before 1.3)
+    release_facts: ReleaseFacts | None = None  # the emulated release's options and metrics
     build_s: float = 0.0                   # `build` stand-in duration
     faults: Faults = field(default_factory=Faults)
     # "uvloop" spends less CPU per request, but its timers have millisecond steps, which

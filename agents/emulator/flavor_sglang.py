@@ -189,7 +189,7 @@ class SglangFlavor:
     name = "sglang"
     owned_by = "sglang"
     default_capacity_rps = 40.0
-    default_version = "0.5.3"
+    default_version = "0.5.23"  # the newest release of the version table
 
     def parse(self, argv: list[str]) -> EngineArgs:
         return parse_sglang(argv)

@@ -41,7 +41,7 @@ class VllmFlavor:
     name = "vllm"
     owned_by = "vllm"
     default_capacity_rps = 40.0
-    default_version = "0.11.0"
+    default_version = "0.33.0"  # the newest release of the version table
 
     def parse(self, argv: list[str]) -> EngineArgs:
         return parse_vllm(argv)

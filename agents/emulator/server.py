@@ -25,6 +25,7 @@ from gearshift.agents.emulator.args import EngineArgs
 from gearshift.agents.emulator.batching import BatchEngine, derive_max_batch
 from gearshift.agents.emulator.config import EmulatorOptions
 from gearshift.agents.emulator.flavors import get_flavor
+from gearshift.agents.emulator.releases import for_release
 
 CRASH_EXIT_CODE = 1
 # After the drain, connections still open get this long before aiohttp closes them.
@@ -48,6 +49,7 @@ def make_state(args: EngineArgs, options: EmulatorOptions) -> EmulatorState:
     engine = BatchEngine(max_batch=max_batch, ttft_base_s=options.ttft_base_s,
                          itl_s=options.itl_s, latency_factor=options.faults.latency_factor)
     metrics, iterstats = get_flavor(args.flavor).make_metrics(engine, args, options)
+    metrics = for_release(metrics, options.release_facts)
     return EmulatorState(args=args, options=options, engine=engine, metrics=metrics,
                          iterstats=iterstats, on_crash=crash_now, faults=options.faults)
 

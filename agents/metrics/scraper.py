@@ -35,7 +35,13 @@ from gearshift.agents.metrics.model import (
 from gearshift.agents.metrics.prometheus_text import parse_prometheus_text
 from gearshift.agents.metrics.rates import RateCalculator
 from gearshift.agents.metrics.trtllm_json import parse_trtllm_json
-from gearshift.common.engines import EngineEntry, MetricEndpoint, MetricFormat, engine_entry
+from gearshift.common.engines import (
+    EngineEntry,
+    MetricEndpoint,
+    MetricFormat,
+    MetricNames,
+    engine_entry,
+)
 from gearshift.common.errors import InvalidArgument
 
 logger = logging.getLogger(__name__)
@@ -92,14 +98,18 @@ class MetricSource(Protocol):
 
 
 def read_engine_metrics(
-    engine: str, bodies: dict[str, str | None]
+    engine: str, bodies: dict[str, str | None], names: MetricNames | None = None
 ) -> tuple[EngineSnapshot | None, tuple[Skip, ...]]:
     """Parse the bodies one scrape fetched (path -> body, None = not fetched); never raises.
+
+    `names`: the metric names of the engine's release (its version-table row); None =
+    the catalog entry's, which list every release's spellings.
 
     Returns the snapshot (None when nothing usable was found) and every skip:
     dropped series and whole bodies that could not be read.
     """
     entry = engine_entry(engine)
+    names = names or entry.metric_names
     skips: list[Skip] = []
     prometheus: EngineSnapshot | None = None
     iterations: EngineSnapshot | None = None
@@ -112,7 +122,7 @@ def read_engine_metrics(
                 iterations = parse_trtllm_json(body)
                 skips.extend(iterations.skips)
                 continue
-            found = parse_prometheus_text(body, source=endpoint.path, names=entry.metric_names)
+            found = parse_prometheus_text(body, source=endpoint.path, names=names)
         except MetricsParseError as exc:
             skips.append(Skip(exc.reason, exc.message))
             continue
@@ -120,7 +130,7 @@ def read_engine_metrics(
         if found.has_data():
             prometheus = found
         elif not endpoint.optional:
-            prefixes = "/".join(p for p in entry.metric_names.prefixes if p) or "known"
+            prefixes = "/".join(p for p in names.prefixes if p) or "known"
             skips.append(Skip(SkipReason.MISSING_FAMILY,
                               f"{endpoint.path}: no {prefixes} metric found"))
     return _merge(prometheus, iterations), tuple(skips)
@@ -180,8 +190,10 @@ class EngineScraper:
         session: aiohttp.ClientSession | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         registry: CollectorRegistry | None = None,
+        names: MetricNames | None = None,
     ) -> None:
         self.entry: EngineEntry = engine_entry(engine)
+        self.names = names  # the release's metric names (None: the entry's, every release's)
         if not base_url.startswith(("http://", "https://")):
             raise InvalidArgument(
                 f"engine base URL must start with http:// or https://, got {base_url!r}"
@@ -243,7 +255,7 @@ class EngineScraper:
             # Nothing came back: the required endpoints say why (an optional one adds nothing).
             required = [f for ep, f in failed if not ep.optional]
             return _failed(now, tuple(required or failures))
-        snapshot, skips = read_engine_metrics(self.engine, bodies)
+        snapshot, skips = read_engine_metrics(self.engine, bodies, self.names)
         skips = (*failures, *skips)
         if snapshot is None:
             return _failed(now, skips)

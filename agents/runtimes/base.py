@@ -17,6 +17,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
 
+from gearshift.common.engine_versions import EngineRelease, release_for
 from gearshift.common.engines import ENGINE_NAMES, HealthSemantics, engine_entry
 from gearshift.common.errors import InvalidArgument
 from gearshift.common.spec import DeploymentSpec
@@ -56,9 +57,16 @@ class EngineRuntime(Protocol):
     name: str
 
     def launch_plan(self, spec: DeploymentSpec, *, executable: list[str], host: str,
-                    port: int, workdir: Path) -> LaunchPlan:
-        """The command line (and env, files) that starts `spec` on `host:port`."""
+                    port: int, workdir: Path, release: EngineRelease | None = None
+                    ) -> LaunchPlan:
+        """The command line (and env, files) that starts `spec` on `host:port`, in the
+        flags of `release` (the version-table row of the host's engine; None = the newest)."""
         ...
+
+
+def release_or_newest(engine: str, release: EngineRelease | None) -> EngineRelease:
+    """`release`, or the newest row of `engine`'s version table."""
+    return release if release is not None else release_for(engine, "").row
 
 
 def endpoints_for(engine: str, base_url: str) -> EngineEndpoints:

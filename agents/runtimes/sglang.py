@@ -24,6 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gearshift.agents.runtimes.base import LaunchPlan, cuda_env, register
+from gearshift.common.engine_versions import EngineRelease
 from gearshift.common.spec import DeploymentSpec
 
 
@@ -31,7 +32,9 @@ class SglangRuntime:
     name = "sglang"
 
     def launch_plan(self, spec: DeploymentSpec, *, executable: list[str], host: str,
-                    port: int, workdir: Path) -> LaunchPlan:
+                    port: int, workdir: Path, release: EngineRelease | None = None
+                    ) -> LaunchPlan:
+        # Every row of SGLang's version table knows these flags.
         argv = [*executable,
                 "--model-path", spec.source,
                 "--host", host,

@@ -41,6 +41,7 @@ from gearshift.agents.runtimes.base import (
     endpoints_for,
 )
 from gearshift.agents.runtimes.engine_state import EngineRecord, EngineStateDir, process_start_time
+from gearshift.common.engine_versions import EngineRelease
 from gearshift.common.engines import engine_entry
 from gearshift.common.errors import FailedPrecondition
 from gearshift.common.spec import DeploymentSpec, Phase
@@ -74,7 +75,8 @@ class EngineSupervisor:
                  health_timeout_s: float = HEALTH_TIMEOUT_S,
                  bind_host: str = "127.0.0.1",
                  state: EngineStateDir | None = None,
-                 on_change: Callable[[EngineSupervisor], None] | None = None) -> None:
+                 on_change: Callable[[EngineSupervisor], None] | None = None,
+                 release: EngineRelease | None = None) -> None:
         initial, maximum = restart_backoff_s
         if initial < 0 or maximum < initial:
             raise ValueError(f"restart_backoff_s {restart_backoff_s}: need 0 <= initial <= max")
@@ -82,6 +84,7 @@ class EngineSupervisor:
             raise ValueError(f"health_interval_s {health_interval_s} must be > 0")
         self.spec = spec
         self.runtime = runtime
+        self.release = release  # the engine's version-table row (None = the newest)
         self.entry = engine_entry(spec.engine)
         self.workdir = Path(workdir)
         self.executable = list(executable) if executable else list(self.entry.executable)
@@ -262,7 +265,7 @@ class EngineSupervisor:
             self.workdir.mkdir(parents=True, exist_ok=True)
             plan = self.runtime.launch_plan(self.spec, executable=self.executable,
                                             host=self._bind_host, port=self._port,
-                                            workdir=self.workdir)
+                                            workdir=self.workdir, release=self.release)
             log = open(self.log_path, "ab")  # noqa: SIM115 - closed below once the child has it
         except OSError as exc:
             self._proc = None

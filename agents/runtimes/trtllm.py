@@ -1,6 +1,11 @@
 """TensorRT-LLM runtime: `trtllm-serve MODEL --host H --port P --backend pytorch|tensorrt
 --tp_size T --kv_cache_free_gpu_memory_fraction F --config extra.yaml`.
 
+The extra config's flag is the release's (version table,
+`gearshift.common.engine_versions`): `--config` from 1.2 on (an alias added by
+NVIDIA/TensorRT-LLM PR #9104), `--extra_llm_api_options` before, where `--config`
+is an unknown option and trtllm-serve exits at once.
+
 The extra config turns on the two metric surfaces gearshift scrapes:
 `enable_iter_perf_stats` (JSON `/metrics`, drained on each read) and
 `return_perf_metrics` (Prometheus `/prometheus/metrics`). `/health` and
@@ -20,7 +25,8 @@ from pathlib import Path
 
 import yaml
 
-from gearshift.agents.runtimes.base import LaunchPlan, cuda_env, register
+from gearshift.agents.runtimes.base import LaunchPlan, cuda_env, register, release_or_newest
+from gearshift.common.engine_versions import EngineRelease
 from gearshift.common.spec import DeploymentSpec
 
 EXTRA_OPTIONS = {"enable_iter_perf_stats": True, "return_perf_metrics": True}
@@ -43,7 +49,9 @@ class TrtllmRuntime:
         return spec.source
 
     def launch_plan(self, spec: DeploymentSpec, *, executable: list[str], host: str,
-                    port: int, workdir: Path) -> LaunchPlan:
+                    port: int, workdir: Path, release: EngineRelease | None = None
+                    ) -> LaunchPlan:
+        config_flag = release_or_newest(self.name, release).flags.config_file
         config = self.config_path(spec, workdir)
         config.parent.mkdir(parents=True, exist_ok=True)
         config.write_text(yaml.safe_dump(EXTRA_OPTIONS, sort_keys=True), encoding="utf-8")
@@ -53,7 +61,7 @@ class TrtllmRuntime:
                 "--backend", spec.backend,
                 "--tp_size", str(spec.tensor_parallel_size),
                 "--kv_cache_free_gpu_memory_fraction", f"{spec.gpu_memory_fraction:g}",
-                "--config", str(config)]
+                config_flag, str(config)]
         if self.pass_served_model_name:
             argv += ["--served-model-name", spec.model]
         argv += spec.extra_args

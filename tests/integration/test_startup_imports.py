@@ -56,7 +56,7 @@ PSUTIL = {"psutil"}  # the agent identifies the engines it adopts by process sta
 # controller's addresses, client credentials, identity): nothing of the controller.
 ROOT = {"gearshift", "gearshift.cli", "gearshift.cli.main", "gearshift.cli.lazy_group"}
 ERRORS = {"gearshift.common", "gearshift.common.errors"}
-ENGINES = {"gearshift.common.engines"}  # the engine catalog: names, flags, metric names
+ENGINES = {"gearshift.common.engines", "gearshift.common.engine_versions"}  # the catalog and its version tables
 SHARED = ERRORS | {"gearshift.common.endpoints", "gearshift.common.credentials",
                    "gearshift.common.identity"}
 POLICY_LOADER = {"gearshift.policies", "gearshift.policies.loader", "gearshift.policies.schema",

@@ -22,6 +22,13 @@ class GpuHealth(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     GPU_HEALTH_DEGRADED: _ClassVar[GpuHealth]
     GPU_HEALTH_FAILED: _ClassVar[GpuHealth]
 
+class VersionMatch(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    VERSION_MATCH_UNSPECIFIED: _ClassVar[VersionMatch]
+    VERSION_MATCH_KNOWN: _ClassVar[VersionMatch]
+    VERSION_MATCH_NEAREST: _ClassVar[VersionMatch]
+    VERSION_MATCH_UNKNOWN: _ClassVar[VersionMatch]
+
 class DeploymentPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     DEPLOYMENT_PHASE_UNSPECIFIED: _ClassVar[DeploymentPhase]
@@ -55,6 +62,10 @@ GPU_HEALTH_UNSPECIFIED: GpuHealth
 GPU_HEALTH_OK: GpuHealth
 GPU_HEALTH_DEGRADED: GpuHealth
 GPU_HEALTH_FAILED: GpuHealth
+VERSION_MATCH_UNSPECIFIED: VersionMatch
+VERSION_MATCH_KNOWN: VersionMatch
+VERSION_MATCH_NEAREST: VersionMatch
+VERSION_MATCH_UNKNOWN: VersionMatch
 DEPLOYMENT_PHASE_UNSPECIFIED: DeploymentPhase
 DEPLOYMENT_PHASE_STARTING: DeploymentPhase
 DEPLOYMENT_PHASE_READY: DeploymentPhase
@@ -100,14 +111,20 @@ class GpuInfo(_message.Message):
     def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., model: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_used_bytes: _Optional[int] = ..., utilization: _Optional[float] = ..., temperature_c: _Optional[float] = ..., power_w: _Optional[float] = ..., health: _Optional[_Union[GpuHealth, str]] = ..., health_reason: _Optional[str] = ...) -> None: ...
 
 class EngineInstall(_message.Message):
-    __slots__ = ("engine", "version", "executable")
+    __slots__ = ("engine", "version", "executable", "release", "version_match", "version_source")
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     EXECUTABLE_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_MATCH_FIELD_NUMBER: _ClassVar[int]
+    VERSION_SOURCE_FIELD_NUMBER: _ClassVar[int]
     engine: str
     version: str
     executable: str
-    def __init__(self, engine: _Optional[str] = ..., version: _Optional[str] = ..., executable: _Optional[str] = ...) -> None: ...
+    release: str
+    version_match: VersionMatch
+    version_source: str
+    def __init__(self, engine: _Optional[str] = ..., version: _Optional[str] = ..., executable: _Optional[str] = ..., release: _Optional[str] = ..., version_match: _Optional[_Union[VersionMatch, str]] = ..., version_source: _Optional[str] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("host_id", "labels", "agent_version", "protocol_version", "gpus", "engines", "emulated_gpus", "session_token")
@@ -151,7 +168,7 @@ class Quantiles(_message.Message):
     def __init__(self, present: _Optional[bool] = ..., p50_s: _Optional[float] = ..., p99_s: _Optional[float] = ..., mean_s: _Optional[float] = ..., count: _Optional[int] = ...) -> None: ...
 
 class DeploymentReport(_message.Message):
-    __slots__ = ("deployment_id", "engine", "engine_version", "model", "revision", "phase", "endpoint", "request_rate", "running_requests", "waiting_requests", "ttft", "itl", "e2e", "prompt_tokens_per_s", "generation_tokens_per_s", "kv_cache_usage", "errors_total", "restarts", "gpu_indices", "message", "metrics_present", "backend", "served_model_name", "source", "tensor_parallel_size", "partial_interval", "queue_time", "preemptions_per_s", "prefix_cache_hit_rate", "sleep_state", "mean_prompt_tokens", "mean_generation_tokens", "kv_blocks_total", "kv_blocks_used")
+    __slots__ = ("deployment_id", "engine", "engine_version", "model", "revision", "phase", "endpoint", "request_rate", "running_requests", "waiting_requests", "ttft", "itl", "e2e", "prompt_tokens_per_s", "generation_tokens_per_s", "kv_cache_usage", "errors_total", "restarts", "gpu_indices", "message", "metrics_present", "backend", "served_model_name", "source", "tensor_parallel_size", "partial_interval", "engine_release", "engine_version_match", "queue_time", "preemptions_per_s", "prefix_cache_hit_rate", "sleep_state", "mean_prompt_tokens", "mean_generation_tokens", "kv_blocks_total", "kv_blocks_used")
     DEPLOYMENT_ID_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     ENGINE_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -178,6 +195,8 @@ class DeploymentReport(_message.Message):
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     TENSOR_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
     PARTIAL_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_RELEASE_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_VERSION_MATCH_FIELD_NUMBER: _ClassVar[int]
     QUEUE_TIME_FIELD_NUMBER: _ClassVar[int]
     PREEMPTIONS_PER_S_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_HIT_RATE_FIELD_NUMBER: _ClassVar[int]
@@ -212,6 +231,8 @@ class DeploymentReport(_message.Message):
     source: str
     tensor_parallel_size: int
     partial_interval: bool
+    engine_release: str
+    engine_version_match: VersionMatch
     queue_time: Quantiles
     preemptions_per_s: float
     prefix_cache_hit_rate: float
@@ -220,7 +241,7 @@ class DeploymentReport(_message.Message):
     mean_generation_tokens: float
     kv_blocks_total: int
     kv_blocks_used: int
-    def __init__(self, deployment_id: _Optional[str] = ..., engine: _Optional[str] = ..., engine_version: _Optional[str] = ..., model: _Optional[str] = ..., revision: _Optional[str] = ..., phase: _Optional[_Union[DeploymentPhase, str]] = ..., endpoint: _Optional[str] = ..., request_rate: _Optional[float] = ..., running_requests: _Optional[float] = ..., waiting_requests: _Optional[float] = ..., ttft: _Optional[_Union[Quantiles, _Mapping]] = ..., itl: _Optional[_Union[Quantiles, _Mapping]] = ..., e2e: _Optional[_Union[Quantiles, _Mapping]] = ..., prompt_tokens_per_s: _Optional[float] = ..., generation_tokens_per_s: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., errors_total: _Optional[int] = ..., restarts: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., message: _Optional[str] = ..., metrics_present: _Optional[bool] = ..., backend: _Optional[str] = ..., served_model_name: _Optional[str] = ..., source: _Optional[str] = ..., tensor_parallel_size: _Optional[int] = ..., partial_interval: _Optional[bool] = ..., queue_time: _Optional[_Union[Quantiles, _Mapping]] = ..., preemptions_per_s: _Optional[float] = ..., prefix_cache_hit_rate: _Optional[float] = ..., sleep_state: _Optional[_Union[EngineSleepState, str]] = ..., mean_prompt_tokens: _Optional[float] = ..., mean_generation_tokens: _Optional[float] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ...) -> None: ...
+    def __init__(self, deployment_id: _Optional[str] = ..., engine: _Optional[str] = ..., engine_version: _Optional[str] = ..., model: _Optional[str] = ..., revision: _Optional[str] = ..., phase: _Optional[_Union[DeploymentPhase, str]] = ..., endpoint: _Optional[str] = ..., request_rate: _Optional[float] = ..., running_requests: _Optional[float] = ..., waiting_requests: _Optional[float] = ..., ttft: _Optional[_Union[Quantiles, _Mapping]] = ..., itl: _Optional[_Union[Quantiles, _Mapping]] = ..., e2e: _Optional[_Union[Quantiles, _Mapping]] = ..., prompt_tokens_per_s: _Optional[float] = ..., generation_tokens_per_s: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., errors_total: _Optional[int] = ..., restarts: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., message: _Optional[str] = ..., metrics_present: _Optional[bool] = ..., backend: _Optional[str] = ..., served_model_name: _Optional[str] = ..., source: _Optional[str] = ..., tensor_parallel_size: _Optional[int] = ..., partial_interval: _Optional[bool] = ..., engine_release: _Optional[str] = ..., engine_version_match: _Optional[_Union[VersionMatch, str]] = ..., queue_time: _Optional[_Union[Quantiles, _Mapping]] = ..., preemptions_per_s: _Optional[float] = ..., prefix_cache_hit_rate: _Optional[float] = ..., sleep_state: _Optional[_Union[EngineSleepState, str]] = ..., mean_prompt_tokens: _Optional[float] = ..., mean_generation_tokens: _Optional[float] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ...) -> None: ...
 
 class Report(_message.Message):
     __slots__ = ("seq", "time", "gpus", "deployments", "interval_s")
@@ -271,7 +292,7 @@ class Welcome(_message.Message):
     def __init__(self, report_interval_s: _Optional[float] = ..., controller_epoch: _Optional[int] = ..., controller_id: _Optional[str] = ..., session_token: _Optional[str] = ...) -> None: ...
 
 class DeploymentSpec(_message.Message):
-    __slots__ = ("deployment_id", "model", "source", "revision", "engine", "backend", "port", "tensor_parallel_size", "gpu_memory_fraction", "gpu_indices", "shutdown_timeout_s", "extra_args")
+    __slots__ = ("deployment_id", "model", "source", "revision", "engine", "backend", "port", "tensor_parallel_size", "gpu_memory_fraction", "gpu_indices", "shutdown_timeout_s", "extra_args", "engine_version")
     DEPLOYMENT_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
@@ -284,6 +305,7 @@ class DeploymentSpec(_message.Message):
     GPU_INDICES_FIELD_NUMBER: _ClassVar[int]
     SHUTDOWN_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     EXTRA_ARGS_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_VERSION_FIELD_NUMBER: _ClassVar[int]
     deployment_id: str
     model: str
     source: str
@@ -296,7 +318,8 @@ class DeploymentSpec(_message.Message):
     gpu_indices: _containers.RepeatedScalarFieldContainer[int]
     shutdown_timeout_s: float
     extra_args: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, deployment_id: _Optional[str] = ..., model: _Optional[str] = ..., source: _Optional[str] = ..., revision: _Optional[str] = ..., engine: _Optional[str] = ..., backend: _Optional[str] = ..., port: _Optional[int] = ..., tensor_parallel_size: _Optional[int] = ..., gpu_memory_fraction: _Optional[float] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., shutdown_timeout_s: _Optional[float] = ..., extra_args: _Optional[_Iterable[str]] = ...) -> None: ...
+    engine_version: str
+    def __init__(self, deployment_id: _Optional[str] = ..., model: _Optional[str] = ..., source: _Optional[str] = ..., revision: _Optional[str] = ..., engine: _Optional[str] = ..., backend: _Optional[str] = ..., port: _Optional[int] = ..., tensor_parallel_size: _Optional[int] = ..., gpu_memory_fraction: _Optional[float] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., shutdown_timeout_s: _Optional[float] = ..., extra_args: _Optional[_Iterable[str]] = ..., engine_version: _Optional[str] = ...) -> None: ...
 
 class StartDeployment(_message.Message):
     __slots__ = ("spec",)

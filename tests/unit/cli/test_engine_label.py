@@ -1,0 +1,17 @@
+"""How `fleet hosts` and `fleet deployments` show an engine's version and its table row."""
+
+from __future__ import annotations
+
+from gearshift.cli.fleet import engine_label
+from gearshift.v1 import agent_pb2
+
+
+def test_known_versions_read_plainly_and_others_name_the_row_they_run_with():
+    assert engine_label("vllm", "0.11.2", "0.10.2", agent_pb2.VERSION_MATCH_KNOWN) == "vllm 0.11.2"
+    # An agent that predates version tables says nothing of the match.
+    assert engine_label("vllm", "0.11.2", "", agent_pb2.VERSION_MATCH_UNSPECIFIED) \
+        == "vllm 0.11.2"
+    assert engine_label("vllm", "0.40.0", "0.18", agent_pb2.VERSION_MATCH_NEAREST) \
+        == "vllm 0.40.0 [as 0.18: outside the version table]"
+    assert engine_label("sglang", "", "0.5", agent_pb2.VERSION_MATCH_UNKNOWN) \
+        == "sglang ? [as 0.5: version unknown]"
