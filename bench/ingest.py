@@ -15,7 +15,7 @@ machine's CPU goes to the controller being measured.
 Prints one JSON object:
   agents, interval_s, reports_per_s, ack_p50_ms, ack_p99_ms,
   controller_cpu_s_per_1k_reports, controller_cores, controller_rss_mb, lost_reports,
-  streams_failed, stream_errors, report_bytes, agent_processes, agent_cores,
+  streams_failed, stream_errors, connect_p50_ms, connect_max_ms, report_bytes, agent_processes, agent_cores,
   controller_fds, controller_fd_limit,
   agent_max_process_cores, controller_split
 Controller CPU is read from the controller process over the measured window, and
@@ -26,7 +26,9 @@ collector's pauses (from the controller's metrics, inside the thread that ran it
 `agent_max_process_cores` the busiest one: near 1.0 it, not the controller, is the
 bottleneck). `streams_failed` counts agent streams that ended in an error, and
 `stream_errors` the first distinct errors (with where they happened: connect or
-stream) and how many streams each ended. `report_bytes` is one report's
+stream) and how many streams each ended; `connect_p50_ms` / `connect_max_ms` time
+an agent's stream from opening to its Welcome (during the start-up burst new
+streams wait in gRPC core's queue until the controller takes them). `report_bytes` is one report's
 serialized size. `lost_reports` counts reports sent in the measured window that
 were never acked.
 """
@@ -89,6 +91,7 @@ class _Stats:
         self.sent = 0
         self.lost = 0
         self.connected = 0
+        self.connect_ms: list[float] = []  # stream opened -> Welcome read
         self.errors: list[str] = []
         self.cpu_window: list[float] = []  # this process's CPU seconds at t_measure, t_end
 
@@ -115,6 +118,7 @@ async def _agent(idx: int, stub: Any, args: argparse.Namespace, stats: _Stats,
 
     await asyncio.sleep(max(0.0, start_at - loop.time()))
     call = stub.Connect()
+    opened = loop.time()
     try:
         await call.write(hello)
         welcome = await call.read()
@@ -123,6 +127,7 @@ async def _agent(idx: int, stub: Any, args: argparse.Namespace, stats: _Stats,
     if welcome is grpc.aio.EOF or welcome.WhichOneof("body") != "welcome":
         raise RuntimeError(f"agent {idx}: expected a welcome, got {welcome!r}")
     stats.connected += 1
+    stats.connect_ms.append((loop.time() - opened) * 1000.0)
     sent_at: dict[int, float] = {}
 
     async def reader() -> None:
@@ -193,7 +198,7 @@ def _worker(args: argparse.Namespace, agent_ids: list[int], t_end_wall: float,
             t_measure_wall: float, q: Any) -> None:
     stats = asyncio.run(_worker_main(args, agent_ids, t_end_wall, t_measure_wall))
     cpu = stats.cpu_window[1] - stats.cpu_window[0] if len(stats.cpu_window) == 2 else float("nan")
-    q.put({"acks": stats.acks, "sent": stats.sent, "lost": stats.lost,
+    q.put({"acks": stats.acks, "connect_ms": stats.connect_ms, "sent": stats.sent, "lost": stats.lost,
            "connected": stats.connected, "errors": dict(Counter(stats.errors)),
            "failed": len(stats.errors), "cpu_s": cpu,
            "report_bytes": _report_bytes(args)})
@@ -302,15 +307,16 @@ def main() -> int:
     acks = sorted(a for s in stats for a in s["acks"])
     sent = sum(s["sent"] for s in stats)
 
-    def pct(q: float) -> float:
-        return round(acks[min(len(acks) - 1, int(q * len(acks)))], 3) if acks else float("nan")
+    def pct(values: list[float], q: float) -> float:
+        return round(values[min(len(values) - 1, int(q * len(values)))], 3) if values \
+            else float("nan")
 
     out: dict[str, Any] = {
         "agents": args.agents,
         "interval_s": args.interval_s,
         "reports_per_s": round(sent / args.duration_s, 1),
-        "ack_p50_ms": pct(0.50),
-        "ack_p99_ms": pct(0.99),
+        "ack_p50_ms": pct(acks, 0.50),
+        "ack_p99_ms": pct(acks, 0.99),
         "controller_cpu_s_per_1k_reports": round((cpu1 - cpu0) / max(1, sent) * 1000, 3),
         "controller_cores": round((cpu1 - cpu0) / args.duration_s, 3),
         "controller_rss_mb": round(rss_mb, 1),
@@ -321,6 +327,9 @@ def main() -> int:
         errors.update(s["errors"])
     out["streams_failed"] = sum(s["failed"] for s in stats)
     out["stream_errors"] = dict(errors.most_common(5))
+    connects = sorted(c for s in stats for c in s["connect_ms"])
+    out["connect_p50_ms"] = pct(connects, 0.50)
+    out["connect_max_ms"] = round(connects[-1], 3) if connects else float("nan")
     out["report_bytes"] = stats[0]["report_bytes"] if stats else 0
     out["agent_processes"] = args.workers
     out["controller_fds"], out["controller_fd_limit"] = fds, fd_limit

@@ -36,6 +36,17 @@ from gearshift.v1 import agent_pb2, agent_pb2_grpc, control_pb2, control_pb2_grp
 log = logging.getLogger("gearshift.controller.server")
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+# New streams gRPC core holds until the Python server asks for them. The asyncio server
+# asks for one call at a time and each answer passes through the event loop, which also
+# carries every connected agent's reports; when a fleet connects at once (start-up, a
+# controller restart, a network blip) streams arrive faster than that.
+# Core's defaults (grpc.server.max_pending_requests 1,000, hard limit 3,000, see
+# src/core/server/server.h) then drop a random share of the queued streams
+# above 1,000 and all above 3,000: those agents see CANCELLED (or INTERNAL from their
+# first write) and come back later, adding load. A pending stream costs core a few
+# KB, so the controller queues twice its design fleet (10,000 agents) instead; core's
+# own 30 s limit on a stream's wait in the queue still applies.
+MAX_PENDING_STREAMS = 20_000
 
 
 @dataclass
@@ -77,7 +88,9 @@ def build_server(config: ControllerConfig, agents: AgentService, control: Contro
                  ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                  ("grpc.keepalive_time_ms", 20_000),
                  ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-                 ("grpc.keepalive_permit_without_calls", 1)])
+                 ("grpc.keepalive_permit_without_calls", 1),
+                 ("grpc.server.max_pending_requests", MAX_PENDING_STREAMS),
+                 ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_STREAMS)])
     agent_pb2_grpc.add_AgentServiceServicer_to_server(agents, server)
     control_pb2_grpc.add_ControlServiceServicer_to_server(control, server)
     health = HealthServicer()

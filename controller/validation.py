@@ -91,17 +91,27 @@ def _gpus_of(d: agent_pb2.DeploymentReport) -> int:
 
 
 def _looks_valid(d: agent_pb2.DeploymentReport) -> bool:
-    """Fast path for the common case; the slow path below names what is wrong."""
-    nums = (d.request_rate, d.running_requests, d.waiting_requests, d.prompt_tokens_per_s,
-            d.generation_tokens_per_s, d.kv_cache_usage, d.ttft.p99_s, d.ttft.p50_s, d.ttft.mean_s,
-            d.itl.p99_s, d.itl.p50_s, d.itl.mean_s, d.e2e.p99_s, d.e2e.p50_s, d.e2e.mean_s)
-    gpus = _gpus_of(d)
-    return (bool(d.deployment_id) and bool(d.model) and d.engine in KNOWN_ENGINES
-            and math.isfinite(sum(nums)) and min(nums) >= 0 and d.kv_cache_usage <= 1.0
-            and d.request_rate <= MAX_REQUEST_RATE_PER_GPU * gpus
-            and d.prompt_tokens_per_s + d.generation_tokens_per_s <= MAX_TOKENS_PER_S_PER_GPU * gpus
-            and d.running_requests + d.waiting_requests <= MAX_REQUESTS_IN_FLIGHT_PER_GPU * gpus
-            and max(nums[6:]) <= MAX_LATENCY_S and _sla_signals_look_valid(d, gpus))
+    """Fast path for the common case; the slow path below names what is wrong.
+
+    Every figure is read once (a protobuf field read costs as much as the comparison)
+    and checked with chained comparisons, which NaN and the infinities all fail."""
+    if not (d.deployment_id and d.model and d.engine in KNOWN_ENGINES):
+        return False
+    gpus = max(1, d.tensor_parallel_size, len(d.gpu_indices))
+    prompt, generation = d.prompt_tokens_per_s, d.generation_tokens_per_s
+    running, waiting = d.running_requests, d.waiting_requests
+    t, i, e = d.ttft, d.itl, d.e2e
+    hi = MAX_LATENCY_S
+    return (0 <= d.request_rate <= MAX_REQUEST_RATE_PER_GPU * gpus
+            and prompt >= 0 and generation >= 0
+            and prompt + generation <= MAX_TOKENS_PER_S_PER_GPU * gpus
+            and running >= 0 and waiting >= 0
+            and running + waiting <= MAX_REQUESTS_IN_FLIGHT_PER_GPU * gpus
+            and 0 <= d.kv_cache_usage <= 1.0
+            and 0 <= t.p50_s <= hi and 0 <= t.p99_s <= hi and 0 <= t.mean_s <= hi
+            and 0 <= i.p50_s <= hi and 0 <= i.p99_s <= hi and 0 <= i.mean_s <= hi
+            and 0 <= e.p50_s <= hi and 0 <= e.p99_s <= hi and 0 <= e.mean_s <= hi
+            and _sla_signals_look_valid(d, gpus))
 
 
 def _sla_signals_look_valid(d: agent_pb2.DeploymentReport, gpus: int) -> bool:

@@ -1,0 +1,78 @@
+"""Every figure of a deployment report is range-checked: NaN, the infinities, negative
+and too-large values are refused with the field's path, whatever the others hold."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from gearshift.common.errors import InvalidArgument
+from gearshift.controller.validation import (
+    MAX_LATENCY_S,
+    MAX_REQUEST_RATE_PER_GPU,
+    MAX_REQUESTS_IN_FLIGHT_PER_GPU,
+    MAX_TOKENS_PER_S_PER_GPU,
+    check_report,
+)
+from gearshift.v1 import agent_pb2
+
+# field -> (the largest value allowed with tensor_parallel_size=2, its path in the error)
+BOUNDS = {
+    "request_rate": (MAX_REQUEST_RATE_PER_GPU * 2, "request_rate"),
+    "running_requests": (MAX_REQUESTS_IN_FLIGHT_PER_GPU * 2, "running_requests"),
+    "waiting_requests": (MAX_REQUESTS_IN_FLIGHT_PER_GPU * 2, "waiting_requests"),
+    "prompt_tokens_per_s": (MAX_TOKENS_PER_S_PER_GPU * 2, "prompt_tokens_per_s"),
+    "generation_tokens_per_s": (MAX_TOKENS_PER_S_PER_GPU * 2, "generation_tokens_per_s"),
+    "kv_cache_usage": (1.0, "kv_cache_usage"),
+    **{f"{q}.{f}": (MAX_LATENCY_S, f"{q}.{f}") for q in ("ttft", "itl", "e2e")
+       for f in ("p50_s", "p99_s", "mean_s")},
+}
+
+
+def report(**figures: float) -> agent_pb2.Report:
+    r = agent_pb2.Report(seq=1, interval_s=10.0)
+    d = r.deployments.add(deployment_id="d1", engine="vllm", model="m",
+                          tensor_parallel_size=2, request_rate=3.0, running_requests=4,
+                          waiting_requests=1, prompt_tokens_per_s=100.0,
+                          generation_tokens_per_s=200.0, kv_cache_usage=0.5)
+    for q in (d.ttft, d.itl, d.e2e):
+        q.present, q.p50_s, q.p99_s, q.mean_s, q.count = True, 0.05, 0.2, 0.07, 10
+    for name, value in figures.items():
+        msg, _, field = name.rpartition(".")
+        setattr(getattr(d, msg) if msg else d, field, value)
+    return r
+
+
+@pytest.mark.parametrize("name", sorted(BOUNDS))
+def test_each_figure_in_range_passes_at_its_bounds(name: str) -> None:
+    high, _ = BOUNDS[name]
+    check_report(report(**{name: 0.0}))
+    if name in ("prompt_tokens_per_s", "generation_tokens_per_s"):
+        other = ({"prompt_tokens_per_s", "generation_tokens_per_s"} - {name}).pop()
+        check_report(report(**{name: high, other: 0.0}))  # the two share one bound
+    elif name in ("running_requests", "waiting_requests"):
+        other = ({"running_requests", "waiting_requests"} - {name}).pop()
+        check_report(report(**{name: high, other: 0.0}))
+    else:
+        check_report(report(**{name: high}))
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, -1.0, "above"])
+@pytest.mark.parametrize("name", sorted(BOUNDS))
+def test_each_figure_out_of_range_is_refused_naming_it(name: str, value: float | str) -> None:
+    high, path = BOUNDS[name]
+    bad = high * 1.5 + 1 if isinstance(value, str) else value
+    with pytest.raises(InvalidArgument) as err:
+        check_report(report(**{name: bad}))
+    assert err.value.message.startswith(f"report.deployments[0].{path}")
+
+
+def test_figures_that_share_a_bound_are_refused_together() -> None:
+    half = MAX_TOKENS_PER_S_PER_GPU * 2 / 2
+    check_report(report(prompt_tokens_per_s=half, generation_tokens_per_s=half))
+    with pytest.raises(InvalidArgument, match="prompt and generation tokens per second"):
+        check_report(report(prompt_tokens_per_s=half, generation_tokens_per_s=half + 1))
+    half = MAX_REQUESTS_IN_FLIGHT_PER_GPU * 2 / 2
+    with pytest.raises(InvalidArgument, match="running and waiting requests together"):
+        check_report(report(running_requests=half, waiting_requests=half + 1))
