@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -63,7 +62,7 @@ class CapacityKey:
         return f"{self.model} on {self.engine} {self.engine_version} ({self.gpu_model})"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LoadObservation:
     """One rollup interval of one deployment; None = the latency was not measured."""
 
@@ -95,7 +94,9 @@ class CapacityModel:
             raise InvalidArgument(f"capacity model: per_bin must be >= 1, got {per_bin}")
         self.key = key
         self.per_bin = per_bin
-        self._bins: dict[int, deque[LoadObservation]] = {}
+        # Per load bin, its newest observations, oldest first (plain lists: a fleet holds
+        # thousands of models with dozens of bins each).
+        self._bins: dict[int, list[LoadObservation]] = {}
         self.accepted = 0
         self.rejected: dict[str, int] = {}
 
@@ -106,8 +107,10 @@ class CapacityModel:
         if reason is not None:
             self.rejected[reason] = self.rejected.get(reason, 0) + 1
             return reason
-        bucket = self._bins.setdefault(_bin_of(obs.rps_per_replica), deque(maxlen=self.per_bin))
+        bucket = self._bins.setdefault(_bin_of(obs.rps_per_replica), [])
         bucket.append(obs)
+        if len(bucket) > self.per_bin:
+            del bucket[0]
         self.accepted += 1
         if len(self._bins) > MAX_BINS:
             stalest = min(self._bins, key=lambda b: (len(self._bins[b]), self._bins[b][-1].ts))
