@@ -288,7 +288,7 @@ class PolicyLoop:
         self.reconcile()
         self._retry_approved()
         signals, states = {}, {}
-        models = sorted(set(self.history.models()) | {m.model for m in self.fleet.models()})
+        models = sorted(set(self.history.models()) | self.fleet.model_names())
         refresh_forecasts(self.forecaster, models, policy, now)
         reads = self._reads(models)
         settings = policy.signal_settings
