@@ -18,7 +18,9 @@ The fleet is built the way a running controller holds it:
 The set-up writes in bulk (one transaction per thousand capacity settings, one insert
 for every revision), so a fleet of 10,000 models is built in about a minute.
 
-Then one evaluation tick is timed (wall and CPU), with the resident memory added
+The process runs under the controller's garbage-collector settings
+(`controller.gc_policy`: start-up objects frozen, no automatic full collections), as
+the controller does. Then one evaluation tick is timed (wall and CPU), with the resident memory added
 by the whole fleet (`rss_mb`: over the process before the fleet was built, both
 after a collection and malloc_trim, so that the set-up's freed garbage is not
 counted).
@@ -150,6 +152,7 @@ def _live_rss(proc: psutil.Process) -> int:
 
 
 def run(models: int, days: float, resolution_s: float, policy_path: Path) -> dict[str, Any]:
+    from gearshift.controller.gc_policy import GcPolicy
     from gearshift.controller.learning import CapacityLearner, Forecaster
     from gearshift.controller.policy_loop import PolicyLoop
     from gearshift.controller.store import Store, default_sqlite_url
@@ -157,6 +160,10 @@ def run(models: int, days: float, resolution_s: float, policy_path: Path) -> dic
 
     proc = psutil.Process()
     rss0 = _live_rss(proc)  # the code is imported: what follows is the fleet's
+    # The controller's garbage-collector settings, installed at its start-up as here: no
+    # allocation-driven full collections walking the whole fleet in the middle of a tick.
+    gc_policy = GcPolicy()
+    gc_policy.install()
     now = time.time()
     rng = random.Random(3)
     levels = [rng.lognormvariate(1.5, 1.0) for _ in range(models)]
@@ -181,6 +188,7 @@ def run(models: int, days: float, resolution_s: float, policy_path: Path) -> dic
             rss_mb = (_live_rss(proc) - rss0) / 1e6
         finally:
             store.close()
+            gc_policy.uninstall()
     return {"models": models, "tick_s": round(tick_s, 3), "tick_cpu_s": round(tick_cpu_s, 3),
             "per_model_us": round(tick_s / models * 1e6, 1), "rss_mb": round(rss_mb, 1),
             "decisions": len(decisions), "history_days": days, "resolution_s": resolution_s,
