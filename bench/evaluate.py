@@ -12,10 +12,15 @@ The fleet is built the way a running controller holds it:
 - agents' hellos and reports in `FleetState`: hosts of 8 GPUs with one ready
   deployment per model (vLLM and TensorRT-LLM alternately), with metrics and p99s;
 - the rate history of the controller keeps (`--history-days`, default 8: its retention) at
-  `--resolution-s` (default 300 s), a daily cycle with noise per model, fed to the
-  controller's `RateHistory` as its sampling would.
+  `--resolution-s` (default 300 s), a daily cycle with noise per model, loaded into the
+  controller's `RateHistory` in bulk (`RateHistory.extend`, as seeding does).
 
-Then one evaluation tick is timed (wall and CPU), with the resident memory added
+The set-up writes in bulk (one transaction per thousand capacity settings, one insert
+for every revision), so a fleet of 10,000 models is built in about a minute.
+
+The process runs under the controller's garbage-collector settings
+(`controller.gc_policy`: start-up objects frozen, no automatic full collections), as
+the controller does. Then one evaluation tick is timed (wall and CPU), with the resident memory added
 by the whole fleet (`rss_mb`: over the process before the fleet was built, both
 after a collection and malloc_trim, so that the set-up's freed garbage is not
 counted).
@@ -86,45 +91,43 @@ def _fleet(models: int, rates: list[float], now: float) -> Any:
 
 def _history(models: int, levels: list[float], now: float, days: float,
              resolution_s: float) -> Any:
+    import numpy as np
+
     from gearshift.controller.rate_history import RateHistory
 
     history = RateHistory(resolution_s)
-    rng = random.Random(11)
+    rng = np.random.default_rng(11)
     steps = int(days * 86400 / resolution_s)
-    names = [f"model-{i:05d}" for i in range(models)]
-    for k in range(steps, 0, -1):
-        t = now - k * resolution_s
-        day = math.sin(2 * math.pi * (t % 86400) / 86400)
-        history.sample(t, {m: levels[i] * (1 + 0.4 * day) * rng.uniform(0.9, 1.1)
-                           for i, m in enumerate(names)})
+    ts = now - resolution_s * np.arange(steps, 0, -1, dtype=np.float64)
+    day = 1 + 0.4 * np.sin(2 * np.pi * (ts % 86400) / 86400)
+    for i in range(models):  # loaded at once, as a restarted controller seeds it
+        history.extend(f"model-{i:05d}", ts, levels[i] * day * rng.uniform(0.9, 1.1, steps))
     return history
 
 
 def _capacity(store: Any, models: int, levels: list[float], now: float) -> None:
     """Each model's serving engine observed over a range of loads, stored as the learner
     persists it (a model never measured on its other engine: priors fill that one)."""
-    from gearshift.controller.learning import CapacityLearner
-    from gearshift.controller.tables import RollupRow
+    from gearshift.controller.learning import SETTING_PREFIX
+    from gearshift.policies.capacity import CapacityKey, CapacityModel, LoadObservation
 
-    learner = CapacityLearner(store)
     rng = random.Random(17)
-    rows = []
+    settings: dict[str, Any] = {}
     for i in range(models):
         engine, cap = ("vllm" if i % 2 else "tensorrt-llm"), levels[i] * 1.4
-        for k in range(CAPACITY_POINTS):
+        key = CapacityKey(f"model-{i:05d}", engine, "0.11.0", "NVIDIA H100 80GB HBM3")
+        model = CapacityModel(key)
+        for k in range(CAPACITY_POINTS):  # one completed rollup minute each, as `observe` feeds
             load = cap * rng.uniform(0.3, 0.85)
-            rows.append(RollupRow(
-                model=f"model-{i:05d}", engine=engine,
-                minute=datetime.fromtimestamp(now - (CAPACITY_POINTS - k) * 60, UTC),
-                engine_version="0.11.0", gpu_model="NVIDIA H100 80GB HBM3", reports=6, replicas=1,
-                request_rate_mean=load, request_rate_max=load * 1.2,
+            model.add(LoadObservation(
+                ts=now - (CAPACITY_POINTS - k) * 60 + 60.0, rps_per_replica=load,
                 ttft_p99_s=0.3 * (1 - load / (1.25 * cap)) ** -1.5 * rng.lognormvariate(0, 0.05),
                 itl_p99_s=None))
-        if len(rows) >= 5_000:
-            learner.observe(rows)
-            rows = []
-    learner.observe(rows)
-    learner.save()
+        settings[f"{SETTING_PREFIX}{key.label()}"] = model.to_dict()
+        if len(settings) >= 1_000:
+            store.set_settings(settings)
+            settings = {}
+    store.set_settings(settings)
 
 
 def _revisions(store: Any, models: int, now: float) -> None:
@@ -149,6 +152,7 @@ def _live_rss(proc: psutil.Process) -> int:
 
 
 def run(models: int, days: float, resolution_s: float, policy_path: Path) -> dict[str, Any]:
+    from gearshift.controller.gc_policy import GcPolicy
     from gearshift.controller.learning import CapacityLearner, Forecaster
     from gearshift.controller.policy_loop import PolicyLoop
     from gearshift.controller.store import Store, default_sqlite_url
@@ -156,6 +160,10 @@ def run(models: int, days: float, resolution_s: float, policy_path: Path) -> dic
 
     proc = psutil.Process()
     rss0 = _live_rss(proc)  # the code is imported: what follows is the fleet's
+    # The controller's garbage-collector settings, installed at its start-up as here: no
+    # allocation-driven full collections walking the whole fleet in the middle of a tick.
+    gc_policy = GcPolicy()
+    gc_policy.install()
     now = time.time()
     rng = random.Random(3)
     levels = [rng.lognormvariate(1.5, 1.0) for _ in range(models)]
@@ -180,6 +188,7 @@ def run(models: int, days: float, resolution_s: float, policy_path: Path) -> dic
             rss_mb = (_live_rss(proc) - rss0) / 1e6
         finally:
             store.close()
+            gc_policy.uninstall()
     return {"models": models, "tick_s": round(tick_s, 3), "tick_cpu_s": round(tick_cpu_s, 3),
             "per_model_us": round(tick_s / models * 1e6, 1), "rss_mb": round(rss_mb, 1),
             "decisions": len(decisions), "history_days": days, "resolution_s": resolution_s,

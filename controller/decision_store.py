@@ -145,9 +145,20 @@ class DecisionQueries:
 
     def set_tenure(self, model: str, engine: str, since: datetime) -> None:
         """Record that `model` has been on `engine` since `since` (replaces the old record)."""
-        with self._session() as s:
-            s.merge(ModelTenureRow(model=model, engine=engine, since=since))
-            s.commit()
+        self.set_tenures({model: (engine, since)})
+
+    def set_tenures(self, tenures: dict[str, tuple[str, datetime]]) -> None:
+        """`set_tenure` for many models (model -> (engine, since)), in one transaction: a
+        policy tick records every model whose engine changed at once."""
+        if not tenures:
+            return
+        table = ModelTenureRow.__table__  # type: ignore[attr-defined]
+        stmt = dialect_insert(self._engine.dialect.name, table)
+        stmt = stmt.on_conflict_do_update(index_elements=["model"], set_={
+            "engine": stmt.excluded.engine, "since": stmt.excluded.since})
+        with self._engine.begin() as conn:
+            conn.execute(stmt, [{"model": m, "engine": e, "since": at}
+                                for m, (e, at) in tenures.items()])
 
     # -- revisions ---------------------------------------------------------------------
 

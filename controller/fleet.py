@@ -204,6 +204,11 @@ class FleetState:
         counts: Counter[int] = Counter(e.state(now) for e in self.hosts.values())
         return dict(counts)
 
+    def model_names(self) -> set[str]:
+        """The models with at least one deployment, from the index reports keep up to date
+        (the policy tick's list of models: no walk over the fleet)."""
+        return set(self._hosts_by_model)
+
     def models(self) -> list[control_pb2.ModelSummary]:
         by_model: dict[str, control_pb2.ModelSummary] = {}
         for _host, dep, _ts in self.deployments():

@@ -74,7 +74,7 @@ class CapacityLearner:
         self._indexed = 0  # len(self.models) when the index was built
 
     def load(self) -> None:
-        for key, data in self.store.settings_with_prefix(SETTING_PREFIX).items():
+        for key, data in self.store.iter_settings_with_prefix(SETTING_PREFIX):
             try:
                 model = CapacityModel.from_dict(data, where=f"setting {key}")
             except Exception as exc:  # a damaged entry must not stop the controller

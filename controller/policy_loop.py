@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -91,6 +91,8 @@ class TickReads:
     revisions: dict[str, list[datetime]]  # model -> publication times
     migrations: dict[str, MigrationRow]  # model -> its active migration
     tenure: dict[str, Tenure]  # model -> the engine it is on and since when (stored)
+    # Tenures this tick changed, stored together at its end (`PolicyLoop.evaluate`).
+    tenure_changes: dict[str, Tenure] = field(default_factory=dict)
 
     def trial_result(self, model: str, engine: str) -> dict[str, Any] | None:
         row = self.trials.get((model, engine))
@@ -222,6 +224,7 @@ class PolicyLoop:
         ready = self._ready(model)
         if not ready:
             return None
+        batched = reads is not None
         reads = reads or self._reads([model])
         active = reads.migrations.get(model)
         replicas: dict[str, int] = {}
@@ -233,8 +236,11 @@ class PolicyLoop:
         assert engine is not None
         tenure = advance_tenure(previous, engine, now, first_seen=self.fleet.started)
         if tenure != previous:
-            self.store.set_tenure(model, tenure.engine, _utc(tenure.since))
             reads.tenure[model] = tenure
+            if batched:  # the tick stores them all at once
+                reads.tenure_changes[model] = tenure
+            else:
+                self.store.set_tenure(model, tenure.engine, _utc(tenure.since))
         last = reads.last_switch.get(model)
         switches = [] if last is None else [SwitchRecord(last.timestamp(), SwitchOutcome.DONE)]
         trialled = frozenset(e for m, e in reads.trials if m == model)
@@ -282,9 +288,10 @@ class PolicyLoop:
         self.reconcile()
         self._retry_approved()
         signals, states = {}, {}
-        models = sorted(set(self.history.models()) | {m.model for m in self.fleet.models()})
+        models = sorted(set(self.history.models()) | self.fleet.model_names())
         refresh_forecasts(self.forecaster, models, policy, now)
         reads = self._reads(models)
+        settings = policy.signal_settings
         for model in models:
             facts, state = self.model_facts(model, policy, reads), self.model_state(model, now, reads)
             if facts is None or state is None:
@@ -292,9 +299,11 @@ class PolicyLoop:
             ts, rps = self.history.arrays(model)
             revs = [at.timestamp() for at in reads.revisions.get(model, ())]
             hist = ModelHistory.of(ts, rps, sorted(revs), self.history.resolution_s)
-            signals[model] = compute_signals(model, hist, facts, now, policy.signal_settings,
+            signals[model] = compute_signals(model, hist, facts, now, settings,
                                              rate_forecast(self.forecaster, model, policy, now))
             states[model] = state
+        self.store.set_tenures({m: (t.engine, _utc(t.since))
+                                for m, t in reads.tenure_changes.items()})
         stored = []
         for d in decide(policy, signals, states, now):
             row = self._store_decision(d.to_dict(), version, policy.mode, now)

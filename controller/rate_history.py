@@ -53,6 +53,17 @@ class _Ring:
             self._data[:, self._start] = (ts, rps)
             self._start = (self._start + 1) % cap
 
+    def extend(self, ts: FloatArray, rps: FloatArray) -> None:
+        """`append` of each (ts[i], rps[i]) in order, at once."""
+        data = np.concatenate([self.arrays_2d(), np.stack([ts, rps]).astype(np.float64)], axis=1)
+        data = data[:, -self._limit:]
+        cap = self._data.shape[1]
+        while cap < data.shape[1]:  # the capacity appends would have grown to
+            cap = min(cap * 2, self._limit)
+        self._data = np.empty((2, cap), dtype=np.float64)
+        self._data[:, :data.shape[1]] = data
+        self._start, self._size = 0, data.shape[1]
+
     def arrays_2d(self) -> FloatArray:
         cap = self._data.shape[1]
         end = self._start + self._size
@@ -90,9 +101,18 @@ class RateHistory:
             bucket = per_minute.setdefault(r.model, {})
             bucket[ts] = bucket.get(ts, 0.0) + r.request_rate_mean
         for model, points in per_minute.items():
-            q = self._ring(model)
-            for ts in sorted(points):
-                q.append(ts, points[ts])
+            times = sorted(points)
+            self.extend(model, times, [points[t] for t in times])
+
+    def extend(self, model: str, ts: npt.ArrayLike, rps: npt.ArrayLike) -> None:
+        """Append `model`'s samples (times ascending, after its newest) at once, as seeding
+        from stored history does: the bulk form of one sample per step."""
+        times = np.asarray(ts, dtype=np.float64).ravel()
+        rates = np.asarray(rps, dtype=np.float64).ravel()
+        if times.shape != rates.shape:
+            raise ValueError(f"{times.size} sample times but {rates.size} rates")
+        if times.size:
+            self._ring(model).extend(times, rates)
 
     def _ring(self, model: str) -> _Ring:
         q = self._samples.get(model)

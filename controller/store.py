@@ -13,7 +13,7 @@ one statement per table. `write_batch` is the one-transaction entry point of the
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -303,6 +303,15 @@ class Store(DecisionQueries):
         with self._session() as s:
             rows = s.exec(select(SettingRow).where(SettingRow.key.startswith(prefix)))  # type: ignore[attr-defined]
             return {r.key: r.value for r in rows}
+
+    def iter_settings_with_prefix(self, prefix: str) -> Iterator[tuple[str, Any]]:
+        """(key, value) of every setting whose key starts with `prefix`, parsed one row at a
+        time: a fleet's learned state is loaded without holding all of it twice."""
+        table = SettingRow.__table__  # type: ignore[attr-defined]
+        query = sa.select(table.c.key, table.c.value).where(table.c.key.startswith(prefix))
+        with self._engine.connect() as conn:
+            rows = conn.execution_options(yield_per=100).execute(query)
+            yield from ((row[0], row[1]) for row in rows)
 
     def set_setting(self, key: str, value: Any) -> None:
         """Store a JSON value under `key` (known keys must have their documented type)."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections import deque
+from array import array
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -63,7 +63,7 @@ class CapacityKey:
         return f"{self.model} on {self.engine} {self.engine_version} ({self.gpu_model})"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LoadObservation:
     """One rollup interval of one deployment; None = the latency was not measured."""
 
@@ -83,6 +83,17 @@ class CurvePoint:
     count: int
 
 
+FIELDS = 4  # doubles per kept observation: ts, load, ttft p99, itl p99
+
+
+def _nan_if_none(value: float | None) -> float:
+    return math.nan if value is None else value
+
+
+def _none_if_nan(value: float) -> float | None:
+    return None if math.isnan(value) else value
+
+
 def _bin_of(rps: float) -> int:
     return math.floor(math.log(rps) / math.log(BIN_RATIO))
 
@@ -95,7 +106,12 @@ class CapacityModel:
             raise InvalidArgument(f"capacity model: per_bin must be >= 1, got {per_bin}")
         self.key = key
         self.per_bin = per_bin
-        self._bins: dict[int, deque[LoadObservation]] = {}
+        # Per load bin, its newest observations, oldest first, as rows of FIELDS doubles
+        # (ts, load, ttft, itl; NaN = not measured, which `add` never keeps as a figure):
+        # a fleet holds thousands of models with dozens of bins each, and a row of plain
+        # doubles is a fifth of an observation object's memory.
+        self._bins: dict[int, array[float]] = {}
+        self._count = 0  # rows kept, over every bin
         self.accepted = 0
         self.rejected: dict[str, int] = {}
 
@@ -106,12 +122,20 @@ class CapacityModel:
         if reason is not None:
             self.rejected[reason] = self.rejected.get(reason, 0) + 1
             return reason
-        bucket = self._bins.setdefault(_bin_of(obs.rps_per_replica), deque(maxlen=self.per_bin))
-        bucket.append(obs)
+        b = _bin_of(obs.rps_per_replica)
+        bucket = self._bins.get(b)
+        if bucket is None:
+            bucket = self._bins[b] = array("d")
+        bucket.extend((obs.ts, obs.rps_per_replica, _nan_if_none(obs.ttft_p99_s),
+                       _nan_if_none(obs.itl_p99_s)))
+        self._count += 1
+        if len(bucket) > self.per_bin * FIELDS:
+            del bucket[:FIELDS]
+            self._count -= 1
         self.accepted += 1
-        if len(self._bins) > MAX_BINS:
-            stalest = min(self._bins, key=lambda b: (len(self._bins[b]), self._bins[b][-1].ts))
-            del self._bins[stalest]
+        if len(self._bins) > MAX_BINS:  # fewest observations, then the oldest newest one
+            stalest = min(self._bins, key=lambda b: (len(self._bins[b]), self._bins[b][-FIELDS]))
+            self._count -= len(self._bins.pop(stalest)) // FIELDS
         return None
 
     def add_many(self, observations: Iterable[LoadObservation]) -> int:
@@ -134,11 +158,17 @@ class CapacityModel:
         return None
 
     def observations(self) -> list[LoadObservation]:
-        """Every kept observation, by load."""
-        return [obs for b in sorted(self._bins) for obs in self._bins[b]]
+        """Every kept observation, by load (oldest first within a load bin)."""
+        out = []
+        for b in sorted(self._bins):
+            row = self._bins[b]
+            for i in range(0, len(row), FIELDS):
+                ts, load, ttft, itl = row[i:i + FIELDS]
+                out.append(LoadObservation(ts, load, _none_if_nan(ttft), _none_if_nan(itl)))
+        return out
 
     def __len__(self) -> int:
-        return sum(len(bucket) for bucket in self._bins.values())
+        return self._count
 
     # --- persistence ---------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -35,11 +35,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 from gearshift.common.errors import InvalidArgument
 from gearshift.policies.quantile_gbm import quantile_regressor
@@ -217,6 +217,17 @@ def _features(grid: FloatArray, bin_ts: FloatArray, bin_s: float, day_mean: Floa
                             lag_day, lag_week, week_level])
 
 
+_threadpools: list[ThreadpoolController] = []  # the one controller (a scan of the loaded libraries)
+
+
+def _one_openmp_thread() -> Any:
+    """A context limiting OpenMP to one thread. The libraries are found once (scikit-learn's
+    are loaded with this module): scanning them costs more than a small fit."""
+    if not _threadpools:
+        _threadpools.append(ThreadpoolController())
+    return _threadpools[0].limit(limits=1, user_api="openmp")
+
+
 def _fit_predict(x_train: FloatArray, y_train: FloatArray, x_pred: FloatArray,
                  q: float) -> FloatArray:
     model = quantile_regressor(quantile=q, max_iter=FIT_ITERATIONS, learning_rate=0.1,
@@ -224,7 +235,7 @@ def _fit_predict(x_train: FloatArray, y_train: FloatArray, x_pred: FloatArray,
                                random_state=0)
     # One thread: the fits are small, and OpenMP threads contending on a busy host
     # (the controller, a backtest) make them several times slower.
-    with threadpool_limits(limits=1, user_api="openmp"):
+    with _one_openmp_thread():
         model.fit(x_train, y_train)
         return np.asarray(model.predict(x_pred), dtype=np.float64)
 

@@ -299,8 +299,14 @@ def compute_signals(model: str, history: ModelHistory, facts: ModelFacts, now: f
     n = end - start
     mean = current = None
     if n:
-        prefix = history.prefix_rps()
-        mean = (prefix[end] - prefix[start]) / n
+        if history.replay:  # many windows of one series: prefix sums once
+            prefix = history.prefix_rps()
+            mean = (prefix[end] - prefix[start]) / n
+        else:  # one window (a live tick): the same prefix sums, up to `end` only
+            import numpy as np
+
+            csum = np.cumsum(history.rps[:end])
+            mean = (float(csum[end - 1]) - (float(csum[start - 1]) if start else 0.0)) / n
         current = float(history.rps[end - 1])
     return Signals(
         model=model, now=now, facts=facts, history_s=history_s, rps_current=current,

@@ -11,6 +11,7 @@ is ours (docs/cost-model.md); `json` does the parsing.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
@@ -78,9 +79,10 @@ class Trace:
     def n_steps(self) -> int:
         return max((len(s.rps) for s in self.series.values()), default=0)
 
-    @property
+    @functools.cached_property
     def engines(self) -> tuple[str, ...]:
-        """The engines this trace has figures for, in catalog order."""
+        """The engines this trace has figures for, in catalog order (read at every step of
+        a replay: computed once)."""
         named = {e for p in self.profiles.values() for e in p.capacity_rps}
         return tuple(e for e in ENGINE_NAMES if e in named)
 

@@ -144,6 +144,7 @@ def test_incremental_views_match_a_recomputation(steps: list) -> None:  # type: 
                   for dep_id, (_d, model, phase, endpoint) in unique.items()))
         assert fleet.deployment_counts() == _recount(fleet)
         assert _routes(fleet.routing_table()) == _expected_routes(fleet)
+        assert fleet.model_names() == {d.model for _h, d, _ts in fleet.deployments()}
         for model in ("m", "n"):
             assert sorted(d.deployment_id for _h, d, _ts in fleet.deployments_of(model)) == sorted(
                 d.deployment_id for _h, d, _ts in fleet.deployments() if d.model == model)

@@ -36,3 +36,23 @@ def test_models_are_kept_apart_and_unknown_ones_are_empty() -> None:
     assert history.arrays("a")[1].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert history.arrays("b")[1].tolist() == [0.0, 10.0, 20.0, 30.0, 40.0]
     assert history.arrays("c")[0].size == 0
+
+
+@given(chunks=st.lists(st.lists(st.floats(0.0, 1e4), max_size=60), max_size=6),
+       retention=st.integers(10, 120))
+def test_extend_is_sample_by_sample_appending(chunks: list[list[float]], retention: int) -> None:
+    """Bulk appends (seeding, a fleet loaded at once) keep what appending each sample
+    would, across the ring's growth and wrap-around, and later samples still go after them."""
+    bulk = RateHistory(1.0, retention_s=retention)
+    expected: deque[tuple[float, float]] = deque(maxlen=retention)
+    t = 0.0
+    for chunk in chunks:
+        times = [t + i for i in range(len(chunk))]
+        t += len(chunk)
+        bulk.extend("m", times, chunk)
+        expected.extend(zip(times, chunk, strict=True))
+        bulk.sample(t, {"m": -1.0})
+        expected.append((t, -1.0))
+        t += 1
+    ts, rps_out = bulk.arrays("m")
+    assert list(zip(ts.tolist(), rps_out.tolist(), strict=True)) == list(expected)

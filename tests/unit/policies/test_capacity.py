@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import json
 import math
+from collections import deque
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gearshift.common.errors import InvalidArgument
 from gearshift.policies.capacity import (
+    MAX_BINS,
     CapacityEstimate,
     CapacityKey,
     CapacityModel,
@@ -19,6 +23,7 @@ from gearshift.policies.capacity import (
     gain,
     plot_capacity,
 )
+from gearshift.policies.capacity_fit import BIN_RATIO
 
 SLA_S = 0.45
 
@@ -207,3 +212,44 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
     empty = CapacityModel(CapacityKey("m", "vllm", "1", "H100"))
     assert plot_capacity(empty, tmp_path / "empty.png").stat().st_size > 0
     assert not math.isnan(est.capacity_rps or math.nan)
+
+
+def _kept_by_definition(rows: list[tuple[float, float | None, float | None]],
+                        per_bin: int) -> tuple[CapacityModel, list[LoadObservation]]:
+    """The model fed `rows` (log10 load, ttft, itl), and what per-bin queues of observations
+    keep: the newest `per_bin` of each load bin, and beyond MAX_BINS bins the one with the
+    fewest (then the oldest newest observation) dropped."""
+    model = CapacityModel(CapacityKey("m", "vllm", "1", "H100"), per_bin=per_bin)
+    bins: dict[int, deque[LoadObservation]] = {}
+    for i, (log_load, ttft, itl) in enumerate(rows):
+        obs = LoadObservation(float(i), 10.0 ** log_load, ttft, itl)
+        if model.add(obs) is not None:
+            continue
+        b = math.floor(math.log(obs.rps_per_replica) / math.log(BIN_RATIO))
+        bins.setdefault(b, deque(maxlen=per_bin)).append(obs)
+        if len(bins) > MAX_BINS:
+            del bins[min(bins, key=lambda k: (len(bins[k]), bins[k][-1].ts))]
+    return model, [o for b in sorted(bins) for o in bins[b]]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.floats(-2.0, 4.0), st.sampled_from([None, 0.2, 0.7]),
+                          st.sampled_from([None, 0.05])), min_size=1, max_size=300),
+       st.integers(1, 4))
+def test_kept_observations_are_the_plain_definition(rows: list[tuple[float, float | None,
+                                                                     float | None]],
+                                                    per_bin: int) -> None:
+    """The compact store keeps what per-bin queues would; unmeasured latencies stay unmeasured."""
+    model, expected = _kept_by_definition(rows, per_bin)
+    assert model.observations() == expected
+    assert len(model) == len(expected)
+
+
+def test_beyond_max_bins_the_emptiest_oldest_bin_goes() -> None:
+    rng = np.random.default_rng(4)
+    loads = rng.uniform(-2.0, 4.0, 3000)  # about 700 load bins
+    loads[::3] = 1.0  # one busy bin, never dropped
+    model, expected = _kept_by_definition([(float(x), 0.2, None) for x in loads], 3)
+    assert MAX_BINS < len(expected) <= 3 * MAX_BINS  # bins were dropped
+    assert model.observations() == expected
+    assert len(model) == len(expected)
