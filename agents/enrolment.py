@@ -260,6 +260,18 @@ class Enroller:
         while not stopping.is_set():
             assert self.issued is not None
             now = dt.datetime.now(dt.UTC)
+            if now >= self.issued.not_after:  # renewal came too late: enrol again
+                log.error("the certificate of %s expired at %s before it could be renewed; "
+                          "enrolling again with the bootstrap token", self.identity.host,
+                          self.issued.not_after.isoformat(timespec="seconds"))
+                try:
+                    if not await self.ensure(stopping):
+                        return
+                except ConfigError as exc:
+                    log.error("%s", exc.message)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stopping.wait(), self.backoff_max_s)
+                continue
             wait_s = (self.issued.renew_at() - now).total_seconds()
             if wait_s > 0:
                 with contextlib.suppress(TimeoutError):
@@ -273,7 +285,7 @@ class Enroller:
                 left = (self.issued.not_after - dt.datetime.now(dt.UTC)).total_seconds()
                 log.warning("certificate renewal failed (%s); %.0fs of validity left, "
                             "retrying", details, left)
-                delay = min(backoff, max(0.2, left / 4))
+                delay = min(backoff, max(0.5, left / 4))
                 backoff = min(self.backoff_max_s, backoff * 2)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stopping.wait(), delay)

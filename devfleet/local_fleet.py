@@ -161,11 +161,12 @@ class LocalFleet:
     def start_agent(self, host_id: str, deployments: list[dict[str, Any]],
                     emulator_env: dict[str, dict[str, str]] | None = None,
                     tls: dict[str, str] | None = None,
-                    extra_args: tuple[str, ...] = ()) -> Proc:
+                    extra_args: tuple[str, ...] = (),
+                    env: dict[str, str] | None = None) -> Proc:
         self.workdir.mkdir(parents=True, exist_ok=True)
         path = self.agent_config(host_id, deployments, emulator_env, tls=tls)
         proc = spawn(host_id, gearshift_cmd("agent", "--config", str(path), *extra_args),
-                     self.workdir)
+                     self.workdir, env)
         self.procs[host_id] = proc
         return proc
 
