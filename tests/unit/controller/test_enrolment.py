@@ -81,7 +81,7 @@ def test_new_token_splits_back_and_only_its_secret_matches_the_hash() -> None:
                                  "0a1b2c3d", "0a1b2c3d.short", "0a1b2c3d." + "x" * 200,
                                  "0a1b2c3d.abcdefghijkl mnopqrstuvwxyz"])
 def test_malformed_tokens_are_unauthenticated_with_the_expected_shape(bad: str) -> None:
-    with pytest.raises(Unauthenticated, match="bootstrap token|no bootstrap token"):
+    with pytest.raises(Unauthenticated, match="bootstrap token"):
         split_token(bad)
 
 
@@ -156,7 +156,7 @@ def test_weak_keys_and_forged_signatures_are_refused() -> None:
     body = base64.encodebytes(bytes(forged))
     forged_pem = (b"-----BEGIN CERTIFICATE REQUEST-----\n" + body +
                   b"-----END CERTIFICATE REQUEST-----\n")
-    with pytest.raises(InvalidArgument, match="signature does not verify|cannot be parsed"):
+    with pytest.raises(InvalidArgument, match="signature does not verify"):
         parse_csr(forged_pem)
 
 
