@@ -45,6 +45,9 @@ BACKOFF_MAX_S = 30.0
 RPC_TIMEOUT_S = 15.0
 BOOTSTRAP_TOKEN_ENV = "GEARSHIFT_BOOTSTRAP_TOKEN"
 BOOTSTRAP_TOKEN_FILE_ENV = "GEARSHIFT_BOOTSTRAP_TOKEN_FILE"
+# A token file holding this says "no token" (the systemd unit's default credential once
+# the operator has removed the token file of a host that has joined).
+NO_TOKEN = "none"
 # Refusals a retry cannot cure: said once, clearly, then asked again slowly (an
 # operator may fix the token or the host's state meanwhile).
 FINAL_CODES = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED,
@@ -63,6 +66,10 @@ def load_bootstrap_token(path: Path | None, environ: dict[str, str] | None = Non
         except OSError as exc:
             raise ConfigError(f"bootstrap token file {source}: cannot read: "
                               f"{exc.strerror or exc}") from None
+        if token == NO_TOKEN:
+            raise ConfigError(f"bootstrap token file {source} says {NO_TOKEN!r} and this host "
+                              "has no valid certificate: put a token from `gearshift tokens "
+                              "create` there (/etc/gearshift/bootstrap.token under systemd)")
         if not token or any(c.isspace() for c in token):
             raise ConfigError(f"bootstrap token file {source}: expected one token on one line")
         return token
