@@ -468,6 +468,8 @@ class Agent:
         if self.connected.is_set():
             return True, f"connected to {self.controller_id}"
         serving = sum(1 for s in self.supervisors.values() if s.phase is Phase.READY)
+        if self.enroller is not None and self.enroller.issued is None:
+            return True, f"fail static: enrolling (no certificate yet); {serving} engine(s) ready"
         return True, f"fail static: no controller stream; {serving} engine(s) ready"
 
     async def _start_configured(self, spec: DeploymentSpec) -> None:

@@ -20,10 +20,16 @@ import asyncio
 import datetime as dt
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from grpc import aio
 
-from gearshift.common.errors import FailedPrecondition, InvalidArgument
+from gearshift.common.errors import (
+    FailedPrecondition,
+    GearshiftError,
+    InvalidArgument,
+    PermissionDenied,
+)
 from gearshift.controller.certificate_authority import SigningCa
 from gearshift.controller.enrolment_rules import (
     Csr,
@@ -80,8 +86,9 @@ class EnrolService(enrol_pb2_grpc.EnrolServiceServicer):
     """Signs certificate requests with the controller's CA (see the module doc)."""
 
     def __init__(self, store: EnrolmentStore, ca: SigningCa | None, cert_ttl_s: float,
-                 revocations: Revocations) -> None:
+                 revocations: Revocations, outcomes: Any = None) -> None:
         self.store = store
+        self.outcomes = outcomes  # a Counter labelled by outcome, or None
         self.ca = ca
         self.cert_ttl_s = cert_ttl_s
         self.revocations = revocations
@@ -93,8 +100,22 @@ class EnrolService(enrol_pb2_grpc.EnrolServiceServicer):
         cert = self.ca.sign_host(csr.host, csr.public_key, self.cert_ttl_s)
         return SigningCa.pem(cert), cert.not_valid_after_utc
 
+    def _count(self, outcome: str) -> None:
+        if self.outcomes is not None:
+            self.outcomes.labels(outcome).inc()
+
     async def Enrol(self, request: enrol_pb2.EnrolRequest,
                     context: aio.ServicerContext) -> enrol_pb2.EnrolResponse:
+        try:
+            resp = await self._enrol(request)
+        except GearshiftError as exc:
+            self._count("refused")
+            log.warning("enrolment refused (%s): %s", context.peer(), exc.message)
+            raise
+        self._count("issued" if resp.status == enrol_pb2.ENROL_STATUS_ISSUED else "pending")
+        return resp
+
+    async def _enrol(self, request: enrol_pb2.EnrolRequest) -> enrol_pb2.EnrolResponse:
         token_id, secret = split_token(request.bootstrap_token)
         csr = parse_csr(request.csr_pem)
         if self.ca is None:
@@ -119,13 +140,23 @@ class EnrolService(enrol_pb2_grpc.EnrolServiceServicer):
 
     async def Renew(self, request: enrol_pb2.RenewRequest,
                     context: aio.ServicerContext) -> enrol_pb2.EnrolResponse:
-        host = peer_host_id(context)
+        try:
+            resp = await self._renew(request, peer_host_id(context))
+        except GearshiftError as exc:
+            self._count("refused")
+            log.warning("renewal refused (%s): %s", context.peer(), exc.message)
+            raise
+        self._count("renewed")
+        return resp
+
+    async def _renew(self, request: enrol_pb2.RenewRequest,
+                     host: str | None) -> enrol_pb2.EnrolResponse:
         csr = parse_csr(request.csr_pem)
         current = await asyncio.to_thread(self.store.get, csr.host)
         check_renewal(host, csr, current.enrolled() if current is not None else None)
-        if self.revocations.refusal(csr.host) is not None:
-            check_renewal(host, csr, HostEnrolmentRow(
-                host_id=csr.host, state=EnrolmentState.REVOKED).enrolled())
+        refusal = self.revocations.refusal(csr.host)
+        if refusal is not None:
+            raise PermissionDenied(refusal)
         cert_pem, not_after = self._sign(csr)
         await asyncio.to_thread(self.store.renewed, csr.host, csr, not_after)
         log.info("renewed the certificate of host %s (key %s, until %s)", csr.host,

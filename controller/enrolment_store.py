@@ -16,6 +16,7 @@ cannot both consume one one-time token.
 from __future__ import annotations
 
 import datetime as dt
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -97,6 +98,9 @@ class EnrolmentStore:
     def __init__(self, engine: Engine, clock: Callable[[], dt.datetime] = utcnow) -> None:
         self.engine = engine
         self.clock = clock
+        # SQLite has no row locks: requests of one controller (threads) take turns, so a
+        # one-time token cannot go to two hosts; PostgreSQL locks the token row as well.
+        self._enrol_lock = threading.Lock()
 
     # -- tokens ------------------------------------------------------------------
 
@@ -138,7 +142,7 @@ class EnrolmentStore:
         storing nothing, when the token or the host refuses it.
         """
         now = self.clock()
-        with Session(self.engine, expire_on_commit=False) as s:
+        with self._enrol_lock, Session(self.engine, expire_on_commit=False) as s:
             token = s.exec(select(BootstrapTokenRow)
                            .where(col(BootstrapTokenRow.token_id) == token_id)
                            .with_for_update()).first()
@@ -217,9 +221,10 @@ class EnrolmentStore:
         """Revoke `host` (enrolled or holding a pre-made certificate): idempotent."""
         now = self.clock()
         with Session(self.engine, expire_on_commit=False) as s:
-            row = s.get(HostEnrolmentRow, host) or HostEnrolmentRow(
-                host_id=host, state=EnrolmentState.REVOKED, requested=now)
-            if row.state != EnrolmentState.REVOKED or row.note == "":
+            row = s.get(HostEnrolmentRow, host)
+            if row is None:  # a host with a pre-made certificate, or none yet
+                row = HostEnrolmentRow(host_id=host, state=EnrolmentState.PENDING, requested=now)
+            if row.state != EnrolmentState.REVOKED:
                 row.state, row.changed, row.csr_pem = EnrolmentState.REVOKED, now, None
                 row.note = f"revoked{': ' + reason if reason else ''}"
                 s.add(row)

@@ -89,7 +89,7 @@ class Controller:
         self.revocations = Revocations(self.enrolments)
         self.revocations.refresh()  # revoked hosts are refused from the first hello
         self.enrol = EnrolService(self.enrolments, self._signing_ca(), config.enrolled_cert_ttl_s,
-                                  self.revocations)
+                                  self.revocations, self.metrics.enrolments)
         self.agents = AgentService(
             self.fleet, self.metrics, report_interval_s=config.report_interval_s,
             epoch=self.epoch, controller_id=config.controller_id,
@@ -149,6 +149,7 @@ class Controller:
                 new = await asyncio.to_thread(self.revocations.refresh)
                 if new:
                     log.warning("hosts revoked in the store: %s", ", ".join(sorted(new)))
+                self.metrics.revoked_hosts.set(len(self.revocations.hosts))
                 for host_id in self.revocations.hosts & set(self.agents.connections):
                     self._close_revoked(host_id)
             except Exception:  # the store is away: the next round retries

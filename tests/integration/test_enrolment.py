@@ -14,6 +14,7 @@ import os
 import stat
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -121,6 +122,10 @@ def test_auto_approved_join_restart_reuse_bad_requests_and_revoke(enrol: Enrolme
              "a malformed token refused")
     assert set(enrol.enrolments()) == {"gpu-1"}
     assert enrol.json("tokens", "list")[0]["uses"] == 1
+    metrics = urllib.request.urlopen(
+        f"http://127.0.0.1:{fleet.metrics_port}/metrics", timeout=10).read().decode()
+    assert 'gearshift_controller_enrolments_total{outcome="issued"} 1.0' in metrics
+    assert 'gearshift_controller_enrolments_total{outcome="refused"}' in metrics
 
     # Restarted without its token, the agent reuses its still-valid certificate.
     fleet.procs.pop("gpu-1").terminate()
