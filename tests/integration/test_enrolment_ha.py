@@ -13,12 +13,16 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import psycopg
 import pytest
 
+from gearshift.agents.enrolment import make_csr, new_key
+from gearshift.common.credentials import TlsFiles, secure_channel
 from gearshift.controller.certificate_authority import init_certs
 from gearshift.devfleet.ha_fleet import HaFleet
 from gearshift.devfleet.ports import free_port
+from gearshift.v1 import enrol_pb2, enrol_pb2_grpc
 from integration.helpers import FAST_ENGINE_ENV, wait_for
 
 PG_ADMIN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres connect_timeout=3"
@@ -91,19 +95,14 @@ def test_revoked_on_the_leader_refused_by_the_other_controller(ha: HaFleet,
     assert revoked.returncode == 0, revoked.stderr
     wait_for(lambda: "is revoked" in log["gpu-1"](), 30, "gpu-1's stream closed at once")
     # The other controller, a follower, refuses the host at its enrolment listener.
-    proc = subprocess.run(
-        [sys.executable, "-c",
-         "import asyncio,sys;"
-         "from gearshift.agents.enrolment import Enroller, Identity;"
-         "from gearshift.common.endpoints import ControllerEndpoints;"
-         f"i=Identity(sys.argv[1], sys.argv[2], 'gpu-1', 'localhost');"
-         f"e=Enroller(i, '127.0.0.1:{enrol_ports[other]}', lambda: sys.argv[3],"
-         f" controllers=ControllerEndpoints('{ha.addr(other)}'));"
-         "s=asyncio.Event();"
-         "asyncio.run(asyncio.wait_for(e.ensure(s), 5))",
-         str(tmp_path / "probe"), str(certs / "ca.pem"), token.read_text().strip()],
-        capture_output=True, text=True, timeout=60)
-    assert "host 'gpu-1' is revoked" in proc.stderr, proc.stderr[-2000:]
+    channel = secure_channel(f"127.0.0.1:{enrol_ports[other]}",
+                             TlsFiles(certs / "ca.pem", server_name="localhost"), aio=False)
+    with channel, pytest.raises(grpc.RpcError) as refused:
+        enrol_pb2_grpc.EnrolServiceStub(channel).Enrol(enrol_pb2.EnrolRequest(
+            bootstrap_token=token.read_text().strip(), csr_pem=make_csr("gpu-1", new_key())),
+            timeout=30)
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED  # type: ignore[attr-defined]
+    assert "host 'gpu-1' is revoked" in refused.value.details()  # type: ignore[attr-defined]
 
     # The leader goes; the other controller leads and refuses gpu-1's hello, while
     # gpu-2 carries on with it.
