@@ -200,6 +200,9 @@ class Controller:
         self.epoch = self.agents.epoch = self.control.epoch = epoch
         self.persistence.reload_settings()
         await asyncio.to_thread(self._build_leader_parts)
+        # Hosts revoked while another controller led are refused from this term's first
+        # hello (the periodic read may be up to REVOCATION_REFRESH_S old).
+        await asyncio.to_thread(self.revocations.refresh)
         self.control.lead_started = time.time()
         self._led = True
         self._leader_tasks = [asyncio.create_task(self._orchestrate())]
