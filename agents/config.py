@@ -91,12 +91,21 @@ class DeploymentConfig(_Strict):
 
 
 class TlsConfig(_Strict):
-    """Mutual TLS to the controller: its CA, and this host's certificate and key."""
+    """Mutual TLS to the controller: its CA, and this host's certificate and key
+    (pre-made), or none of them: the agent enrols with a bootstrap token and keeps
+    the certificate it is given in its work dir (docs/enrolment.md)."""
 
     ca: Path
-    cert: Path
-    key: Path
+    cert: Path | None = None
+    key: Path | None = None
     server_name: str | None = None  # the controller's name in its certificate, if not the address
+
+    @model_validator(mode="after")
+    def _pair(self) -> TlsConfig:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("give both cert and key (a pre-made certificate) or neither "
+                             "(enrolment by bootstrap token)")
+        return self
 
 
 class AgentConfig(_Strict):
@@ -109,6 +118,10 @@ class AgentConfig(_Strict):
     workdir: Path = Path("./agent-data")
     bind_host: str = "127.0.0.1"
     tls: TlsConfig | None = None  # None: plaintext, for a controller on loopback only
+    # Enrolment (tls without cert/key): the controller's enrolment listener(s), and the
+    # bootstrap token's file (else $GEARSHIFT_BOOTSTRAP_TOKEN_FILE / _TOKEN).
+    enrol_controller: str = ""
+    bootstrap_token_file: Path | None = None
     drain_on_exit: bool = False  # stop engines when the agent exits (decommissioning)
     metrics_listen: str = ""  # HOST:PORT of /metrics, /healthz, /readyz; empty: none
     gpus: GpuConfig = GpuConfig()
@@ -141,6 +154,37 @@ class AgentConfig(_Strict):
             return ",".join(parse_controllers(v, "controller"))
         except ConfigError as err:
             raise ValueError(err.message.removeprefix("controller: ")) from None
+
+    @field_validator("enrol_controller", mode="before")
+    @classmethod
+    def _enrol_addresses(cls, v: Any) -> str:
+        if isinstance(v, list):
+            v = ",".join(str(x) for x in v)
+        if not v:
+            return ""
+        if not isinstance(v, str):
+            raise ValueError("expected HOST:PORT or a list of them")
+        try:
+            return ",".join(parse_controllers(v, "enrol_controller"))
+        except ConfigError as err:
+            raise ValueError(err.message.removeprefix("enrol_controller: ")) from None
+
+    @model_validator(mode="after")
+    def _enrolment(self) -> AgentConfig:
+        enrols = self.tls is not None and self.tls.cert is None
+        if enrols and not self.enrol_controller:
+            raise ValueError("tls without cert and key means enrolment by bootstrap token: "
+                             "give enrol_controller (--enrol-controller HOST:PORT, the "
+                             "controller's --enrol-listen)")
+        if self.enrol_controller and not enrols:
+            raise ValueError("enrol_controller needs tls with a CA and without cert/key "
+                             "(a pre-made certificate needs no enrolment)")
+        return self
+
+    @property
+    def enrols(self) -> bool:
+        """Joins by bootstrap token (no pre-made certificate)."""
+        return self.tls is not None and self.tls.cert is None
 
     def engine(self, name: str) -> EngineConfig:
         cfg = self.engines.get(name) or EngineConfig()

@@ -20,6 +20,7 @@ import signal
 import time
 from collections import deque
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import aiohttp
 import grpc
@@ -48,6 +49,9 @@ from gearshift.common.errors import FailedPrecondition, InvalidArgument
 from gearshift.common.ops_http import OpsListener, parse_listen
 from gearshift.common.spec import DeploymentSpec, Phase
 from gearshift.v1 import agent_pb2, agent_pb2_grpc
+
+if TYPE_CHECKING:
+    from gearshift.agents.enrolment import Enroller
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +114,19 @@ class Agent:
                                             for dep_id, sup in list(self.supervisors.items())])
         self.started = False  # engines adopted and configured deployments started
         self.ops: OpsListener | None = None
+        self.enroller: Enroller | None = None
+        if config.enrols:
+            self.enroller = self._enroller()
+
+    def _enroller(self) -> Enroller:
+        """Enrolment by bootstrap token (imported only by agents that enrol)."""
+        from gearshift.agents.enrolment import Enroller, Identity, load_bootstrap_token
+        cfg = self.config
+        assert cfg.tls is not None
+        identity = Identity(cfg.workdir, cfg.tls.ca, cfg.host_id, cfg.tls.server_name)
+        return Enroller(identity, cfg.enrol_controller,
+                        lambda: load_bootstrap_token(cfg.bootstrap_token_file),
+                        controllers=self.endpoints)
 
     # -- engines ----------------------------------------------------------------
 
@@ -412,6 +429,7 @@ class Agent:
         self._session = aiohttp.ClientSession()
         self.read_package_versions()
         probing = self._probing = asyncio.create_task(self.probe_versions())
+        renewing: asyncio.Task[None] | None = None
         try:
             if self.config.metrics_listen:
                 self.ops = OpsListener(self.metrics.registry, self.readiness)
@@ -425,11 +443,17 @@ class Agent:
                 except InvalidArgument as exc:  # e.g. a pinned version this host lacks
                     log.error("deployment %s not started: %s", spec.deployment_id, exc.message)
             self.started = True
+            if self.enroller is not None:
+                if not await self.enroller.ensure(self._stopping):
+                    return
+                renewing = asyncio.create_task(self.enroller.renew_forever(self._stopping))
             await self._connect_forever()
         finally:
-            probing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await probing
+            for task in (probing, renewing):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             try:
                 await self.shutdown(drain=self.config.drain_on_exit)
             finally:
@@ -444,6 +468,8 @@ class Agent:
         if self.connected.is_set():
             return True, f"connected to {self.controller_id}"
         serving = sum(1 for s in self.supervisors.values() if s.phase is Phase.READY)
+        if self.enroller is not None and self.enroller.issued is None:
+            return True, f"fail static: enrolling (no certificate yet); {serving} engine(s) ready"
         return True, f"fail static: no controller stream; {serving} engine(s) ready"
 
     async def _start_configured(self, spec: DeploymentSpec) -> None:
@@ -500,7 +526,11 @@ class Agent:
 
     def _channel(self, addr: str) -> aio.Channel:
         tls = self.config.tls
-        files = None if tls is None else TlsFiles(tls.ca, tls.cert, tls.key, tls.server_name)
+        if self.enroller is not None:  # read afresh: a renewal replaces the file
+            files: TlsFiles | None = self.enroller.identity.tls_files()
+        else:
+            files = None if tls is None else TlsFiles(tls.ca, tls.cert, tls.key,
+                                                      tls.server_name)
         channel: aio.Channel = secure_channel(addr, files, None, aio=True)
         return channel
 

@@ -48,16 +48,27 @@ def setup_logging(level: str) -> None:
               "followers name the leader by it")
 @click.option("--lease-ttl", "lease_ttl_s", type=float, default=10.0, show_default=True,
               help="HA on PostgreSQL: seconds a leader's lease lasts without renewal")
+@click.option("--enrol-listen", default="", metavar="HOST:PORT",
+              help="enrolment listener for agents joining with a bootstrap token (server TLS "
+              "only; needs --ca-key); see docs/enrolment.md")
+@click.option("--ca-key", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              envvar="GEARSHIFT_TLS_CA_KEY",
+              help="the CA's private key (PEM file): signs enrolled and renewed agent "
+              "certificates")
+@click.option("--enrolled-cert-ttl", "enrolled_cert_ttl_s", type=float, default=86400.0,
+              show_default=True, help="seconds an enrolled agent's certificate is valid "
+              "(agents renew at two thirds)")
 @click.option("--controller-id", default="", help="name of this controller (default: host-pid)")
 @click.option("--ready-file", type=click.Path(path_type=Path), default=None,
-              help="write 'GRPC_PORT METRICS_PORT' here once serving (for scripts)")
+              help="write 'GRPC_PORT METRICS_PORT ENROL_PORT' here once serving (for scripts)")
 @click.option("--log-level", default="info", show_default=True)
 @click.pass_context
 def controller(ctx: click.Context, listen: str, db_url: str, data_dir: Path,
                metrics_port: int | None, metrics_listen: str, report_interval_s: float, history_resolution_s: float,
                canary_steps: str, analysis_intervals: int, tls_cert: Path | None,
                tls_key: Path | None, tls_ca: Path | None, tokens_file: Path | None,
-               advertise: str, lease_ttl_s: float, controller_id: str, ready_file: Path | None,
+               advertise: str, lease_ttl_s: float, enrol_listen: str, ca_key: Path | None,
+               enrolled_cert_ttl_s: float, controller_id: str, ready_file: Path | None,
                log_level: str) -> None:
     """Run the controller: gRPC for agents, gateway and CLI; store; policy loop; /metrics.
 
@@ -81,7 +92,9 @@ def controller(ctx: click.Context, listen: str, db_url: str, data_dir: Path,
                                history_resolution_s=history_resolution_s, canary_steps=steps,
                                analysis_intervals=analysis_intervals, tls_cert=tls_cert,
                                tls_key=tls_key, tls_ca=tls_ca, tokens_file=tokens_file,
-                               advertise=advertise, lease_ttl_s=lease_ttl_s)
+                               advertise=advertise, lease_ttl_s=lease_ttl_s,
+                               enrol_listen=enrol_listen, ca_key=ca_key,
+                               enrolled_cert_ttl_s=enrolled_cert_ttl_s)
         if controller_id:
             cfg.controller_id = controller_id
         asyncio.run(run_controller(cfg, ready_file=ready_file))
@@ -104,6 +117,14 @@ def controller(ctx: click.Context, listen: str, db_url: str, data_dir: Path,
 @click.option("--metrics-listen", default=None, metavar="HOST:PORT",
               envvar="GEARSHIFT_METRICS_LISTEN",
               help="serve /metrics, /healthz, /readyz on HOST:PORT (overrides the config file)")
+@click.option("--enrol-controller", default=None, metavar="HOST:PORT",
+              envvar="GEARSHIFT_ENROL_CONTROLLER",
+              help="the controller's enrolment listener(s): join with a bootstrap token "
+              "instead of a pre-made certificate (docs/enrolment.md)")
+@click.option("--bootstrap-token-file", type=click.Path(path_type=Path, dir_okay=False),
+              default=None, envvar="GEARSHIFT_BOOTSTRAP_TOKEN_FILE",
+              help="file holding the bootstrap token (or $GEARSHIFT_BOOTSTRAP_TOKEN); read "
+              "only while the agent has no valid certificate")
 @click.option("--drain-on-exit", is_flag=True, default=None,
               help="stop the engines when the agent exits (decommissioning); by default "
               "they keep serving and the next agent adopts them")
@@ -111,13 +132,17 @@ def controller(ctx: click.Context, listen: str, db_url: str, data_dir: Path,
 @click.pass_context
 def agent(ctx: click.Context, controller_addr: str | None, config_path: Path | None,
           host_id: str | None, bind_host: str | None, workdir: Path | None,
-          metrics_listen: str | None, drain_on_exit: bool | None, log_level: str) -> None:
+          metrics_listen: str | None, enrol_controller: str | None,
+          bootstrap_token_file: Path | None, drain_on_exit: bool | None,
+          log_level: str) -> None:
     """Run the agent on a GPU host: supervise engines and report to the controller.
 
     Engines outlive the agent: on SIGTERM or a crash they keep serving, and the
     next agent started on the same work dir adopts them without a restart.
     Without `tls:` in the config, TLS files come from $GEARSHIFT_TLS_CA, _CERT,
-    _KEY (and _SERVER_NAME), e.g. as systemd credentials.
+    _KEY (and _SERVER_NAME), e.g. as systemd credentials. With a CA and no
+    certificate, the agent enrols: it makes its key and asks --enrol-controller to
+    sign it, proving itself with the bootstrap token (never on the command line).
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -127,8 +152,11 @@ def agent(ctx: click.Context, controller_addr: str | None, config_path: Path | N
     setup_logging(log_level)
     try:
         cfg = load_agent_config(config_path, {"controller": controller_addr, "host_id": host_id,
-                                              "bind_host": bind_host, "workdir": workdir, "drain_on_exit": drain_on_exit,
-                                              "metrics_listen": metrics_listen},
+                                              "bind_host": bind_host, "workdir": workdir,
+                                              "drain_on_exit": drain_on_exit,
+                                              "metrics_listen": metrics_listen,
+                                              "enrol_controller": enrol_controller,
+                                              "bootstrap_token_file": bootstrap_token_file},
                                 defaults={"tls": _tls_from_env()})
         asyncio.run(run_agent(cfg))
     except GearshiftError as err:
@@ -140,9 +168,11 @@ def _tls_from_env() -> dict[str, str] | None:
     from gearshift.common.credentials import TlsFiles
 
     files = TlsFiles.from_env()
-    if files is None or files.cert is None or files.key is None:
+    if files is None:
         return None
-    out = {"ca": str(files.ca), "cert": str(files.cert), "key": str(files.key)}
+    out = {"ca": str(files.ca)}  # without a certificate: enrolment by bootstrap token
+    if files.cert is not None and files.key is not None:
+        out |= {"cert": str(files.cert), "key": str(files.key)}
     if files.server_name:
         out["server_name"] = files.server_name
     return out

@@ -37,6 +37,9 @@ COMMANDS = {
     "gateway": LazyCommand(
         "gearshift.gateway.cli:gateway",
         "Route OpenAI requests to the deployments the controller says serve each model."),
+    "hosts": LazyCommand(
+        "gearshift.cli.enrolment_cmds:hosts",
+        "Hosts that enrolled or asked to: approve, revoke, list."),
     "migrations": LazyCommand(
         "gearshift.cli.migrations:migrations",
         "Moves and rollouts in flight and done, step by step."),
@@ -52,6 +55,9 @@ COMMANDS = {
     "resume": LazyCommand(
         "gearshift.cli.decisions:resume",
         "Resume automatic moves after `gearshift pause`."),
+    "tokens": LazyCommand(
+        "gearshift.cli.enrolment_cmds:tokens",
+        "Bootstrap tokens that let agents enrol themselves."),
 }
 
 

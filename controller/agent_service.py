@@ -89,6 +89,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         on_report: ReportHook | None = None,
         on_command_result: ResultHook | None = None,
         require_peer_host: bool = False,
+        refuse_host: Callable[[str], str | None] = lambda _host: None,
     ) -> None:
         self.fleet = fleet
         self.metrics = metrics
@@ -100,6 +101,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         self._on_report = on_report
         self._on_result = on_command_result
         self.require_peer_host = require_peer_host  # mutual TLS: the certificate names the host
+        self.refuse_host = refuse_host  # why a host may not connect (revoked), or None
 
     async def Connect(
         self,
@@ -125,6 +127,12 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         except GearshiftError as exc:
             self.metrics.rejected.labels("bad_hello").inc()
             await context.abort(grpc_status(exc), exc.message)
+            return
+        refusal = self.refuse_host(first.hello.host_id)
+        if refusal is not None:
+            self.metrics.rejected.labels("revoked").inc()
+            log.warning("refused a hello from %s: %s", context.peer(), refusal)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, refusal)
             return
 
         host_id = first.hello.host_id

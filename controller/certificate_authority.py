@@ -21,6 +21,8 @@ can never pass as a host. Keys are ECDSA P-256. Private keys and token files are
 written with mode 0600; existing files are never overwritten without `--force`.
 `issue_agent_cert` (`gearshift certs issue --out DIR --host H`) adds an agent
 certificate signed by the CA already in DIR (a new host, or a renewal).
+`SigningCa` signs agents' certificate requests at enrolment (docs/enrolment.md):
+the same identity, a short lifetime, the key made on the agent's host.
 """
 
 from __future__ import annotations
@@ -277,5 +279,47 @@ def issue_agent_cert(out_dir: Path | str, host: str, days: int = DEFAULT_VALIDIT
     return out
 
 
+class SigningCa:
+    """The CA certificate and key a controller signs enrolled agents' certificates with."""
+
+    def __init__(self, cert: Any, key: Any) -> None:
+        self.cert, self.key = cert, key
+        self.cert_pem = _cert_pem(cert)
+
+    @classmethod
+    def load(cls, cert_path: Path | str, key_path: Path | str) -> SigningCa:
+        """`--tls-ca` and `--ca-key`; ConfigError naming the file when they do not fit."""
+        x509 = _crypto()
+        from cryptography.hazmat.primitives import serialization
+        try:
+            cert = x509.load_pem_x509_certificate(Path(cert_path).read_bytes())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"--tls-ca {cert_path}: cannot load the CA certificate: "
+                              f"{exc}") from None
+        try:
+            key = serialization.load_pem_private_key(Path(key_path).read_bytes(), password=None)
+        except (OSError, ValueError, TypeError) as exc:
+            raise ConfigError(f"--ca-key {key_path}: cannot load the CA private key: "
+                              f"{exc}") from None
+        pub = serialization.PublicFormat.SubjectPublicKeyInfo
+        der = serialization.Encoding.DER
+        if key.public_key().public_bytes(der, pub) != cert.public_key().public_bytes(der, pub):
+            raise ConfigError(f"--ca-key {key_path}: not the key of the CA in {cert_path}")
+        return cls(cert, key)
+
+    def sign_host(self, host: str, public_key: Any, ttl_s: float,
+                  now: dt.datetime | None = None) -> Any:
+        """A client certificate for `host` (URI SAN only) valid for `ttl_s` seconds."""
+        start = now or dt.datetime.now(dt.UTC)
+        skew = dt.timedelta(seconds=min(CLOCK_SKEW_ALLOWANCE_S, ttl_s))
+        window = (start - skew, start + dt.timedelta(seconds=ttl_s))
+        return _sign(check_host_name(host), public_key, (self.cert, self.key), window,
+                     uri=HOST_URI_PREFIX + host)
+
+    @staticmethod
+    def pem(cert: Any) -> bytes:
+        return _cert_pem(cert)
+
+
 __all__ = ["DEFAULT_CONTROLLER_SANS", "DEFAULT_VALIDITY_DAYS", "HOST_URI_PREFIX",
-           "SPIFFE_TRUST_DOMAIN", "check_host_name", "init_certs", "issue_agent_cert"]
+           "SPIFFE_TRUST_DOMAIN", "SigningCa", "check_host_name", "init_certs", "issue_agent_cert"]

@@ -15,6 +15,9 @@ from gearshift.common.errors import ConfigError
 from gearshift.common.ops_http import parse_listen
 
 DEFAULT_REPORT_INTERVAL_S = 10.0
+DEFAULT_ENROLLED_CERT_TTL_S = 86400.0  # a day: renewed by the agent at two thirds
+MIN_ENROLLED_CERT_TTL_S = 2.0
+MAX_ENROLLED_CERT_TTL_S = 90 * 86400.0
 
 
 @dataclass
@@ -40,6 +43,11 @@ class ControllerConfig:
     advertise: str = ""                    # HOST:PORT clients reach this controller at;
                                            # empty: the listen address (its bound port)
     lease_ttl_s: float = 10.0              # HA on PostgreSQL: leadership lease
+    enrol_listen: str = ""                 # HOST:PORT of the enrolment listener (server TLS
+                                           # only: agents with a bootstrap token); empty: none
+    ca_key: Path | None = None             # the CA's private key: sign enrolled agents' and
+                                           # renewed certificates (docs/enrolment.md)
+    enrolled_cert_ttl_s: float = DEFAULT_ENROLLED_CERT_TTL_S
 
     @property
     def tls(self) -> bool:
@@ -72,6 +80,21 @@ class ControllerConfig:
             raise ConfigError(f"--lease-ttl: expected 1..300 seconds, found {self.lease_ttl_s}")
         if self.metrics_port is not None and not (0 <= self.metrics_port <= 65535):
             raise ConfigError(f"--metrics-port: expected 0..65535, found {self.metrics_port}")
+        if self.ca_key is not None and self.tls_ca is None:
+            raise ConfigError("--ca-key needs --tls-ca (the CA certificate it belongs to) and "
+                              "--tls-cert/--tls-key")
+        if self.enrol_listen:
+            if self.ca_key is None:
+                raise ConfigError("--enrol-listen needs --ca-key (the CA key that signs "
+                                  "enrolled agents' certificates) and --tls-ca")
+            e_host, e_sep, e_port = self.enrol_listen.rpartition(":")
+            if not e_sep or not e_host or not e_port.isdigit() or int(e_port) > 65535:
+                raise ConfigError(f"--enrol-listen: expected HOST:PORT, found "
+                                  f"{self.enrol_listen!r}")
+        if not (MIN_ENROLLED_CERT_TTL_S <= self.enrolled_cert_ttl_s <= MAX_ENROLLED_CERT_TTL_S):
+            raise ConfigError(f"--enrolled-cert-ttl: expected {MIN_ENROLLED_CERT_TTL_S:g}.."
+                              f"{MAX_ENROLLED_CERT_TTL_S:g} seconds, found "
+                              f"{self.enrolled_cert_ttl_s:g}")
         if self.metrics_listen:
             try:
                 parse_listen(self.metrics_listen)

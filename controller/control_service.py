@@ -13,6 +13,7 @@ from grpc import aio
 from gearshift.common.errors import GearshiftError
 from gearshift.common.identity import LEADER_METADATA_KEY
 from gearshift.controller.control_actions import ActionRpcs
+from gearshift.controller.enrolment_service import EnrolmentRpcs
 from gearshift.controller.fleet import FleetState
 from gearshift.controller.ha import Leadership
 from gearshift.v1 import agent_pb2, control_pb2, control_pb2_grpc
@@ -20,7 +21,7 @@ from gearshift.v1 import agent_pb2, control_pb2, control_pb2_grpc
 log = logging.getLogger(__name__)
 
 
-class ControlService(ActionRpcs, control_pb2_grpc.ControlServiceServicer):
+class ControlService(ActionRpcs, EnrolmentRpcs, control_pb2_grpc.ControlServiceServicer):
     def __init__(self, fleet: FleetState, *, controller_id: str, epoch: int, store_kind: str,
                  paused: Callable[[], bool] = lambda: False, routes_warmup_s: float = 0.0) -> None:
         self.fleet = fleet

@@ -12,6 +12,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -30,7 +31,7 @@ from gearshift.controller.security import (
     check_plaintext_listen,
     server_credentials,
 )
-from gearshift.v1 import agent_pb2, agent_pb2_grpc, control_pb2, control_pb2_grpc
+from gearshift.v1 import agent_pb2, agent_pb2_grpc, control_pb2, control_pb2_grpc, enrol_pb2_grpc
 
 # Logs under the controller process's logger name, which operators filter on.
 log = logging.getLogger("gearshift.controller.server")
@@ -47,6 +48,7 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 # KB, so the controller queues twice its design fleet (10,000 agents) instead; core's
 # own 30 s limit on a stream's wait in the queue still applies.
 MAX_PENDING_STREAMS = 20_000
+ENROL_MAX_MESSAGE_BYTES = 64 * 1024  # a token and a CSR
 
 
 @dataclass
@@ -75,7 +77,8 @@ def load_tokens(config: ControllerConfig) -> TokenStore | None:
 
 
 def build_server(config: ControllerConfig, agents: AgentService, control: ControlService,
-                 leadership: Callable[[], Leadership | None]) -> GrpcServer:
+                 leadership: Callable[[], Leadership | None],
+                 enrol: Any = None) -> GrpcServer:
     """The server with its interceptors and services, bound to ``config.listen``."""
     tokens = load_tokens(config)
     interceptors: list[aio.ServerInterceptor] = [LeaderGate(leadership), ErrorInterceptor()]
@@ -93,6 +96,8 @@ def build_server(config: ControllerConfig, agents: AgentService, control: Contro
                  ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_STREAMS)])
     agent_pb2_grpc.add_AgentServiceServicer_to_server(agents, server)
     control_pb2_grpc.add_ControlServiceServicer_to_server(control, server)
+    if enrol is not None:  # Renew: authenticated by the agent's current certificate
+        enrol_pb2_grpc.add_EnrolServiceServicer_to_server(enrol, server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     names = (
@@ -112,3 +117,23 @@ def build_server(config: ControllerConfig, agents: AgentService, control: Contro
     if port == 0:
         raise ConfigError(f"--listen: cannot bind {config.listen}")
     return GrpcServer(server, health, names[:2], port)
+
+
+def build_enrol_server(config: ControllerConfig, enrol: Any) -> tuple[aio.Server, int]:
+    """The enrolment listener (``--enrol-listen``): server-side TLS only, EnrolService alone.
+
+    gRPC asks a client for a certificate on every handshake of a port or on none, so
+    agents that have no certificate yet get a port of their own; everything else
+    stays behind mutual TLS on ``--listen`` (docs/enrolment.md).
+    """
+    assert config.tls_cert is not None and config.tls_key is not None
+    server = aio.server(
+        interceptors=[ErrorInterceptor()],
+        options=[("grpc.max_receive_message_length", ENROL_MAX_MESSAGE_BYTES),
+                 ("grpc.max_send_message_length", ENROL_MAX_MESSAGE_BYTES)])
+    enrol_pb2_grpc.add_EnrolServiceServicer_to_server(enrol, server)
+    creds = server_credentials(config.tls_cert, config.tls_key, None, require_client_cert=False)
+    port = server.add_secure_port(config.enrol_listen, creds)
+    if port == 0:
+        raise ConfigError(f"--enrol-listen: cannot bind {config.enrol_listen}")
+    return server, port

@@ -35,7 +35,8 @@ LEADER_ONLY: frozenset[str] = frozenset(
         "FleetStatus", "ListHosts", "ListDeployments", "ListModels",
         "WatchRoutes", "ReportGateway", "GetCapacity", "GetRateHistory",
         "ApplyPolicy", "ApproveDecision", "RejectDecision", "EvaluateNow", "SetPaused",
-        "AbortMigration", "PublishRevision")])
+        "AbortMigration", "PublishRevision",
+        "RevokeHost")])  # the leader holds the streams it closes
 
 
 @dataclass

@@ -55,6 +55,13 @@ class ControllerMetrics:
         self.deployments = Gauge(
             "gearshift_controller_deployments", "Known deployments by engine and phase.",
             ["engine", "phase"], registry=r)
+        self.enrolments = Counter(
+            "gearshift_controller_enrolments",
+            "Enrolment and renewal requests by outcome: issued, pending, renewed, refused.",
+            ["outcome"], registry=r)
+        self.revoked_hosts = Gauge(
+            "gearshift_controller_revoked_hosts", "Hosts refused as revoked (from the store).",
+            registry=r)
         self.route_version = Gauge(
             "gearshift_controller_routing_table_version", "Version of the routing table.",
             registry=r)

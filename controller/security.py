@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 CONTROL_SERVICE = "/gearshift.v1.ControlService/"
 AGENT_SERVICE = "/gearshift.v1.AgentService/"
+ENROL_SERVICE = "/gearshift.v1.EnrolService/"
 TOKEN_MIN_CHARS = 16
 FINGERPRINT_HEX_CHARS = 8
 
@@ -58,10 +59,13 @@ _READ_METHODS = (
     "FleetStatus", "ListHosts", "ListDeployments", "ListModels", "WatchRoutes", "ReportGateway",
     "ValidatePolicy", "GetPolicy", "PolicyHistory", "ListDecisions", "GetDecision",
     "ListMigrations", "GetMigration", "GetCapacity", "GetRateHistory", "ControllerStatus",
+    "ListEnrolments",
 )
 _ADMIN_METHODS = (
     "ApplyPolicy", "ApproveDecision", "RejectDecision", "EvaluateNow", "SetPaused",
     "AbortMigration", "PublishRevision",
+    "CreateBootstrapToken", "ListBootstrapTokens", "RevokeBootstrapToken", "ApproveHost",
+    "RevokeHost",
 )
 # Full gRPC method name -> the role it needs. None: no token checked (mTLS or public).
 METHOD_ROLES: dict[str, Role | None] = {
@@ -69,9 +73,10 @@ METHOD_ROLES: dict[str, Role | None] = {
     **{CONTROL_SERVICE + m: Role.ADMIN for m in _ADMIN_METHODS},
     AGENT_SERVICE + "Connect": None,
 }
-# Prefixes that never need a token: agents (mTLS), health checks, reflection (grpcurl).
+# Prefixes that never need a token: agents (mTLS), enrolment (a bootstrap token in the
+# request, or the agent's certificate), health checks, reflection (grpcurl).
 EXEMPT_PREFIXES: tuple[str, ...] = (
-    AGENT_SERVICE, "/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/",
+    AGENT_SERVICE, ENROL_SERVICE, "/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/",
     "/grpc.reflection.v1.ServerReflection/",
 )
 

@@ -17,6 +17,7 @@ import signal
 import socket
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
@@ -28,9 +29,11 @@ from gearshift.common.ops_http import OpsListener
 from gearshift.controller.agent_service import AgentService
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.control_service import ControlService
+from gearshift.controller.enrolment_service import REVOCATION_REFRESH_S, EnrolService, Revocations
+from gearshift.controller.enrolment_store import EnrolmentStore
 from gearshift.controller.fleet import FleetState, HostEntry
 from gearshift.controller.gc_policy import GcPolicy
-from gearshift.controller.grpc_server import build_server
+from gearshift.controller.grpc_server import build_enrol_server, build_server
 from gearshift.controller.ha import Leadership
 from gearshift.controller.leader import LeaderElector
 from gearshift.controller.learning import CapacityLearner, Forecaster
@@ -45,6 +48,9 @@ from gearshift.controller.rollup import to_rows
 from gearshift.controller.tables import RollupRow
 from gearshift.policies.loader import Policy
 from gearshift.v1 import agent_pb2, control_pb2
+
+if TYPE_CHECKING:
+    from gearshift.controller.certificate_authority import SigningCa
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +85,16 @@ class Controller:
         self.fleet = FleetState()
         self.persistence = Persistence.open(config.db_url, config.data_dir, self.metrics.registry)
         self.epoch = 0  # the fencing epoch comes from the election (see _on_elected)
+        self.enrolments = EnrolmentStore(self.persistence.store.engine)
+        self.revocations = Revocations(self.enrolments)
+        self.revocations.refresh()  # revoked hosts are refused from the first hello
+        self.enrol = EnrolService(self.enrolments, self._signing_ca(), config.enrolled_cert_ttl_s,
+                                  self.revocations, self.metrics.enrolments)
         self.agents = AgentService(
             self.fleet, self.metrics, report_interval_s=config.report_interval_s,
             epoch=self.epoch, controller_id=config.controller_id,
             require_peer_host=config.tls_ca is not None,
+            refuse_host=self.revocations.refusal,
             on_hello=self._on_hello, on_report=self._on_report,
             on_command_result=self._on_command_result)
         self.control = ControlService(
@@ -91,6 +103,9 @@ class Controller:
             routes_warmup_s=max(ROUTES_WARMUP_MIN_S,
                                 ROUTES_WARMUP_INTERVALS * config.report_interval_s))
         self.control.set_paused = self.persistence.set_paused
+        self.control.enrolment_store = self.enrolments
+        self.control.revocations = self.revocations
+        self.control.on_host_revoked = self._close_revoked
         self.control.publish_revision = self.publish_revision
         self._build_leader_parts()
         self.persistence.on_rollups = self._on_rollups
@@ -102,6 +117,8 @@ class Controller:
         self.scheduler: AsyncIOScheduler | None = None
         self.server: aio.Server | None = None
         self.port = 0
+        self.enrol_server: aio.Server | None = None
+        self.enrol_port: int | None = None
         self.metrics_port: int | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._ops: OpsListener | None = None
@@ -109,6 +126,34 @@ class Controller:
         self.metrics.is_leader.set_function(
             lambda: 1.0 if self.leadership is not None and self.leadership.leading else 0.0)
         self.metrics.leader_epoch.set_function(lambda: float(self.epoch))
+
+    def _signing_ca(self) -> SigningCa | None:
+        if self.config.ca_key is None or self.config.tls_ca is None:
+            return None
+        from gearshift.controller.certificate_authority import SigningCa
+        return SigningCa.load(self.config.tls_ca, self.config.ca_key)
+
+    def _close_revoked(self, host_id: str, why: str = "") -> None:
+        """End the open stream of a revoked host, if it is connected here."""
+        conn = self.agents.connections.get(host_id)
+        if conn is not None and not conn.closed:
+            log.warning("closing the stream of revoked host %s", host_id)
+            conn.close(grpc.StatusCode.PERMISSION_DENIED,
+                       self.revocations.refusal(host_id) or f"host {host_id!r} is revoked")
+
+    async def _watch_revocations(self) -> None:
+        """Revocations made on any controller reach this one within REVOCATION_REFRESH_S."""
+        while True:
+            await asyncio.sleep(REVOCATION_REFRESH_S)
+            try:
+                new = await asyncio.to_thread(self.revocations.refresh)
+                if new:
+                    log.warning("hosts revoked in the store: %s", ", ".join(sorted(new)))
+                self.metrics.revoked_hosts.set(len(self.revocations.hosts))
+                for host_id in self.revocations.hosts & set(self.agents.connections):
+                    self._close_revoked(host_id)
+            except Exception:  # the store is away: the next round retries
+                log.exception("reading revocations failed")
 
     def _build_leader_parts(self) -> None:
         """The policy loop, orchestrator and learner, read afresh from the store (at
@@ -155,6 +200,9 @@ class Controller:
         self.epoch = self.agents.epoch = self.control.epoch = epoch
         self.persistence.reload_settings()
         await asyncio.to_thread(self._build_leader_parts)
+        # Hosts revoked while another controller led are refused from this term's first
+        # hello (the periodic read may be up to REVOCATION_REFRESH_S old).
+        await asyncio.to_thread(self.revocations.refresh)
         self.control.lead_started = time.time()
         self._led = True
         self._leader_tasks = [asyncio.create_task(self._orchestrate())]
@@ -246,17 +294,23 @@ class Controller:
 
     async def start(self) -> None:
         grpc_server = build_server(self.config, self.agents, self.control,
-                                   lambda: self.leadership)
+                                   lambda: self.leadership, enrol=self.enrol)
         self.port = grpc_server.port
         self._start_elector()
         await grpc_server.server.start()
         await grpc_server.serving()
         self.server = grpc_server.server
+        if self.config.enrol_listen:
+            self.enrol_server, self.enrol_port = build_enrol_server(self.config, self.enrol)
+            await self.enrol_server.start()
+            log.info("enrolment listener on %s (server TLS; bootstrap tokens)",
+                     self.config.enrol_listen.rpartition(":")[0] + f":{self.enrol_port}")
         ops_at = self.config.ops_address()
         if ops_at is not None:
             self._ops = OpsListener(self.metrics.registry, self.readiness)
             self.metrics_port = await self._ops.start(*ops_at)
         self._tasks.append(asyncio.create_task(self._housekeeping()))
+        self._tasks.append(asyncio.create_task(self._watch_revocations()))
         self.scheduler = AsyncIOScheduler()
         self.scheduler.start()
         await self._first_election()
@@ -388,6 +442,8 @@ class Controller:
                        f"controller {self.config.controller_id} is shutting down")
         if self.server is not None:
             await self.server.stop(grace_s)
+        if self.enrol_server is not None:
+            await self.enrol_server.stop(grace_s)
         if self._ops is not None:
             await self._ops.stop()
         rows = self.persistence.rollups.flush_all()
@@ -411,7 +467,8 @@ async def run_controller(config: ControllerConfig, *, ready_file: Path | None = 
     gc_policy.install()
     gc_task = asyncio.create_task(gc_policy.run())
     if ready_file is not None:
-        ready_file.write_text(f"{controller.port} {controller.metrics_port or 0}\n")
+        ready_file.write_text(f"{controller.port} {controller.metrics_port or 0} "
+                              f"{controller.enrol_port or 0}\n")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

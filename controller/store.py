@@ -28,6 +28,7 @@ from sqlmodel import SQLModel, col, select
 
 from gearshift.common.errors import ConfigError, InvalidArgument, Unavailable
 from gearshift.controller.decision_store import DecisionQueries, dialect_insert, positive_limit
+from gearshift.controller.enrolment_store import BootstrapTokenRow, HostEnrolmentRow
 from gearshift.controller.tables import (
     SETTING_EPOCH,
     SETTING_TYPES,
@@ -43,6 +44,8 @@ SQLITE_BUSY_TIMEOUT_MS = 5000
 SQLITE_DB_FILENAME = "gearshift.db"
 SUPPORTED_URLS = "sqlite:///PATH, postgresql+psycopg://USER@HOST:PORT/DB"
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+# Tables defined outside `tables`, named here so that every store knows its full schema.
+OTHER_TABLES = (BootstrapTokenRow, HostEnrolmentRow)
 
 
 MIGRATION_LOCK_KEY = 0x6765617273  # advisory lock held while the schema is migrated

@@ -102,6 +102,7 @@ class LocalFleet:
     metrics_port: int = 0
     gateway_port: int = 0
     gateway_metrics_port: int = 0  # the gateway's /metrics, /healthz, /readyz
+    enrol_port: int = 0  # the controller's enrolment listener (0: none)
     procs: dict[str, Proc] = field(default_factory=dict)
 
     @property
@@ -121,8 +122,9 @@ class LocalFleet:
         if self.db_url:
             args += ["--db", self.db_url]
         proc = spawn("controller", gearshift_cmd(*args), self.workdir, env)
-        grpc_port, metrics_port = wait_ready_file(ready, proc).split()
+        grpc_port, metrics_port, enrol_port = wait_ready_file(ready, proc).split()
         self.controller_port, self.metrics_port = int(grpc_port), int(metrics_port)
+        self.enrol_port = int(enrol_port)
         self.procs["controller"] = proc
         return proc
 
@@ -159,11 +161,12 @@ class LocalFleet:
     def start_agent(self, host_id: str, deployments: list[dict[str, Any]],
                     emulator_env: dict[str, dict[str, str]] | None = None,
                     tls: dict[str, str] | None = None,
-                    extra_args: tuple[str, ...] = ()) -> Proc:
+                    extra_args: tuple[str, ...] = (),
+                    env: dict[str, str] | None = None) -> Proc:
         self.workdir.mkdir(parents=True, exist_ok=True)
         path = self.agent_config(host_id, deployments, emulator_env, tls=tls)
         proc = spawn(host_id, gearshift_cmd("agent", "--config", str(path), *extra_args),
-                     self.workdir)
+                     self.workdir, env)
         self.procs[host_id] = proc
         return proc
 

@@ -1,6 +1,8 @@
 """Hosts on their own addresses: the controller and two agents (with their engines) each
 in a network namespace of their own, joined by a bridge in a fourth, all made and
-removed by this test. Mutual TLS on non-loopback addresses. One host is cut off (its
+removed by this test. The agents start with the CA and a bootstrap token only: they
+enrol at the controller's enrolment listener (server TLS) and then connect with
+mutual TLS, all on non-loopback addresses. One host is cut off (its
 switch port goes down) and back: the controller marks it unreachable, drains nothing
 because of it (the engine serves on, no command reaches the host), and the host
 rejoins on its own. Only addresses inside these namespaces are used."""
@@ -28,6 +30,7 @@ SUBNET = "10.213.0"
 CONTROLLER_ADDR = f"{SUBNET}.1"
 HOSTS = {"host-a": f"{SUBNET}.2", "host-b": f"{SUBNET}.3"}
 GRPC_PORT = 50051  # fixed: each namespace has its own ports
+ENROL_PORT = 50052
 OPS_PORT = 9400
 REPORT_INTERVAL_S = 0.5
 
@@ -113,12 +116,12 @@ class NsFleet:
         self.procs[node] = proc
         return proc
 
-    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+    def cli(self, *args: str, role: str = "read") -> subprocess.CompletedProcess[str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GEARSHIFT_")}
         env.update({"GEARSHIFT_TLS_CA": str(self.certs / "ca.pem"),
                     "GEARSHIFT_TLS_CERT": str(self.certs / "cli.pem"),
                     "GEARSHIFT_TLS_KEY": str(self.certs / "cli-key.pem"),
-                    "GEARSHIFT_TOKEN_FILE": str(self.certs / "read.token")})
+                    "GEARSHIFT_TOKEN_FILE": str(self.certs / f"{role}.token")})
         return subprocess.run(
             ["ip", "netns", "exec", self.spaces.nodes["controller"], sys.executable, "-m",
              "gearshift.cli.main", "--controller", f"{CONTROLLER_ADDR}:{GRPC_PORT}", *args],
@@ -144,7 +147,7 @@ class NsFleet:
 def ns_fleet(netns_ok: None, tmp_path: Path) -> Iterator[NsFleet]:
     spaces = Namespaces()
     certs = tmp_path / "certs"
-    init_certs(certs, hosts=list(HOSTS), sans=[CONTROLLER_ADDR], days=1)
+    init_certs(certs, sans=[CONTROLLER_ADDR], days=1)  # no agent certificates: they enrol
     fleet = NsFleet(tmp_path, spaces, certs)
     try:
         spaces.make({"controller": CONTROLLER_ADDR, **HOSTS})
@@ -154,15 +157,16 @@ def ns_fleet(netns_ok: None, tmp_path: Path) -> Iterator[NsFleet]:
         spaces.remove()
 
 
-def _agent_config(fleet: NsFleet, host: str) -> Path:
+def _agent_config(fleet: NsFleet, host: str, token: Path) -> Path:
     dep = {"deployment_id": f"m-{host}", "model": "m", "engine": "vllm", "gpu_indices": [0]}
     cfg = {
         "host_id": host, "controller": f"{CONTROLLER_ADDR}:{GRPC_PORT}",
         "report_interval_s": REPORT_INTERVAL_S, "bind_host": HOSTS[host],
         "workdir": str(fleet.workdir / host),
         "command_journal": str(fleet.workdir / f"{host}.journal"),
-        "tls": {"ca": str(fleet.certs / "ca.pem"), "cert": str(fleet.certs / f"agent-{host}.pem"),
-                "key": str(fleet.certs / f"agent-{host}-key.pem")},
+        "tls": {"ca": str(fleet.certs / "ca.pem")},
+        "enrol_controller": f"{CONTROLLER_ADDR}:{ENROL_PORT}",
+        "bootstrap_token_file": str(token),
         "gpus": {"source": "emulated", "emulated": {"count": 1}},
         "engines": {"vllm": {"executable": emulator_executable("vllm"),
                              "env": {"GEARSHIFT_EMULATOR_LOAD_S": "0.3"}}},
@@ -201,10 +205,17 @@ def test_host_cut_off_is_unreachable_drains_nothing_and_rejoins(ns_fleet: NsFlee
                 "--tls-cert", str(certs / "controller.pem"),
                 "--tls-key", str(certs / "controller-key.pem"), "--tls-ca", str(certs / "ca.pem"),
                 "--tokens-file", str(certs / "tokens.yaml"),
+                "--ca-key", str(certs / "ca-key.pem"),
+                "--enrol-listen", f"{CONTROLLER_ADDR}:{ENROL_PORT}",
                 "--metrics-listen", f"{CONTROLLER_ADDR}:{OPS_PORT}", "--ready-file", str(ready))
     wait_for(lambda: ready.exists() and ready.read_text().strip(), 60, "the controller")
+    created = fleet.cli("tokens", "create", "--hosts", "host-*", "--auto-approve", role="admin")
+    assert created.returncode == 0, created.stderr
+    token = fleet.workdir / "bootstrap.token"
+    token.write_text(created.stdout)
+    token.chmod(0o600)
     for host in HOSTS:
-        fleet.spawn(host, "agent", "--config", str(_agent_config(fleet, host)))
+        fleet.spawn(host, "agent", "--config", str(_agent_config(fleet, host, token)))
 
     def all_ready() -> dict[str, dict] | None:
         deps = fleet.deployments()
@@ -212,7 +223,10 @@ def test_host_cut_off_is_unreachable_drains_nothing_and_rejoins(ns_fleet: NsFlee
                                     for d in deps.values())
         return deps if ok else None
 
-    deps = wait_for(all_ready, 90, "both hosts' engines ready over mutual TLS")
+    deps = wait_for(all_ready, 90, "both hosts enrolled, their engines ready over mutual TLS")
+    enrolled = json.loads(fleet.cli("hosts", "list", "-o", "json").stdout)
+    assert {h["host_id"]: h["state"] for h in enrolled} == {
+        h: "ENROLMENT_STATE_APPROVED" for h in HOSTS}
     endpoint_b = deps["m-host-b"]["report"]["endpoint"]
     assert endpoint_b.startswith(f"http://{HOSTS['host-b']}:")  # its own address
     assert deps["m-host-a"]["report"]["endpoint"].startswith(f"http://{HOSTS['host-a']}:")
@@ -242,3 +256,4 @@ def test_host_cut_off_is_unreachable_drains_nothing_and_rejoins(ns_fleet: NsFlee
     assert commands == [], commands  # no drain, no stop, nothing sent because of the cut
     log_b = fleet.procs["host-b"].log()
     assert "PLAINTEXT" not in log_b and log_b.count("connected to controller") >= 2
+    assert log_b.count("enrolled as host-b") == 1  # rejoined with its certificate

@@ -65,7 +65,8 @@ POLICY_LOADER = {"gearshift.policies", "gearshift.policies.loader", "gearshift.p
                  "gearshift.policies.trace", "gearshift.policies.semantics"}
 CONTROL_CLIENT = {"gearshift.cli.client", "gearshift.cli.output", "gearshift.v1",
                   "gearshift.v1.control_pb2", "gearshift.v1.control_pb2_grpc",
-                  "gearshift.v1.agent_pb2", "gearshift.common.enum_labels"}
+                  "gearshift.v1.agent_pb2", "gearshift.common.enum_labels",
+                  "gearshift.v1.enrol_pb2"}  # messages of ControlService's enrolment calls
 AGENT_PACKAGES = ("gearshift.agents.metrics", "gearshift.agents.runtimes")  # and their modules
 AGENT = {"gearshift.agents", "gearshift.agents.config", "gearshift.agents.daemon",
          "gearshift.agents.commands", "gearshift.agents.gpus", "gearshift.cli.daemons",

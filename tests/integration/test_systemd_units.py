@@ -98,12 +98,10 @@ class Host:
         self.name = name
         self.settings = _settings(_unit(name))
         self.creds = root / "credentials" / name
+        self.files = files
         self.state, self.cache, self.runtime = root / "state", root / "cache", root / "run"
         for d in (self.creds, self.state, self.cache, self.runtime):
             d.mkdir(parents=True, exist_ok=True)
-        for spec in self.settings.get("LoadCredential", []):
-            cred, _, source = spec.partition(":")
-            shutil.copy(files[source], self.creds / cred)
         for key in ("StateDirectory", "CacheDirectory", "RuntimeDirectory"):
             base = {"StateDirectory": self.state, "CacheDirectory": self.cache,
                     "RuntimeDirectory": self.runtime}[key]
@@ -118,7 +116,22 @@ class Host:
             text = text.replace(shipped, port)
         return text
 
+    def load_credentials(self) -> None:
+        """LoadCredential= copies; a SetCredential= of the same name is the default of
+        one whose file is missing (systemd.exec(5)); any other missing file is fatal."""
+        defaults = dict(spec.partition(":")[::2] for spec in self.settings.get("SetCredential", []))
+        for spec in self.settings.get("LoadCredential", []):
+            cred, _, source = spec.partition(":")
+            path = self.files.get(source)
+            if path is not None and path.exists():
+                shutil.copy(path, self.creds / cred)
+            elif cred in defaults:
+                (self.creds / cred).write_text(defaults[cred])
+            else:
+                raise AssertionError(f"{self.name}: credential file {source} is missing")
+
     def start(self, fleet: LocalFleet, ports: dict[str, str], env: dict[str, str]) -> Proc:
+        self.load_credentials()
         argv = self.expand(self.settings["ExecStart"][0], ports).split()
         argv[0:1] = [sys.executable, "-m", "gearshift.cli.main"]
         unit_env = dict(env)
@@ -161,17 +174,19 @@ class Shipped:
     def __init__(self, fleet: LocalFleet, tmp_path: Path) -> None:
         certs = tmp_path / "certs"
         subprocess.run([sys.executable, "-m", "gearshift.cli.main", "certs", "init", "--out",
-                        str(certs), "--hosts", "gpu-node-01"], check=True, capture_output=True,
-                       timeout=60)
+                        str(certs)], check=True, capture_output=True, timeout=60)
         self.agent_yaml = tmp_path / "agent.yaml"
         files = {f"/etc/gearshift/tls/{n}": certs / n for n in (
-            "ca.pem", "controller.pem", "controller-key.pem", "gateway.pem", "gateway-key.pem")}
+            "ca.pem", "ca-key.pem", "controller.pem", "controller-key.pem", "gateway.pem",
+            "gateway-key.pem")}
+        self.bootstrap_token = tmp_path / "bootstrap.token"  # made once the controller runs
         files |= {"/etc/gearshift/tokens.yaml": certs / "tokens.yaml",
                   "/etc/gearshift/gateway.token": certs / "read.token",
-                  "/etc/gearshift/tls/agent.pem": certs / "agent-gpu-node-01.pem",
-                  "/etc/gearshift/tls/agent-key.pem": certs / "agent-gpu-node-01-key.pem"}
-        self.grpc_port = str(free_port())
-        self.ports = {":50051": f":{self.grpc_port}", ":9400": f":{free_port()}",
+                  "/etc/gearshift/bootstrap.token": self.bootstrap_token}
+        self.certs = certs
+        self.grpc_port, self.enrol_port = str(free_port()), str(free_port())
+        self.ports = {":50051": f":{self.grpc_port}", ":50052": f":{self.enrol_port}",
+                      ":9400": f":{free_port()}",
                       ":8000": f":{free_port()}", ":9401": f":{free_port()}",
                       ":9402": f":{free_port()}", "/etc/gearshift/agent.yaml": str(self.agent_yaml),
                       "controller.internal": "127.0.0.1"}
@@ -190,11 +205,26 @@ class Shipped:
     def start(self, name: str) -> Proc:
         return self.hosts[name].start(self.fleet, self.ports, {})
 
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """The CLI on the admin machine, as the README has it: TLS files and a token
+        from the environment."""
+        env = {**env_base(), "GEARSHIFT_TLS_CA": str(self.certs / "ca.pem"),
+               "GEARSHIFT_TLS_CERT": str(self.certs / "cli.pem"),
+               "GEARSHIFT_TLS_KEY": str(self.certs / "cli-key.pem"),
+               "GEARSHIFT_TOKEN_FILE": str(self.certs / "admin.token")}
+        return subprocess.run([sys.executable, "-m", "gearshift.cli.main", "--controller",
+                               f"127.0.0.1:{self.grpc_port}", *args], capture_output=True,
+                              text=True, timeout=60, env=env)
+
 
 def test_controller_and_agent_units_start_as_shipped(fleet: LocalFleet, tmp_path: Path) -> None:
     shipped = Shipped(fleet, tmp_path)
+    created = shipped.cli("tokens", "create", "--hosts", "gpu-node-*", "--auto-approve")
+    assert created.returncode == 0, created.stderr
+    shipped.bootstrap_token.write_text(created.stdout)
     shipped.agent_yaml.write_text(yaml.safe_dump({
         "host_id": "gpu-node-01", "controller": f"127.0.0.1:{shipped.grpc_port}",
+        "enrol_controller": f"127.0.0.1:{shipped.enrol_port}",
         "report_interval_s": 0.5, "gpus": {"source": "emulated", "emulated": {"count": 1}},
         "engines": {"vllm": {"executable": emulator_executable("vllm"),
                              "env": {"GEARSHIFT_EMULATOR_LOAD_S": "0.3"}}},
@@ -202,9 +232,20 @@ def test_controller_and_agent_units_start_as_shipped(fleet: LocalFleet, tmp_path
                          "gpu_indices": [0]}]}))
     agent = shipped.start("agent")
     wait_for(lambda: (b := _ready(shipped.url("9402", "/readyz"), agent))
-             and b.startswith("ready: connected"), 60, "the agent connected over mutual TLS")
+             and b.startswith("ready: connected"), 60,
+             "the agent enrolled by bootstrap token and connected over mutual TLS")
     assert "gearshift_agent_engine_phase" in _get(shipped.url("9402", "/metrics"))[1]
     assert "PLAINTEXT" not in shipped.controller.log() + agent.log()
+    identity = shipped.hosts["agent"].state / "gearshift" / "agent" / "identity" / "agent.pem"
+    assert identity.stat().st_mode & 0o777 == 0o600
+
+    # Joined: the token file may go; the unit starts again on its stored certificate.
+    agent.terminate()
+    shipped.bootstrap_token.unlink()
+    agent = shipped.start("agent")
+    wait_for(lambda: (b := _ready(shipped.url("9402", "/readyz"), agent))
+             and b.startswith("ready: connected"), 60, "the agent back without its token")
+    assert "using the stored certificate" in agent.log()
 
 
 def _gateway_has_metrics_listen() -> bool:

@@ -5,7 +5,7 @@ a count. Written by hand; it must match `gearshift.controller.tables.RollupRow`
 (tests/unit/controller/test_store_migrations.py compares the models with the schema).
 
 Revision ID: 0006
-Revises: 0004
+Revises: 0005
 Create Date: 2026-12-01 00:00:00
 """
 
@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0006"
-down_revision: str | None = "0004"
+down_revision: str | None = "0005"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

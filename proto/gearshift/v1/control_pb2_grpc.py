@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from gearshift.v1 import control_pb2 as gearshift_dot_v1_dot_control__pb2
+from gearshift.v1 import enrol_pb2 as gearshift_dot_v1_dot_enrol__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -148,6 +149,36 @@ class ControlServiceStub:
                 '/gearshift.v1.ControlService/ControllerStatus',
                 request_serializer=gearshift_dot_v1_dot_control__pb2.ControllerStatusRequest.SerializeToString,
                 response_deserializer=gearshift_dot_v1_dot_control__pb2.ControllerStatusResponse.FromString,
+                _registered_method=True)
+        self.CreateBootstrapToken = channel.unary_unary(
+                '/gearshift.v1.ControlService/CreateBootstrapToken',
+                request_serializer=gearshift_dot_v1_dot_enrol__pb2.CreateBootstrapTokenRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_enrol__pb2.CreateBootstrapTokenResponse.FromString,
+                _registered_method=True)
+        self.ListBootstrapTokens = channel.unary_unary(
+                '/gearshift.v1.ControlService/ListBootstrapTokens',
+                request_serializer=gearshift_dot_v1_dot_enrol__pb2.ListBootstrapTokensRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_enrol__pb2.ListBootstrapTokensResponse.FromString,
+                _registered_method=True)
+        self.RevokeBootstrapToken = channel.unary_unary(
+                '/gearshift.v1.ControlService/RevokeBootstrapToken',
+                request_serializer=gearshift_dot_v1_dot_enrol__pb2.RevokeBootstrapTokenRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_enrol__pb2.BootstrapToken.FromString,
+                _registered_method=True)
+        self.ListEnrolments = channel.unary_unary(
+                '/gearshift.v1.ControlService/ListEnrolments',
+                request_serializer=gearshift_dot_v1_dot_enrol__pb2.ListEnrolmentsRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_enrol__pb2.ListEnrolmentsResponse.FromString,
+                _registered_method=True)
+        self.ApproveHost = channel.unary_unary(
+                '/gearshift.v1.ControlService/ApproveHost',
+                request_serializer=gearshift_dot_v1_dot_enrol__pb2.HostActionRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_enrol__pb2.HostEnrolment.FromString,
+                _registered_method=True)
+        self.RevokeHost = channel.unary_unary(
+                '/gearshift.v1.ControlService/RevokeHost',
+                request_serializer=gearshift_dot_v1_dot_enrol__pb2.HostActionRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_enrol__pb2.HostEnrolment.FromString,
                 _registered_method=True)
 
 
@@ -296,6 +327,44 @@ class ControlServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateBootstrapToken(self, request, context):
+        """Enrolment (docs/enrolment.md): bootstrap tokens and the hosts that asked to join.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListBootstrapTokens(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeBootstrapToken(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListEnrolments(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ApproveHost(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeHost(self, request, context):
+        """Refuse the host at once (its stream is closed) and from then on, on every controller.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -413,6 +482,36 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.ControllerStatus,
                     request_deserializer=gearshift_dot_v1_dot_control__pb2.ControllerStatusRequest.FromString,
                     response_serializer=gearshift_dot_v1_dot_control__pb2.ControllerStatusResponse.SerializeToString,
+            ),
+            'CreateBootstrapToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateBootstrapToken,
+                    request_deserializer=gearshift_dot_v1_dot_enrol__pb2.CreateBootstrapTokenRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_enrol__pb2.CreateBootstrapTokenResponse.SerializeToString,
+            ),
+            'ListBootstrapTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListBootstrapTokens,
+                    request_deserializer=gearshift_dot_v1_dot_enrol__pb2.ListBootstrapTokensRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_enrol__pb2.ListBootstrapTokensResponse.SerializeToString,
+            ),
+            'RevokeBootstrapToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeBootstrapToken,
+                    request_deserializer=gearshift_dot_v1_dot_enrol__pb2.RevokeBootstrapTokenRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_enrol__pb2.BootstrapToken.SerializeToString,
+            ),
+            'ListEnrolments': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEnrolments,
+                    request_deserializer=gearshift_dot_v1_dot_enrol__pb2.ListEnrolmentsRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_enrol__pb2.ListEnrolmentsResponse.SerializeToString,
+            ),
+            'ApproveHost': grpc.unary_unary_rpc_method_handler(
+                    servicer.ApproveHost,
+                    request_deserializer=gearshift_dot_v1_dot_enrol__pb2.HostActionRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_enrol__pb2.HostEnrolment.SerializeToString,
+            ),
+            'RevokeHost': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeHost,
+                    request_deserializer=gearshift_dot_v1_dot_enrol__pb2.HostActionRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_enrol__pb2.HostEnrolment.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1036,6 +1135,168 @@ class ControlService:
             '/gearshift.v1.ControlService/ControllerStatus',
             gearshift_dot_v1_dot_control__pb2.ControllerStatusRequest.SerializeToString,
             gearshift_dot_v1_dot_control__pb2.ControllerStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateBootstrapToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.ControlService/CreateBootstrapToken',
+            gearshift_dot_v1_dot_enrol__pb2.CreateBootstrapTokenRequest.SerializeToString,
+            gearshift_dot_v1_dot_enrol__pb2.CreateBootstrapTokenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListBootstrapTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.ControlService/ListBootstrapTokens',
+            gearshift_dot_v1_dot_enrol__pb2.ListBootstrapTokensRequest.SerializeToString,
+            gearshift_dot_v1_dot_enrol__pb2.ListBootstrapTokensResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeBootstrapToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.ControlService/RevokeBootstrapToken',
+            gearshift_dot_v1_dot_enrol__pb2.RevokeBootstrapTokenRequest.SerializeToString,
+            gearshift_dot_v1_dot_enrol__pb2.BootstrapToken.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEnrolments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.ControlService/ListEnrolments',
+            gearshift_dot_v1_dot_enrol__pb2.ListEnrolmentsRequest.SerializeToString,
+            gearshift_dot_v1_dot_enrol__pb2.ListEnrolmentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ApproveHost(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.ControlService/ApproveHost',
+            gearshift_dot_v1_dot_enrol__pb2.HostActionRequest.SerializeToString,
+            gearshift_dot_v1_dot_enrol__pb2.HostEnrolment.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeHost(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.ControlService/RevokeHost',
+            gearshift_dot_v1_dot_enrol__pb2.HostActionRequest.SerializeToString,
+            gearshift_dot_v1_dot_enrol__pb2.HostEnrolment.FromString,
             options,
             channel_credentials,
             insecure,

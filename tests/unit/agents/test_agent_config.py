@@ -14,8 +14,11 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def test_shipped_example_loads() -> None:
-    cfg = load_agent_config(REPO / "deploy" / "examples" / "agent.yaml")
-    assert cfg.host_id == "gpu-node-01"
+    # The systemd unit gives the CA ($GEARSHIFT_TLS_CA): the agent enrols.
+    cfg = load_agent_config(REPO / "deploy" / "examples" / "agent.yaml",
+                            defaults={"tls": {"ca": "/run/credentials/ca.pem"}})
+    assert cfg.host_id == "gpu-node-01" and cfg.enrols
+    assert cfg.enrol_controller == "controller.internal:50052"
     assert cfg.engine("tensorrt-llm").executable == ["trtllm-serve"]
     assert cfg.deployments[0].gpu_indices == [0, 1, 2, 3]
 
@@ -89,3 +92,34 @@ def test_emulated_gpus_need_their_block(tmp_path: Path) -> None:
     assert "gpus: source 'emulated' needs an 'emulated' block" in message
     f.write_text("gpus: {source: emulated, emulated: {count: 2}}\n")
     assert load_agent_config(f).gpus.emulated is not None
+
+
+@pytest.mark.parametrize(("data", "needle"), [
+    ({"tls": {"ca": "ca.pem"}}, "give enrol_controller"),
+    ({"enrol_controller": "c:50052"}, "enrol_controller needs tls with a CA"),
+    ({"tls": {"ca": "ca.pem", "cert": "a.pem", "key": "a-key.pem"},
+      "enrol_controller": "c:50052"}, "a pre-made certificate needs no enrolment"),
+    ({"tls": {"ca": "ca.pem", "cert": "a.pem"}}, "give both cert and key"),
+    ({"tls": {"ca": "ca.pem"}, "enrol_controller": "nohost"}, "HOST:PORT"),
+])
+def test_enrolment_settings_are_checked(data: dict, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        parse_agent_config(data)
+
+
+def test_bootstrap_token_sources(tmp_path: Path) -> None:
+    from gearshift.agents.enrolment import load_bootstrap_token
+
+    token = tmp_path / "t"
+    token.write_text("0a1b2c3d.secret\n")
+    assert load_bootstrap_token(token, {}) == "0a1b2c3d.secret"
+    assert load_bootstrap_token(None, {"GEARSHIFT_BOOTSTRAP_TOKEN_FILE": str(token)}) \
+        == "0a1b2c3d.secret"
+    assert load_bootstrap_token(None, {"GEARSHIFT_BOOTSTRAP_TOKEN": "x.y"}) == "x.y"
+    with pytest.raises(ConfigError, match="no valid certificate and no bootstrap token"):
+        load_bootstrap_token(None, {})
+    token.write_text("none\n")  # the systemd unit's default once the file is gone
+    with pytest.raises(ConfigError, match="says 'none' and this host has no valid certificate"):
+        load_bootstrap_token(token, {})
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_bootstrap_token(tmp_path / "missing", {})

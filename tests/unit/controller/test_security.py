@@ -126,7 +126,10 @@ def test_every_control_method_has_a_role_and_connect_is_exempt() -> None:
     admin = {m for m, r in METHOD_ROLES.items() if r == Role.ADMIN}
     assert admin == {CONTROL + m for m in ("ApplyPolicy", "ApproveDecision", "RejectDecision",
                                            "EvaluateNow", "SetPaused", "AbortMigration",
-                                           "PublishRevision")}
+                                           "PublishRevision", "CreateBootstrapToken",
+                                           "ListBootstrapTokens", "RevokeBootstrapToken",
+                                           "ApproveHost", "RevokeHost")}
+    assert METHOD_ROLES[CONTROL + "ListEnrolments"] == Role.READ
     connect = agent_pb2.DESCRIPTOR.services_by_name["AgentService"].methods_by_name["Connect"]
     assert METHOD_ROLES["/gearshift.v1.AgentService/" + connect.name] is None
 

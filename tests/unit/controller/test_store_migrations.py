@@ -20,7 +20,7 @@ from gearshift.controller.tables import HostRow
 from .conftest import PG_URL_TEMPLATE, pg_reset
 
 TABLES = {"hosts", "deployments", "rollups", "command_log", "policy_versions", "settings",
-          "decisions", "revisions"}
+          "decisions", "revisions", "bootstrap_tokens", "host_enrolments"}
 
 
 def _head() -> str:
