@@ -11,6 +11,7 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 output_option = click.option(
     "-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True,
@@ -36,7 +37,9 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]
     for c in columns:
         table.add_column(c, overflow="fold")
     for r in rows:
-        table.add_row(*("" if v is None else str(v) for v in r))
+        # Cells are data (agents' host ids and labels, engine labels such as "vllm 0.40.0
+        # [as 0.18: ...]"), never console markup: a "[...]" in them is shown as written.
+        table.add_row(*(Text("" if v is None else str(v)) for v in r))
     Console(width=width).print(table)
 
 

@@ -61,6 +61,13 @@ def _written_numbers(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in found.group(1).split("."))
 
 
+# Where an agent read an engine's version ("" = nowhere: the version is unknown).
+VERSION_SOURCES = ("config", "metadata", "probe")
+# A version string as engines and packages write them ("0.11.2", "1.2.0rc4",
+# "0.10.1.dev12+g1234.cu128"): what the version table can compare and a table can show.
+VERSION_TEXT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+_-]{0,63}")  # use with fullmatch
+
+
 class VersionMatch(StrEnum):
     """How an engine's version relates to its version table."""
 

@@ -28,7 +28,7 @@ class Phase(StrEnum):
     READY = "ready"            # health endpoint answers 200
     UNHEALTHY = "unhealthy"    # health endpoint failing while the process runs
     RESTARTING = "restarting"  # crashed; waiting for the next restart (backoff)
-    DRAINING = "draining"      # SIGTERM sent; finishing in-flight requests
+    DRAINING = "draining"      # finishing in-flight requests (SIGTERM sent, or held until none)
     STOPPED = "stopped"        # stopped on purpose; no process left
     FAILED = "failed"          # gave up restarting (or could not start at all)
     BUILDING = "building"      # engine build in progress

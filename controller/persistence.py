@@ -40,6 +40,13 @@ HELLO_ONLY_RETENTION_S = 600.0
 HOST_RETENTION_S = 7 * 86400.0
 
 
+def _version_match(value: int) -> str:
+    """"known", "nearest", "unknown" ("" when the agent did not say: before version tables)."""
+    if value == agent_pb2.VERSION_MATCH_UNSPECIFIED:
+        return ""
+    return enum_label(agent_pb2.VersionMatch, "VERSION_MATCH_", value)
+
+
 def _dt(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, UTC)
 
@@ -96,7 +103,9 @@ class Persistence:
             "host_id": h.host_id, "labels": dict(h.labels), "agent_version": h.agent_version,
             "gpus": [{"index": g.index, "uuid": g.uuid, "model": g.model,
                       "memory_total_bytes": g.memory_total_bytes} for g in entry.gpus],
-            "engines": [{"engine": e.engine, "version": e.version, "executable": e.executable}
+            "engines": [{"engine": e.engine, "version": e.version, "executable": e.executable,
+                         "release": e.release, "version_match": _version_match(e.version_match),
+                         "version_source": e.version_source}
                         for e in h.engines],
             "last_seen": _dt(entry.last_report_ts),
             "last_report_seq": entry.last_seq or None,

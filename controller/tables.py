@@ -101,7 +101,10 @@ class HostRow(SQLModel, table=True):
     agent_version: str = ""
     # list of {"index": int, "uuid": str, "model": str, "memory_total_bytes": int}
     gpus: list[dict[str, Any]] = _json(list)
-    # list of {"engine": str, "version": str, "executable": str}
+    # list of {"engine": str, "version": str, "executable": str, "release": str (the
+    # version-table row it runs with), "version_match": "known" | "nearest" | "unknown" | ""
+    # (not said), "version_source": "config" | "metadata" | "probe" | ""}; rows written
+    # before version tables lack the last three keys (a JSON column: no migration)
     engines: list[dict[str, Any]] = _json(list)
     first_seen: datetime = _ts()
     last_seen: datetime = _ts()

@@ -7,11 +7,13 @@ agent's log says exactly what was wrong.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import math
 import re
 from urllib.parse import urlsplit
 
+from gearshift.common.engine_versions import VERSION_SOURCES, VERSION_TEXT_RE
 from gearshift.common.engines import ENGINE_NAMES
 from gearshift.common.errors import FailedPrecondition, InvalidArgument
 from gearshift.v1 import agent_pb2
@@ -36,6 +38,9 @@ MAX_ENDPOINT_LEN = 512
 MAX_TOKENS_PER_REQUEST = 100_000_000.0  # far above any context length
 MAX_KV_BLOCKS = 2.0**40
 SLEEP_STATES = frozenset(agent_pb2.EngineSleepState.values())
+VERSION_MATCHES = frozenset(agent_pb2.VersionMatch.values())
+MAX_EXECUTABLE_LEN = 4096
+_CONTROL_CHARS_RE = re.compile(r"[\x00-\x1f\x7f]")
 _OPTIONAL_SIGNALS = ("preemptions_per_s", "prefix_cache_hit_rate", "mean_prompt_tokens",
                      "mean_generation_tokens")
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -61,11 +66,41 @@ def check_hello(hello: agent_pb2.Hello) -> None:
         raise InvalidArgument(f"hello.gpus: at most {MAX_GPUS_PER_HOST}, found {len(hello.gpus)}")
     for i, g in enumerate(hello.gpus):
         _check_gpu(f"hello.gpus[{i}]", g)
+    seen: dict[str, int] = {}
     for i, eng in enumerate(hello.engines):
+        p = f"hello.engines[{i}]"
         if eng.engine not in KNOWN_ENGINES:
             raise InvalidArgument(
-                f"hello.engines[{i}].engine: expected one of {', '.join(KNOWN_ENGINES)}, "
-                f"found {eng.engine!r}")
+                f"{p}.engine: expected one of {', '.join(KNOWN_ENGINES)}, found {eng.engine!r}")
+        first = seen.setdefault(eng.engine, i)
+        if first != i:
+            raise InvalidArgument(f"{p}.engine: {eng.engine!r} again (first at engines[{first}]); "
+                                  f"one entry per engine")
+        check_version_text(f"{p}.version", eng.version)
+        check_version_text(f"{p}.release", eng.release)
+        check_version_match(f"{p}.version_match", eng.version_match)
+        if eng.version_source and eng.version_source not in VERSION_SOURCES:
+            raise InvalidArgument(f"{p}.version_source: expected one of "
+                                  f"{', '.join(VERSION_SOURCES)} or empty, "
+                                  f"found {eng.version_source[:80]!r}")
+        if len(eng.executable) > MAX_EXECUTABLE_LEN or _CONTROL_CHARS_RE.search(eng.executable):
+            raise InvalidArgument(f"{p}.executable: expected up to {MAX_EXECUTABLE_LEN} "
+                                  f"characters without control characters, "
+                                  f"found {eng.executable[:80]!r}")
+
+
+def check_version_text(path: str, value: str) -> None:
+    """An engine version or version-table row: empty (not known) or 1-64 letters, digits,
+    '.', '+', '_' or '-' starting with a letter or digit."""
+    if value and not VERSION_TEXT_RE.fullmatch(value):
+        raise InvalidArgument(f"{path}: expected a version of 1-64 letters, digits, '.', '+', "
+                              f"'_' or '-' (or empty), found {value[:80]!r}")
+
+
+def check_version_match(path: str, value: int) -> None:
+    if value not in VERSION_MATCHES:
+        raise InvalidArgument(f"{path}: expected one of {', '.join(agent_pb2.VersionMatch.keys())}, "
+                              f"found {value}")
 
 
 def _finite_nonneg(path: str, value: float, high: float = math.inf) -> None:
@@ -95,7 +130,9 @@ def _looks_valid(d: agent_pb2.DeploymentReport) -> bool:
 
     Every figure is read once (a protobuf field read costs as much as the comparison)
     and checked with chained comparisons, which NaN and the infinities all fail."""
-    if not (d.deployment_id and d.model and d.engine in KNOWN_ENGINES):
+    if not (d.deployment_id and d.model and d.engine in KNOWN_ENGINES
+            and d.engine_version_match in VERSION_MATCHES
+            and _version_texts_ok(d.engine_version, d.engine_release)):
         return False
     gpus = max(1, d.tensor_parallel_size, len(d.gpu_indices))
     prompt, generation = d.prompt_tokens_per_s, d.generation_tokens_per_s
@@ -112,6 +149,13 @@ def _looks_valid(d: agent_pb2.DeploymentReport) -> bool:
             and 0 <= i.p50_s <= hi and 0 <= i.p99_s <= hi and 0 <= i.mean_s <= hi
             and 0 <= e.p50_s <= hi and 0 <= e.p99_s <= hi and 0 <= e.mean_s <= hi
             and _sla_signals_look_valid(d, gpus))
+
+
+@functools.lru_cache(maxsize=1024)
+def _version_texts_ok(version: str, release: str) -> bool:
+    """Cached: a fleet reports few distinct versions, each in every report."""
+    return ((not version or VERSION_TEXT_RE.fullmatch(version) is not None)
+            and (not release or VERSION_TEXT_RE.fullmatch(release) is not None))
 
 
 def _sla_signals_look_valid(d: agent_pb2.DeploymentReport, gpus: int) -> bool:
@@ -254,6 +298,9 @@ def check_report(report: agent_pb2.Report, host_id: str = "",
                 f"{p}.engine: expected one of {', '.join(KNOWN_ENGINES)}, found {d.engine!r}")
         if not d.model:
             raise InvalidArgument(f"{p}.model: expected a model name, found ''")
+        check_version_text(f"{p}.engine_version", d.engine_version)
+        check_version_text(f"{p}.engine_release", d.engine_release)
+        check_version_match(f"{p}.engine_version_match", d.engine_version_match)
         gpus = _gpus_of(d)
         per_gpu = f" ({gpus} GPU{'s' if gpus > 1 else ''})"
         _finite_nonneg(f"{p}.request_rate{per_gpu}", d.request_rate,

@@ -39,7 +39,9 @@ from gearshift.agents.runtimes.base import (
     LaunchPlan,
     classify_health,
     endpoints_for,
+    release_or_newest,
 )
+from gearshift.agents.runtimes.drain import aborts_on_sigterm, exit_reserve_s, wait_until_idle
 from gearshift.agents.runtimes.engine_state import EngineRecord, EngineStateDir, process_start_time
 from gearshift.common.engine_versions import EngineRelease
 from gearshift.common.engines import engine_entry
@@ -240,7 +242,9 @@ class EngineSupervisor:
         return True
 
     async def drain(self, grace_s: float) -> None:
-        """SIGTERM (the engine finishes in-flight requests), SIGKILL after `grace_s`."""
+        """SIGTERM (the engine finishes in-flight requests), SIGKILL after `grace_s`. On
+        a release that aborts them on SIGTERM, SIGTERM waits until none is in flight
+        (`gearshift.agents.runtimes.drain`)."""
         await self._terminate(grace_s, draining=True)
 
     async def stop(self, grace_s: float = DEFAULT_STOP_GRACE_S) -> None:
@@ -394,6 +398,40 @@ class EngineSupervisor:
         await self._spawn_safely()
         return self._proc is not None and self._phase is not Phase.FAILED
 
+    async def _drain_before_sigterm(self, grace_s: float, waiter: asyncio.Future[int]
+                                    ) -> tuple[float, str]:
+        """Mark the deployment draining; on a release that aborts in-flight requests on
+        SIGTERM (`drain.aborts_on_sigterm`), first wait until the engine's metrics show
+        none in flight (or the grace but the exit reserve has passed). Returns the grace
+        left for the engine to exit after SIGTERM, and a note for the final message when
+        requests were still in flight."""
+        release = release_or_newest(self.spec.engine, self.release)
+        if not aborts_on_sigterm(release, self.spec.shutdown_timeout_s):
+            self._set(Phase.DRAINING, f"SIGTERM sent; draining for up to {grace_s:g} s")
+            return grace_s, ""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        budget_s = grace_s - exit_reserve_s(grace_s)
+        waiting = (f"waiting up to {budget_s:g} s for in-flight requests before SIGTERM "
+                   f"({self.spec.engine} {release.label} aborts in-flight requests on SIGTERM)")
+        self._set(Phase.DRAINING, waiting)
+
+        def seen(count: float | None) -> None:
+            shown = "unknown (metrics unreadable)" if count is None else f"{count:g}"
+            self._message = f"{waiting}; in flight: {shown}"
+
+        result = await wait_until_idle(self.endpoints, release, budget_s,
+                                       exited=waiter.done, on_count=seen)
+        left_s = max(0.0, grace_s - (loop.time() - started))
+        if result.drained:
+            self._message = f"no request in flight; SIGTERM sent; exiting within {left_s:g} s"
+            return left_s, ""
+        shown = "an unknown number of" if result.in_flight is None else f"{result.in_flight:g}"
+        note = f"; SIGTERM with {shown} request(s) still in flight after {budget_s:g} s"
+        self._message = note.removeprefix("; ")
+        log.warning("%s: %s", self.spec.deployment_id, self._message)
+        return left_s, note
+
     def _kill_group(self) -> None:
         proc = self._proc
         if proc is None:
@@ -417,17 +455,18 @@ class EngineSupervisor:
                     self._set(Phase.STOPPED, "stopped (no process)")
                 return
             if proc.returncode is None and not waiter.done():
+                term_grace_s, drain_note = grace_s, ""
                 if draining:
-                    self._set(Phase.DRAINING, f"SIGTERM sent; draining for up to {grace_s:g} s")
+                    term_grace_s, drain_note = await self._drain_before_sigterm(grace_s, waiter)
                 with contextlib.suppress(ProcessLookupError):
                     proc.send_signal(signal.SIGTERM)
-                done, _ = await asyncio.wait({waiter}, timeout=max(0.0, grace_s))
+                done, _ = await asyncio.wait({waiter}, timeout=max(0.0, term_grace_s))
                 killed = not done
             else:
-                killed = False
+                killed, drain_note = False, ""
             self._kill_group()
             code = await waiter
-            note = f"; killed after {grace_s:g} s grace" if killed else ""
+            note = drain_note + (f"; killed after {grace_s:g} s grace" if killed else "")
             self._set(Phase.STOPPED, f"engine exited with code {code}{note}")
         finally:
             # Also on cancellation: never leave the engine behind.

@@ -3,16 +3,34 @@
 from __future__ import annotations
 
 import json
+import stat
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from gearshift.devfleet.load import LoadGenerator, Target
 from gearshift.devfleet.local_fleet import LocalFleet
 from gearshift.devfleet.waiting import wait_for
 
-__all__ = ["FAST_ENGINE_ENV", "gateway_load", "gearshift", "gearshift_json", "steady_load",
-           "wait_for"]  # wait_for lives with the development fleet; tests import it from here
+__all__ = ["FAST_ENGINE_ENV", "engine_prefix", "gateway_load", "gearshift", "gearshift_json",
+           "steady_load", "wait_for"]  # wait_for lives with the development fleet; tests import it from here
+
+
+def engine_prefix(root: Path, *, dist: str | None, version: str = "") -> Path:
+    """A venv-shaped prefix whose python3 runs this interpreter; with `dist`, that
+    package's METADATA sits in its site-packages (as `pip install` leaves it), so an
+    agent reads the engine's version there as it does on a GPU host."""
+    bindir = root / "bin"
+    bindir.mkdir(parents=True)
+    python = bindir / "python3"
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    if dist:
+        info = root / "lib" / "python3.12" / "site-packages" / f"{dist}-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    return python
 
 
 FAST_ENGINE_ENV = {

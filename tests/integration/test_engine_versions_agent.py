@@ -12,38 +12,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import stat
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
+import yaml
 
 from gearshift.agents.config import AgentConfig
 from gearshift.agents.daemon import Agent
+from gearshift.common.engine_versions import version_table
 from gearshift.common.errors import InvalidArgument
 from gearshift.common.spec import DeploymentSpec, Phase
+from gearshift.controller.store import Store, default_sqlite_url
+from gearshift.devfleet.local_fleet import LocalFleet, gearshift_cmd, spawn
 from gearshift.v1 import agent_pb2
+from integration.helpers import FAST_ENGINE_ENV, engine_prefix, gearshift, gearshift_json, wait_for
 
 WAIT_S = 60.0
 FAST = {"GEARSHIFT_EMULATOR_LOAD_S": "0.1", "GEARSHIFT_EMULATOR_TTFT_BASE_S": "0.002",
         "GEARSHIFT_EMULATOR_ITL_S": "0.002"}
-
-
-def engine_prefix(root: Path, *, dist: str | None, version: str = "") -> Path:
-    """A venv-shaped prefix whose python3 runs this interpreter; with `dist`, that
-    package's METADATA sits in its site-packages (as `pip install` leaves it)."""
-    bindir = root / "bin"
-    bindir.mkdir(parents=True)
-    python = bindir / "python3"
-    python.write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
-    python.chmod(python.stat().st_mode | stat.S_IXUSR)
-    if dist:
-        info = root / "lib" / "python3.12" / "site-packages" / f"{dist}-{version}.dist-info"
-        info.mkdir(parents=True)
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
-    return python
 
 
 def agent_config(tmp_path: Path, python: Path, emulated: str, **deployment: object
@@ -137,3 +125,62 @@ async def test_pinned_version_mismatch_is_refused_before_anything_starts(tmp_pat
             "pins tensorrt-llm 1.2, this host has tensorrt-llm 1.1.0")):
         await agent.start_deployment(spec)
     assert "t2" not in agent.supervisors
+
+
+def column_text(table: str, header: str) -> str:
+    """The text of one column of a table the CLI printed, its folded lines joined without
+    spaces (a cell wraps at spaces and folds long words)."""
+    heads = [line.split("┃") for line in table.splitlines() if line.startswith("┃")]
+    names = ["".join(parts).replace(" ", "") for parts in zip(*heads, strict=True)]
+    at = names.index(header.replace(" ", ""))
+    body = [line.split("│") for line in table.splitlines() if line.startswith("│")]
+    return "".join(cells[at] for cells in body).replace(" ", "")
+
+
+def test_a_release_outside_the_table_is_flagged_by_fleet_hosts_and_deployments(
+        fleet: LocalFleet, tmp_path: Path) -> None:
+    """A live controller and agent as processes, the CLI as a person runs it: vLLM 0.40.0
+    (newer than the table), read from its METADATA, runs as the newest row and every view
+    says so; the controller's stored host row keeps the row and the match."""
+    python = engine_prefix(tmp_path / "venv", dist="vllm", version="0.40.0")
+    fleet.start_controller()
+    path = fleet.agent_config("host-new", [{"deployment_id": "v40", "model": "m1",
+                                            "engine": "vllm", "source": "org/m1"}],
+                              FAST_ENGINE_ENV)
+    config = yaml.safe_load(path.read_text())
+    config["engines"]["vllm"] = {
+        "executable": [str(python), "-m", "gearshift.agents.emulator", "--flavor", "vllm",
+                       "--engine-version", "0.40.0", "--"],
+        "env": FAST_ENGINE_ENV["vllm"]}  # no version: the agent reads the METADATA
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    fleet.procs["host-new"] = spawn("host-new", gearshift_cmd("agent", "--config", str(path)),
+                                    fleet.workdir)
+    newest = version_table("vllm").rows[-1].label
+
+    def ready() -> dict | None:
+        deps = gearshift_json(fleet, "fleet", "deployments")
+        return deps[0] if deps and deps[0]["report"]["phase"] == "DEPLOYMENT_PHASE_READY" \
+            else None
+
+    dep = wait_for(ready, 60, "the 0.40.0 deployment ready")["report"]
+    assert (dep["engine_version"], dep["engine_release"], dep["engine_version_match"]) == (
+        "0.40.0", newest, "VERSION_MATCH_NEAREST")
+    flag = f"vllm 0.40.0 [as {newest}: outside the version table]"
+    (host,) = gearshift_json(fleet, "fleet", "hosts")
+    (vllm,) = [e for e in host["engines"] if e["engine"] == "vllm"]
+    assert (vllm["version"], vllm["release"], vllm["version_match"], vllm["version_source"]) \
+        == ("0.40.0", newest, "VERSION_MATCH_NEAREST", "metadata")
+    for command in (("fleet", "hosts"), ("fleet", "deployments"),
+                    ("fleet", "deployments", "-o", "wide")):
+        out = gearshift(fleet, *command).stdout
+        cell = column_text(out, "engines" if command[1] == "hosts" else "engine")
+        assert flag.replace(" ", "") in cell, (command, out)
+
+    def stored() -> list | None:
+        row = Store.open(default_sqlite_url(fleet.workdir / "data")).get_host("host-new")
+        return row.engines if row is not None else None
+
+    engines = wait_for(stored, 30, "the host row written")
+    assert {"engine": "vllm", "version": "0.40.0", "release": newest,
+            "version_match": "nearest", "version_source": "metadata"}.items() <= \
+        next(e for e in engines if e["engine"] == "vllm").items()

@@ -105,6 +105,9 @@ async def test_an_unknown_phase_is_shown_as_unknown_and_upkeep_goes_on(
     ({"endpoint": "http://user:pw@127.0.0.1:8000"}, "no credentials"),
     ({"endpoint": "http://127.0.0.1:8000/x?y"}, "no path"),
     ({"endpoint": "http://127.0.0.1:99999"}, "endpoint"),
+    ({"engine_version": "0.11\x1b[2J"}, "engine_version: expected a version"),
+    ({"engine_release": "r" * 10_000}, "engine_release: expected a version"),
+    ({"engine_version_match": 42}, "engine_version_match: expected one of VERSION_MATCH_"),
 ])
 async def test_implausible_deployment_fields_are_refused(controller: Controller,
                                                          fields: dict[str, object],
@@ -131,6 +134,29 @@ async def test_an_implausible_interval_is_refused(controller: Controller,
     msg = report(1)
     msg.report.interval_s = interval_s
     assert "report.interval_s" in await refused(controller, msg)
+
+
+@pytest.mark.parametrize(("engine", "where"), [
+    ({"release": "0.18\n"}, "hello.engines[0].release: expected a version"),
+    ({"version": "v" * 100_000}, "hello.engines[0].version: expected a version"),
+    ({"version_match": 42}, "hello.engines[0].version_match: expected one of VERSION_MATCH_"),
+    ({"version_source": "<script>"}, "hello.engines[0].version_source: expected one of"),
+])
+async def test_a_hello_with_hostile_engine_fields_is_refused_and_changes_nothing(
+        controller: Controller, engine: dict[str, object], where: str) -> None:
+    msg = hello("hostile-hello")
+    fields = {"engine": "vllm", "version": "0.11.0", "release": "0.10.2",
+              "version_match": agent_pb2.VERSION_MATCH_KNOWN, "version_source": "metadata",
+              **engine}
+    msg.hello.engines.add(**fields)  # type: ignore[arg-type]
+    channel = aio.insecure_channel(f"127.0.0.1:{controller.port}")
+    async with channel:
+        call = agent_pb2_grpc.AgentServiceStub(channel).Connect()
+        await call.write(msg)
+        code, details = await status_of(call)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+    assert details.startswith(where) and len(details) < 400, details
+    assert "hostile-hello" not in controller.fleet.hosts
 
 
 async def test_duplicate_deployment_ids_are_refused(controller: Controller) -> None:

@@ -16,6 +16,7 @@ import pytest
 
 from gearshift.agents.runtimes.base import get_runtime
 from gearshift.agents.runtimes.supervisor import EngineSupervisor
+from gearshift.common.engine_versions import release_for
 from gearshift.common.errors import FailedPrecondition
 from gearshift.common.spec import DeploymentSpec, Phase
 
@@ -39,10 +40,11 @@ async def supervised(tmp_path: Path, *, engine: str = "vllm", env: dict[str, str
     spec_fields = {"deployment_id": "d1", "model": "m1", "engine": engine}
     spec_fields.update(kwargs.pop("spec", {}))
     spec = DeploymentSpec(**spec_fields)
-    options = {"health_interval_s": 0.05, "restart_backoff_s": (0.05, 0.2)}
+    options = {"health_interval_s": 0.05, "restart_backoff_s": (0.05, 0.2),
+               "executable": emulator(engine)}
     options.update(kwargs)
-    sup = EngineSupervisor(spec, get_runtime(engine), executable=emulator(engine),
-                           env=env if env is not None else fast_env(), workdir=tmp_path, **options)
+    sup = EngineSupervisor(spec, get_runtime(engine), env=env if env is not None else fast_env(),
+                           workdir=tmp_path, **options)
     try:
         yield sup
     finally:
@@ -239,3 +241,92 @@ async def test_trtllm_engine_through_the_emulator(tmp_path):
                     break
                 await asyncio.sleep(0.02)
         assert sum(s["numCompletedRequests"] for s in stats) == 1
+
+
+# --- a release without --shutdown-timeout (vLLM before 0.18) ------------------------------
+
+OLD_VLLM = "0.11.0"
+
+
+def old_vllm() -> list[str]:
+    """The emulator as vLLM 0.11.0: it refuses --shutdown-timeout, as that release's
+    parser does, and aborts in-flight requests on SIGTERM, as its launcher does."""
+    return [sys.executable, "-m", "gearshift.agents.emulator", "--flavor", "vllm",
+            "--engine-version", OLD_VLLM, "--"]
+
+
+async def stream(http: aiohttp.ClientSession, sup: EngineSupervisor, tokens: int,
+                 started: asyncio.Event) -> list[str]:
+    """One streamed completion; its events, or the error that cut it."""
+    body = {"model": "m1", "prompt": "x", "max_tokens": tokens, "stream": True}
+    async with http.post(f"{sup.endpoint}/v1/completions", json=body) as resp:
+        first = await resp.content.readline()
+        started.set()
+        rest = await resp.read()
+    return [e for e in (first + rest).decode().split("\n\n") if e]
+
+
+def complete(events: list[str] | BaseException, tokens: int) -> bool:
+    return isinstance(events, list) and events[-1] == "data: [DONE]" and len(events) == tokens + 1
+
+
+@asynccontextmanager
+async def old_vllm_ready(tmp_path: Path) -> AsyncIterator[EngineSupervisor]:
+    release = release_for("vllm", OLD_VLLM)
+    assert not release.row.flags.drain_timeout  # the table: no drain flag on this release
+    async with supervised(tmp_path, spec={"shutdown_timeout_s": 20.0}, release=release.row,
+                          executable=old_vllm(),
+                          env=fast_env(GEARSHIFT_EMULATOR_ITL_S="0.005")) as sup:
+        await sup.start()
+        assert await sup.wait_ready(READY_TIMEOUT_S), sup.last_message
+        assert "--shutdown-timeout" not in sup.log_path.read_text()
+        yield sup
+
+
+async def in_flight(sup: EngineSupervisor, n: int, tokens: int
+                    ) -> tuple[aiohttp.ClientSession, asyncio.Future]:
+    http = aiohttp.ClientSession()
+    events = [asyncio.Event() for _ in range(n)]
+    streams = asyncio.gather(*(stream(http, sup, tokens, e) for e in events),
+                             return_exceptions=True)
+    await asyncio.gather(*(e.wait() for e in events))  # every stream has begun
+    return http, streams
+
+
+async def test_drain_on_a_release_without_shutdown_timeout_lets_in_flight_requests_finish(
+        tmp_path):
+    async with old_vllm_ready(tmp_path) as sup:
+        pid = sup.pid
+        http, streams = await in_flight(sup, 6, tokens=300)
+        async with http:
+            drain = asyncio.create_task(sup.drain(grace_s=60.0))
+            while sup.phase is not Phase.DRAINING:
+                await asyncio.sleep(0.01)
+            assert "aborts in-flight requests on SIGTERM" in sup.last_message
+            results = await streams
+            await drain
+        assert sup.phase is Phase.STOPPED
+        assert sup.last_message == "engine exited with code 0"  # nothing cut short or killed
+    assert sum(not complete(r, 300) for r in results) == 0, results  # 0 failed
+    assert pid is not None and gone(pid)
+
+
+async def test_without_the_wait_that_release_aborts_in_flight_requests(tmp_path):
+    """The control: `stop` sends SIGTERM at once, and vLLM 0.11 cuts the streams."""
+    async with old_vllm_ready(tmp_path) as sup:
+        http, streams = await in_flight(sup, 3, tokens=300)
+        async with http:
+            await sup.stop(grace_s=10.0)
+            results = await streams
+    assert sum(not complete(r, 300) for r in results) == 3
+
+
+async def test_drain_of_that_release_stops_it_when_the_grace_runs_out(tmp_path):
+    async with old_vllm_ready(tmp_path) as sup:
+        http, streams = await in_flight(sup, 1, tokens=100_000)  # ~8 minutes of tokens
+        async with http:
+            await sup.drain(grace_s=2.0)
+            (result,) = await streams
+        assert sup.phase is Phase.STOPPED
+        assert "; SIGTERM with 1 request(s) still in flight after 1.5 s" in sup.last_message
+    assert not complete(result, 100_000)

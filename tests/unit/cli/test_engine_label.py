@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gearshift.cli.fleet import engine_label
+from gearshift.cli.output import print_table
 from gearshift.v1 import agent_pb2
 
 
@@ -15,3 +16,12 @@ def test_known_versions_read_plainly_and_others_name_the_row_they_run_with():
         == "vllm 0.40.0 [as 0.18: outside the version table]"
     assert engine_label("sglang", "", "0.5", agent_pb2.VERSION_MATCH_UNKNOWN) \
         == "sglang ? [as 0.5: version unknown]"
+
+
+def test_the_table_shows_the_label_as_written_not_as_console_markup(capsys):
+    label = engine_label("vllm", "0.40.0", "0.18", agent_pb2.VERSION_MATCH_NEAREST)
+    print_table("hosts", ["host", "engines", "labels"],
+                [("h1", label, "zone=[bold]z1[/bold]")], width=400)
+    out = capsys.readouterr().out
+    assert "vllm 0.40.0 [as 0.18: outside the version table]" in out
+    assert "zone=[bold]z1[/bold]" in out  # an agent's label is data too

@@ -32,7 +32,9 @@ def _connect(fleet: FleetState, host: str) -> HostEntry:
     hello = agent_pb2.Hello(host_id=host, agent_version="1.2", labels={"zone": "z1"},
                             protocol_version=agent_pb2.PROTOCOL_VERSION_1)
     hello.gpus.add(index=0, uuid="GPU-0", model="NVIDIA H100", memory_total_bytes=80 << 30)
-    hello.engines.add(engine="vllm", version="0.11.0", executable="vllm")
+    hello.engines.add(engine="vllm", version="0.40.0", executable="vllm", release="0.18",
+                      version_match=agent_pb2.VERSION_MATCH_NEAREST, version_source="metadata")
+    hello.engines.add(engine="sglang", executable="sglang")  # an agent before version tables
     return fleet.hello(hello, 10.0)
 
 
@@ -54,7 +56,11 @@ def test_hello_writes_the_host(persistence: Persistence, open_store: Callable[[]
     assert (host.agent_version, host.labels, host.last_seen.timestamp()) == ("1.2", {"zone": "z1"}, T0)
     assert host.gpus == [{"index": 0, "uuid": "GPU-0", "model": "NVIDIA H100",
                           "memory_total_bytes": 80 << 30}]
-    assert host.engines == [{"engine": "vllm", "version": "0.11.0", "executable": "vllm"}]
+    assert host.engines == [
+        {"engine": "vllm", "version": "0.40.0", "executable": "vllm", "release": "0.18",
+         "version_match": "nearest", "version_source": "metadata"},
+        {"engine": "sglang", "version": "", "executable": "sglang", "release": "",
+         "version_match": "", "version_source": ""}]
 
 
 def test_deployments_and_revisions_are_written_when_they_change_only(

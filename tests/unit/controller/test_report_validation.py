@@ -13,6 +13,7 @@ from gearshift.controller.validation import (
     MAX_REQUEST_RATE_PER_GPU,
     MAX_REQUESTS_IN_FLIGHT_PER_GPU,
     MAX_TOKENS_PER_S_PER_GPU,
+    check_hello,
     check_report,
 )
 from gearshift.v1 import agent_pb2
@@ -76,3 +77,79 @@ def test_figures_that_share_a_bound_are_refused_together() -> None:
     half = MAX_REQUESTS_IN_FLIGHT_PER_GPU * 2 / 2
     with pytest.raises(InvalidArgument, match="running and waiting requests together"):
         check_report(report(running_requests=half, waiting_requests=half + 1))
+
+
+# --- engine versions (Hello's EngineInstall, report fields 3, 27, 28) ---------------------
+
+BAD_VERSIONS = ["x" * 65, "0.11 ; rm -rf", "-0.11", "0.11\n", "vllm\x00", ".11", "0.11/../x"]
+
+
+@pytest.mark.parametrize("version", ["", "0.11.2", "1.2.0rc4", "0.10.1.dev12+g1234.cu128",
+                                     "v1.0", "9" * 64])
+def test_report_version_strings_that_engines_write_pass(version: str) -> None:
+    check_report(report(engine_version=version, engine_release=version[:8]))
+
+
+@pytest.mark.parametrize("field", ["engine_version", "engine_release"])
+@pytest.mark.parametrize("bad", BAD_VERSIONS)
+def test_report_bad_version_strings_are_refused_naming_the_field(field: str, bad: str) -> None:
+    with pytest.raises(InvalidArgument) as err:
+        check_report(report(**{field: bad}))
+    assert err.value.message.startswith(f"report.deployments[0].{field}: expected a version")
+    assert repr(bad[:80]) in err.value.message
+
+
+@pytest.mark.parametrize("match", [agent_pb2.VERSION_MATCH_UNSPECIFIED, agent_pb2.VERSION_MATCH_KNOWN,
+                                   agent_pb2.VERSION_MATCH_NEAREST, agent_pb2.VERSION_MATCH_UNKNOWN])
+def test_report_each_version_match_passes(match: int) -> None:
+    check_report(report(engine_version_match=match))
+
+
+def test_report_unknown_version_match_is_refused_naming_it() -> None:
+    with pytest.raises(InvalidArgument) as err:
+        check_report(report(engine_version_match=7))
+    assert err.value.message == (
+        "report.deployments[0].engine_version_match: expected one of VERSION_MATCH_UNSPECIFIED, "
+        "VERSION_MATCH_KNOWN, VERSION_MATCH_NEAREST, VERSION_MATCH_UNKNOWN, found 7")
+
+
+def hello(**engine: object) -> agent_pb2.Hello:
+    h = agent_pb2.Hello(host_id="h1", protocol_version=agent_pb2.PROTOCOL_VERSION_1)
+    h.engines.add(engine="vllm", version="0.40.0", executable="/opt/vllm/bin/vllm",
+                  release="0.18", version_match=agent_pb2.VERSION_MATCH_NEAREST,
+                  version_source="metadata")
+    h.engines.add(engine="sglang")  # nothing known of it: every field empty
+    for name, value in engine.items():
+        setattr(h.engines[0], name, value)
+    return h
+
+
+def test_hello_engines_as_agents_send_them_pass() -> None:
+    check_hello(hello())
+    for source in ("config", "metadata", "probe", ""):
+        check_hello(hello(version_source=source))
+
+
+@pytest.mark.parametrize(("field", "bad", "needle"), [
+    *[("version", b, "expected a version") for b in BAD_VERSIONS],
+    *[("release", b, "expected a version") for b in BAD_VERSIONS],
+    ("version_match", 9, "expected one of VERSION_MATCH_UNSPECIFIED"),
+    ("version_source", "pip freeze", "expected one of config, metadata, probe or empty"),
+    ("version_source", "m" * 10_000, "expected one of config"),
+    ("executable", "/bin/vllm" * 1000, "expected up to 4096 characters"),
+    ("executable", "/bin/vllm\x1b[2J", "expected up to 4096 characters without control"),
+])
+def test_hello_bad_engine_fields_are_refused_naming_them(field: str, bad: object,
+                                                         needle: str) -> None:
+    with pytest.raises(InvalidArgument) as err:
+        check_hello(hello(**{field: bad}))
+    assert err.value.message.startswith(f"hello.engines[0].{field}: {needle}")
+    assert len(err.value.message) < 400  # the value is quoted, cut short
+
+
+def test_hello_engine_twice_is_refused() -> None:
+    h = hello()
+    h.engines.add(engine="vllm", version="0.11.0")
+    with pytest.raises(InvalidArgument, match=r"hello.engines\[2\].engine: 'vllm' again "
+                                              r"\(first at engines\[0\]\)"):
+        check_hello(h)
