@@ -7,6 +7,7 @@ valid against the two newest Kubernetes minor versions kubernetes-validate knows
 from __future__ import annotations
 
 import base64
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -255,3 +256,80 @@ def test_agent_daemonset_per_node(rendered: dict[str, list[dict[str, Any]]], ove
     assert [r["from"] for r in policy["spec"]["ingress"]
             if {"protocol": "TCP", "port": int(enrol_port)} in r.get("ports", [])] == [
         [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "gearshift-agent"}}}]]
+
+
+def _relabel(labels: dict[str, str], configs: list[dict[str, Any]]) -> dict[str, str] | None:
+    """Prometheus's relabelling (keep, drop, replace; regexes anchored) of one target's
+    labels; None when dropped."""
+    labels = dict(labels)
+    for rc in configs:
+        value = rc.get("separator", ";").join(labels.get(n, "")
+                                              for n in rc.get("source_labels", []))
+        found = re.fullmatch(rc.get("regex", "(.*)"), value)
+        action = rc.get("action", "replace")
+        if (action == "keep" and found is None) or (action == "drop" and found is not None):
+            return None
+        if action == "replace" and found is not None:
+            labels[rc["target_label"]] = found.expand(
+                re.sub(r"\$\{?(\d+)\}?", r"\\g<\1>", rc.get("replacement", "$1")))
+        elif action not in ("keep", "drop", "replace"):
+            raise AssertionError(f"relabel action {action!r} is not simulated here")
+    return labels
+
+
+def _discovered_targets(docs: list[dict[str, Any]]) -> list[tuple[str, int, dict[str, str]]]:
+    """What Prometheus's pod discovery gives for the rendered workloads: one target per
+    declared container port of a running pod, (workload, port, meta labels)."""
+    out = []
+    for w in docs:
+        if w["kind"] not in ("StatefulSet", "Deployment", "DaemonSet", "Job"):
+            continue
+        template = w["spec"]["template"]
+        meta = {"__meta_kubernetes_namespace": w["metadata"]["namespace"],
+                "__meta_kubernetes_pod_name": f"{w['metadata']['name']}-0",
+                "__meta_kubernetes_pod_node_name": NODE,
+                "__meta_kubernetes_pod_phase": "Running"}
+        for key, value in template["metadata"].get("labels", {}).items():
+            meta["__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)] = value
+        for c in template["spec"]["containers"]:
+            for port in c.get("ports", []):
+                out.append((w["metadata"]["name"], port["containerPort"], {
+                    **meta, "__address__": f"10.0.0.7:{port['containerPort']}",
+                    "__meta_kubernetes_pod_container_name": c["name"],
+                    "__meta_kubernetes_pod_container_port_name": port.get("name", ""),
+                    "__meta_kubernetes_pod_container_port_number": str(port["containerPort"])}))
+    return out
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_prometheus_scrapes_each_roles_ops_port_under_the_alerts_job_names(
+        rendered: dict[str, list[dict[str, Any]]], overlay: str) -> None:
+    """deploy/prometheus/kubernetes.yml, applied to the rendered pods as its pod discovery
+    would see them: each job the alerts name selects exactly its role's pods, on the
+    port of their --metrics-listen, and names the pod as `instance`."""
+    config = yaml.safe_load((REPO / "deploy" / "prometheus" / "kubernetes.yml").read_text())
+    rules = (REPO / "deploy" / "prometheus" / "rules.yaml").read_text()
+    jobs = {j["job_name"]: j for j in config["scrape_configs"]}
+    # The job names of prometheus.yml, which the alerts (and runbooks) use.
+    assert set(jobs) == {"gearshift-controller", "gearshift-gateway", "gearshift-agent"}
+    assert set(re.findall(r'job="([a-z-]+)"', rules)) <= set(jobs)
+    docs = rendered[overlay]
+    targets = _discovered_targets(docs)
+    for job_name, job in jobs.items():
+        (sd,) = job["kubernetes_sd_configs"]
+        assert sd["role"] == "pod"
+        kept = [(workload, port, labels) for workload, port, meta in targets
+                if meta["__meta_kubernetes_namespace"] in sd["namespaces"]["names"]
+                and (labels := _relabel(meta, job["relabel_configs"])) is not None]
+        workload = next(d for d in docs if d["metadata"]["name"] == job_name
+                        and d["kind"] in ("StatefulSet", "Deployment", "DaemonSet"))
+        (main,) = _pod(workload)["containers"]
+        (listen,) = [a for a in main["args"] if a.startswith("--metrics-listen=")]
+        ops_port = int(listen.rpartition(":")[2])
+        assert [(w, p) for w, p, _ in kept] == [(job_name, ops_port)], (job_name, kept)
+        assert kept[0][2]["instance"] == f"{job_name}-0"
+        assert kept[0][2]["node"] == NODE
+    # The filter can drop: a pod that is not running is not a target.
+    _, _, meta = targets[0]
+    assert _relabel({**meta, "__meta_kubernetes_pod_phase": "Succeeded"},
+                    jobs["gearshift-controller"]["relabel_configs"]) is None
