@@ -1,6 +1,7 @@
 """The images as shipped, run as containers: a controller, two agents whose engines are
 the emulator, and a gateway, each in its own container on a private podman network, with
-mutual TLS (one certificate per agent host) and the hardening the Kubernetes manifests
+mutual TLS (the agents join by bootstrap token: no agent key is made outside its
+container) and the hardening the Kubernetes manifests
 ask for (read-only root filesystem, no capabilities, no privilege escalation, user
 10001). Clients load the gateway through its published loopback port while a policy
 moves model `m` from vLLM to TensorRT-LLM: no request fails, and every container stops
@@ -200,8 +201,11 @@ def _agent_config(host: str) -> str:
         if host == "host-a" else []
     cfg = {"host_id": host, "controller": "controller:50051", "report_interval_s": 1.0,
            "workdir": "/var/lib/gearshift/agent",
-           "tls": {"ca": "/etc/gearshift/tls/ca.pem", "cert": "/etc/gearshift/tls/agent.pem",
-                   "key": "/etc/gearshift/tls/agent-key.pem"},
+           # No certificate: the agent enrols with the bootstrap token at the controller's
+           # enrolment listener and keeps what it is given in its work dir.
+           "tls": {"ca": "/etc/gearshift/tls/ca.pem"},
+           "enrol_controller": "controller:50052",
+           "bootstrap_token_file": "/etc/gearshift/tls/bootstrap.token",
            "drain_on_exit": True,  # in a container, engines end with it: stop them gently
            "gpus": {"source": "emulated", "emulated": {"count": 4}},
            "engines": engines, "deployments": deployments}
@@ -230,7 +234,7 @@ def test_fleet_in_containers_moves_a_model_with_zero_failed_requests(
     env, control_image, agent_image = images
     pod = Pod(env, tmp_path)
     certs = tmp_path / "certs"
-    init_certs(certs, hosts=list(HOSTS), sans=["controller", "127.0.0.1", "localhost"], days=1)
+    init_certs(certs, sans=["controller", "127.0.0.1", "localhost"], days=1)
     tls = "/etc/gearshift/tls"
     try:
         pod.podman("network", "create", "--label", f"gearshift.test={pod.tag}", pod.network)
@@ -238,10 +242,11 @@ def test_fleet_in_containers_moves_a_model_with_zero_failed_requests(
                   "--data-dir", "/var/lib/gearshift/data", "--metrics-listen", "0.0.0.0:9400",
                   "--tls-cert", f"{tls}/controller.pem", "--tls-key", f"{tls}/controller-key.pem",
                   "--tls-ca", f"{tls}/ca.pem", "--tokens-file", f"{tls}/tokens.yaml",
+                  "--ca-key", f"{tls}/ca-key.pem", "--enrol-listen", "0.0.0.0:50052",
                   *CONTROLLER_ARGS, publish=(50051, 9400),
                   mounts={_owned_dir(tmp_path / "controller-tls", {
-                      n: certs / n for n in ("ca.pem", "controller.pem", "controller-key.pem",
-                                             "tokens.yaml")}): f"{tls}:ro",
+                      n: certs / n for n in ("ca.pem", "ca-key.pem", "controller.pem",
+                                             "controller-key.pem", "tokens.yaml")}): f"{tls}:ro",
                           _owned_dir(tmp_path / "controller-data"): "/var/lib/gearshift/data"})
         ops = pod.port("controller", 9400)
         _wait(lambda: _http_ok(f"http://127.0.0.1:{ops}/readyz"), 60,
@@ -260,10 +265,14 @@ def test_fleet_in_containers_moves_a_model_with_zero_failed_requests(
         def cli_json(*args: str) -> object:
             return json.loads(cli("read", *args, "-o", "json").stdout)
 
+        # One reusable, auto-approved bootstrap token for both hosts, as the README has it
+        # for the Kubernetes DaemonSet.
+        created = cli("admin", "tokens", "create", "--hosts", "host-*", "--auto-approve",
+                      "--ttl", "1h")
+        (certs / "bootstrap.token").write_text(created.stdout)
         for host in HOSTS:
             conf = _owned_dir(tmp_path / f"{host}-conf", {
-                "ca.pem": certs / "ca.pem", "agent.pem": certs / f"agent-{host}.pem",
-                "agent-key.pem": certs / f"agent-{host}-key.pem"})
+                "ca.pem": certs / "ca.pem", "bootstrap.token": certs / "bootstrap.token"})
             (conf / "agent.yaml").write_text(_agent_config(host))
             os.chown(conf / "agent.yaml", APP_UID, APP_UID)
             pod.start(host, agent_image, "agent", "--config", f"{tls}/agent.yaml",
@@ -285,6 +294,16 @@ def test_fleet_in_containers_moves_a_model_with_zero_failed_requests(
         hosts = cli_json("fleet", "hosts")
         assert isinstance(hosts, list)
         assert sorted(h["host_id"] for h in hosts) == list(HOSTS)
+        # Each joined with a key it made itself, kept in its work dir (mode 0600).
+        enrolled = cli_json("hosts", "list")
+        assert isinstance(enrolled, list)
+        assert sorted((h["host_id"], h["state"]) for h in enrolled) == \
+            [(h, "ENROLMENT_STATE_APPROVED") for h in HOSTS], enrolled
+        for host in HOSTS:
+            identity = tmp_path / f"{host}-work" / "identity" / "agent.pem"
+            assert identity.stat().st_mode & 0o777 == 0o600, host
+            assert "PRIVATE KEY" not in "".join(
+                p.read_text() for p in (tmp_path / f"{host}-conf").iterdir())
 
         pod.start("gateway", control_image, "gateway", "--controller", "controller:50051",
                   "--listen", "0.0.0.0:8000", "--metrics-listen", "0.0.0.0:9401",

@@ -60,14 +60,49 @@ def test_promtool_checks_the_rules() -> None:
     assert f"SUCCESS: {len(_alerts())} rules found" in run.stdout + run.stderr
 
 
-def test_the_example_prometheus_config_loads_the_rules() -> None:
-    run = subprocess.run([_promtool(), "check", "config", str(PROM / "prometheus.yml")],
+def _check_config(path: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """`promtool check config`. Debian's promtool is built without Kubernetes service
+    discovery (it refuses `kubernetes_sd_configs` as an unknown field): there, a copy
+    with empty static targets in its place is checked, which still checks everything
+    else (relabelling, rule files) of the file."""
+    run = subprocess.run([_promtool(), "check", "config", str(path)],
                          capture_output=True, text=True, timeout=120)
+    if "field kubernetes_sd_configs not found" not in run.stdout + run.stderr:
+        return run
+    doc = yaml.safe_load(path.read_text())
+    for job in doc["scrape_configs"]:
+        if job.pop("kubernetes_sd_configs", None) is not None:
+            job["static_configs"] = [{"targets": []}]
+    copy = tmp_path / path.name
+    copy.write_text(yaml.safe_dump(doc))
+    shutil.copy(RULES, tmp_path / RULES.name)
+    return subprocess.run([_promtool(), "check", "config", str(copy)],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("config", ["prometheus.yml", "kubernetes.yml"])
+def test_the_prometheus_configs_load_the_rules_and_name_the_jobs(config: str,
+                                                                 tmp_path: Path) -> None:
+    """The example (static targets) and the Kubernetes one (pods discovered): both valid,
+    loading rules.yaml, with every job name the alerts use."""
+    run = _check_config(PROM / config, tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
-    jobs = {j["job_name"] for j in yaml.safe_load((PROM / "prometheus.yml").read_text())
-            ["scrape_configs"]}
+    doc = yaml.safe_load((PROM / config).read_text())
+    assert doc["rule_files"] == ["rules.yaml"]
+    jobs = {j["job_name"] for j in doc["scrape_configs"]}
     named = set(re.findall(r'job="([a-z-]+)"', RULES.read_text()))
     assert named and named <= jobs
+
+
+def test_a_broken_config_is_refused(tmp_path: Path) -> None:
+    """The check above can fail, Kubernetes discovery or not."""
+    doc = yaml.safe_load((PROM / "kubernetes.yml").read_text())
+    doc["scrape_configs"][0]["relabel_configs"][0]["action"] = "kep"
+    bad = tmp_path / "src" / "kubernetes.yml"
+    bad.parent.mkdir()
+    bad.write_text(yaml.safe_dump(doc))
+    shutil.copy(RULES, bad.parent / RULES.name)
+    assert _check_config(bad, tmp_path).returncode != 0
 
 
 def test_promtool_unit_tests_pass() -> None:
