@@ -15,7 +15,8 @@ machine's CPU goes to the controller being measured.
 Prints one JSON object:
   agents, interval_s, reports_per_s, ack_p50_ms, ack_p99_ms,
   controller_cpu_s_per_1k_reports, controller_cores, controller_rss_mb, lost_reports,
-  streams_failed, stream_errors, connect_p50_ms, connect_max_ms, report_bytes, agent_processes, agent_cores,
+  streams_failed, stream_errors, connect_p50_ms, connect_max_ms, all_connected_s, report_bytes,
+  agent_processes, agent_cores,
   controller_fds, controller_fd_limit,
   agent_max_process_cores, controller_split
 Controller CPU is read from the controller process over the measured window, and
@@ -28,7 +29,11 @@ bottleneck). `streams_failed` counts agent streams that ended in an error, and
 `stream_errors` the first distinct errors (with where they happened: connect or
 stream) and how many streams each ended; `connect_p50_ms` / `connect_max_ms` time
 an agent's stream from opening to its Welcome (during the start-up burst new
-streams wait in gRPC core's queue until the controller takes them). `report_bytes` is one report's
+streams wait in gRPC core's queue until the controller takes them), and
+`all_connected_s` how long after the start the last agent got its Welcome. The
+measured window (`--duration-s`) opens one interval after every agent is
+connected, so acks and CPU describe the fleet in steady state and the start-up
+burst shows in the connect figures only. `report_bytes` is one report's
 serialized size. `lost_reports` counts reports sent in the measured window that
 were never acked.
 """
@@ -38,6 +43,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import multiprocessing as mp
 import random
 import re
@@ -56,6 +62,7 @@ WARMUP_S = 3.0  # worker processes importing and starting their loops
 # 1,000 streams at a small share of a core, so it never becomes what is measured.
 AGENTS_PER_WORKER = 1000
 ACK_GRACE_S = 2.0  # how long an agent waits for its last acks after the window
+CONNECT_TIMEOUT_S = 120.0  # the window opens then even if some agents are not connected
 
 
 def _deployment(agent: int, i: int, rng: random.Random) -> Any:
@@ -93,11 +100,27 @@ class _Stats:
         self.connected = 0
         self.connect_ms: list[float] = []  # stream opened -> Welcome read
         self.errors: list[str] = []
-        self.cpu_window: list[float] = []  # this process's CPU seconds at t_measure, t_end
+        self.cpu_window: list[float] = []  # this process's CPU seconds at the window's start, end
+
+
+class _Window:
+    """The measured window, set by the parent once every agent is connected: wall-clock
+    start and end in shared memory (inf until then), read as this loop's times."""
+
+    def __init__(self, shared: Any, offset: float) -> None:
+        self._shared, self._offset = shared, offset  # offset: wall clock -> loop clock
+
+    @property
+    def start(self) -> float:
+        return float(self._shared[0]) + self._offset
+
+    @property
+    def end(self) -> float:
+        return float(self._shared[1]) + self._offset
 
 
 async def _agent(idx: int, stub: Any, args: argparse.Namespace, stats: _Stats,
-                 start_at: float, t_end: float, t_measure: float) -> None:
+                 start_at: float, window: _Window) -> None:
     import grpc
 
     from gearshift.v1 import agent_pb2
@@ -136,19 +159,19 @@ async def _agent(idx: int, stub: Any, args: argparse.Namespace, stats: _Stats,
             if ack is grpc.aio.EOF:
                 return
             t0 = sent_at.pop(ack.ack.seq, None)
-            if t0 is not None and t0 >= t_measure:
+            if t0 is not None and t0 >= window.start:
                 stats.acks.append((loop.time() - t0) * 1000.0)
 
     rtask = asyncio.create_task(reader())
     try:
         seq = 0
         due = loop.time()
-        while due < t_end:
+        while due < window.end:
             seq += 1
             msg.report.seq = seq
             now = loop.time()
             sent_at[seq] = now
-            if now >= t_measure:
+            if now >= window.start:
                 stats.sent += 1
             try:
                 await call.write(msg)
@@ -158,20 +181,19 @@ async def _agent(idx: int, stub: Any, args: argparse.Namespace, stats: _Stats,
             await asyncio.sleep(max(0.0, due - loop.time()))
         await asyncio.sleep(ACK_GRACE_S)
     finally:
-        stats.lost += sum(1 for t in sent_at.values() if t >= t_measure)
+        stats.lost += sum(1 for t in sent_at.values() if t >= window.start)
         rtask.cancel()
         call.cancel()
 
 
-async def _worker_main(args: argparse.Namespace, agent_ids: list[int], t_end_wall: float,
-                       t_measure_wall: float) -> _Stats:
+async def _worker_main(args: argparse.Namespace, agent_ids: list[int], shared: Any,
+                       connected: Any) -> _Stats:
     import grpc
 
     from gearshift.v1 import agent_pb2_grpc
 
     loop = asyncio.get_running_loop()
-    offset = loop.time() - time.time()  # wall clock -> this loop's clock
-    t_end, t_measure = t_end_wall + offset, t_measure_wall + offset
+    window = _Window(shared, loop.time() - time.time())
     stats = _Stats()
     channels, tasks = [], []
     start_rng = random.Random(len(agent_ids) * 7919 + (agent_ids[0] if agent_ids else 0))
@@ -184,19 +206,31 @@ async def _worker_main(args: argparse.Namespace, agent_ids: list[int], t_end_wal
         for idx in agent_ids[start:start + args.agents_per_channel]:
             start_at = loop.time() + start_rng.uniform(0, args.interval_s)  # jittered start-up
             tasks.append(asyncio.create_task(
-                _agent(idx, stub, args, stats, start_at, t_end, t_measure)))
-    for at in (t_measure, t_end):
-        loop.call_at(at, lambda: stats.cpu_window.append(time.process_time()))
+                _agent(idx, stub, args, stats, start_at, window)))
+
+    async def sample_cpu() -> None:
+        # Tells the parent how many agents are connected (or gave up) until the window is
+        # set, then takes this process's CPU time at its start and end.
+        while window.start == math.inf:
+            with connected.get_lock():
+                connected[0] = stats.connected + sum(t.done() for t in tasks)
+            await asyncio.sleep(0.2)
+        for at in (window.start, window.end):
+            await asyncio.sleep(max(0.0, at - loop.time()))
+            stats.cpu_window.append(time.process_time())
+
+    sampler = asyncio.create_task(sample_cpu())
     results = await asyncio.gather(*tasks, return_exceptions=True)
+    sampler.cancel()
     stats.errors = [_error_kind(r) for r in results if isinstance(r, BaseException)]
     for ch in channels:
         await ch.close()
     return stats
 
 
-def _worker(args: argparse.Namespace, agent_ids: list[int], t_end_wall: float,
-            t_measure_wall: float, q: Any) -> None:
-    stats = asyncio.run(_worker_main(args, agent_ids, t_end_wall, t_measure_wall))
+def _worker(args: argparse.Namespace, agent_ids: list[int], shared: Any, connected: Any,
+            q: Any) -> None:
+    stats = asyncio.run(_worker_main(args, agent_ids, shared, connected))
     cpu = stats.cpu_window[1] - stats.cpu_window[0] if len(stats.cpu_window) == 2 else float("nan")
     q.put({"acks": stats.acks, "connect_ms": stats.connect_ms, "sent": stats.sent, "lost": stats.lost,
            "connected": stats.connected, "errors": dict(Counter(stats.errors)),
@@ -275,16 +309,25 @@ def main() -> int:
             pid = ctl.popen.pid if ctl else args.controller_pid
             ctl_ps = psutil.Process(pid) if pid else None
             t0 = time.time()
-            # every agent connected and past its first report (which also writes its deployments)
-            t_measure = t0 + WARMUP_S + 2 * args.interval_s
-            t_end = t_measure + args.duration_s
             q: Any = mp.Queue()
             ids = list(range(args.agents))
+            shared = mp.Array("d", [math.inf, math.inf], lock=False)  # window start, end
+            counts = [mp.Array("i", [0]) for _ in range(args.workers)]
             procs = [mp.Process(target=_worker,
-                                args=(args, ids[w::args.workers], t_end, t_measure, q))
+                                args=(args, ids[w::args.workers], shared, counts[w], q))
                      for w in range(args.workers)]
             for pr in procs:
                 pr.start()
+            # The window opens one interval after every agent is connected (each is then
+            # past its first report, which also writes its deployments): the start-up
+            # burst is timed by connect_*_ms, not mixed into the acks.
+            give_up = t0 + WARMUP_S + args.interval_s + CONNECT_TIMEOUT_S
+            while sum(c[0] for c in counts) < args.agents and time.time() < give_up:
+                time.sleep(0.2)
+            connected_s = time.time() - t0
+            t_measure = max(time.time() + args.interval_s, t0 + WARMUP_S + 2 * args.interval_s)
+            t_end = t_measure + args.duration_s
+            shared[1], shared[0] = t_end, t_measure
             time.sleep(max(0.0, t_measure - time.time()))
             cpu0 = sum(ctl_ps.cpu_times()[:2]) if ctl_ps else 0.0
             split0 = _thread_cpu(pid) if ctl_ps else {}
@@ -330,6 +373,7 @@ def main() -> int:
     connects = sorted(c for s in stats for c in s["connect_ms"])
     out["connect_p50_ms"] = pct(connects, 0.50)
     out["connect_max_ms"] = round(connects[-1], 3) if connects else float("nan")
+    out["all_connected_s"] = round(connected_s, 1)
     out["report_bytes"] = stats[0]["report_bytes"] if stats else 0
     out["agent_processes"] = args.workers
     out["controller_fds"], out["controller_fd_limit"] = fds, fd_limit

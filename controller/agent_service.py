@@ -10,13 +10,12 @@ disturbed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import logging
 import secrets
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 
 import grpc
 from grpc import aio
@@ -35,40 +34,65 @@ HELLO_TIMEOUT_S = 10.0
 OUTBOX_LIMIT = 1024
 
 
-@dataclass
 class AgentConnection:
-    """The controller's side of one agent's stream."""
+    """The controller's side of one agent's stream.
 
-    host_id: str
-    outbox: asyncio.Queue[agent_pb2.ControllerMessage | None] = field(
-        default_factory=lambda: asyncio.Queue(maxsize=OUTBOX_LIMIT))
-    closed: bool = False
-    # Given in the Welcome; a second stream for this host must present it.
-    token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
-    peer: str = ""
-    peer_addr: IPAddress | None = None  # parsed once: endpoints must be on it
-    endpoints_ok: set[str] = field(default_factory=set)  # already checked on this stream
-    # Why the controller ended the stream (None: the agent ended it, or a refusal below).
-    end_status: grpc.StatusCode | None = None
-    end_message: str = ""
+    Its outbox is a deque and a future made only while the stream's writer waits:
+    a fleet holds one per agent, and an `asyncio.Queue` (with its own deques of
+    getters and putters) weighed about 3 KB each.
+    """
+
+    __slots__ = ("_waiter", "closed", "end_message", "end_status", "endpoints_ok", "host_id",
+                 "outbox", "peer", "peer_addr", "token")
+
+    def __init__(self, host_id: str, *, peer: str = "",
+                 peer_addr: IPAddress | None = None) -> None:
+        self.host_id = host_id
+        self.outbox: deque[agent_pb2.ControllerMessage | None] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self.closed = False
+        # Given in the Welcome; a second stream for this host must present it.
+        self.token = secrets.token_urlsafe(24)
+        self.peer = peer
+        self.peer_addr = peer_addr  # parsed once: endpoints must be on it
+        self.endpoints_ok: set[str] = set()  # already checked on this stream
+        # Why the controller ended the stream (None: the agent ended it, or a refusal below).
+        self.end_status: grpc.StatusCode | None = None
+        self.end_message = ""
 
     def send(self, msg: agent_pb2.ControllerMessage) -> bool:
         if self.closed:
             return False
-        try:
-            self.outbox.put_nowait(msg)
-        except asyncio.QueueFull:
+        if len(self.outbox) >= OUTBOX_LIMIT:
             log.warning("outbox of %s is full; dropping a message", self.host_id)
             return False
+        self.outbox.append(msg)
+        self._wake()
         return True
 
     def close(self, status: grpc.StatusCode | None = None, message: str = "") -> None:
         """End the stream; a controller-side reason ends it with that status."""
         if status is not None and self.end_status is None:
             self.end_status, self.end_message = status, message
-        self.closed = True
-        with contextlib.suppress(asyncio.QueueFull):
-            self.outbox.put_nowait(None)
+        if not self.closed:
+            self.closed = True
+            self.outbox.append(None)  # after what is queued: the writer ends there
+            self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def next_message(self) -> agent_pb2.ControllerMessage | None:
+        """The next message to write; None once the stream is to end."""
+        while not self.outbox:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self.outbox.popleft()
 
 
 ReportHook = Callable[[str, HostEntry, agent_pb2.Report, float], None]
@@ -165,7 +189,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         reader = asyncio.create_task(self._read(it, host_id, entry, conn))
         try:
             while True:
-                msg = await conn.outbox.get()
+                msg = await conn.next_message()
                 if msg is None:
                     break
                 yield msg

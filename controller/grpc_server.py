@@ -45,9 +45,12 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 # src/core/server/server.h) then drop a random share of the queued streams
 # above 1,000 and all above 3,000: those agents see CANCELLED (or INTERNAL from their
 # first write) and come back later, adding load. A pending stream costs core a few
-# KB, so the controller queues twice its design fleet (10,000 agents) instead; core's
-# own 30 s limit on a stream's wait in the queue still applies.
+# KB, so the controller queues twice its design fleet (10,000 agents) instead.
 MAX_PENDING_STREAMS = 20_000
+# Core also cancels a stream that waited 30 s in that queue (its default): 10,000 agents
+# connecting within one report interval on a busy machine wait longer (CANCELLED at
+# connect for a sixth of them at 30 s), and each would reconnect into the same queue.
+MAX_UNREQUESTED_S = 120
 ENROL_MAX_MESSAGE_BYTES = 64 * 1024  # a token and a CSR
 
 
@@ -93,7 +96,8 @@ def build_server(config: ControllerConfig, agents: AgentService, control: Contro
                  ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
                  ("grpc.keepalive_permit_without_calls", 1),
                  ("grpc.server.max_pending_requests", MAX_PENDING_STREAMS),
-                 ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_STREAMS)])
+                 ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_STREAMS),
+                 ("grpc.server_max_unrequested_time_in_server", MAX_UNREQUESTED_S)])
     agent_pb2_grpc.add_AgentServiceServicer_to_server(agents, server)
     control_pb2_grpc.add_ControlServiceServicer_to_server(control, server)
     if enrol is not None:  # Renew: authenticated by the agent's current certificate

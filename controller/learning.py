@@ -24,9 +24,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
-
-from numpy.typing import ArrayLike
+from typing import TYPE_CHECKING, Any
 
 from gearshift.common.engines import ENGINE_NAMES
 from gearshift.controller.store import Store
@@ -37,7 +35,6 @@ from gearshift.policies.capacity import (
     CapacityModel,
     LoadObservation,
 )
-from gearshift.policies.forecast import Forecast, decision_forecast
 from gearshift.policies.priors import (
     EngineCapacity,
     Measurement,
@@ -46,6 +43,11 @@ from gearshift.policies.priors import (
 )
 from gearshift.policies.schema import ModelPriors
 from gearshift.policies.signals import SignalValue
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
+
+    from gearshift.policies.forecast import Forecast
 
 log = logging.getLogger(__name__)
 
@@ -216,6 +218,10 @@ class Forecaster:
         return None
 
     def _fit(self, model: str, now: float, horizon_s: float, quantile: float) -> Forecast:
+        # scikit-learn and SciPy load with the first fit (a policy asking for a forecast),
+        # not with the controller: most of its start-up memory otherwise.
+        from gearshift.policies.forecast import decision_forecast
+
         ts, rps = self._history(model)
         fc = decision_forecast(ts, rps, now, horizon_s,
                                step_s=max(self._step_s, FORECAST_MIN_STEP_S), quantile=quantile)

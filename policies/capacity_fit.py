@@ -26,7 +26,6 @@ from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
-from scipy.optimize import isotonic_regression
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -109,7 +108,11 @@ def monotone_fit(loads: FloatArray, lat: FloatArray) -> tuple[FloatArray, FloatA
     """(loads ascending, the non-decreasing least-squares fit of p99 at each)."""
     order = np.argsort(loads, kind="stable")
     y = lat[order]
-    fit = y.copy() if y.size < 2 else isotonic_regression(y, increasing=True).x
+    if y.size < 2:
+        return loads[order], y.copy()
+    from scipy.optimize import isotonic_regression  # on the first fit, not at import (memory)
+
+    fit = isotonic_regression(y, increasing=True).x
     return loads[order], np.asarray(fit, dtype=np.float64)
 
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from gearshift.devfleet.local_fleet import LocalFleet
-from gearshift.v1 import agent_pb2, control_pb2, control_pb2_grpc
+from gearshift.devfleet.local_fleet import LocalFleet, Proc, wait_ready_file
+from gearshift.v1 import agent_pb2, agent_pb2_grpc, control_pb2, control_pb2_grpc
 from integration.helpers import FAST_ENGINE_ENV, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,6 +73,11 @@ AGENT = {"gearshift.agents", "gearshift.agents.config", "gearshift.agents.daemon
          "gearshift.agents.engine_version", "gearshift.common.spec", *ENGINES,
          "gearshift.agents.handover", "gearshift.agents.ops_metrics", "gearshift.common.ops_http",
          "gearshift.v1", "gearshift.v1.agent_pb2", "gearshift.v1.agent_pb2_grpc"}
+
+
+# Loaded by the first forecast or capacity fit (a policy asking for one), never at start:
+# together they were most of the controller's start-up memory.
+LEARNING_LIBRARIES = {"sklearn", "scipy"}
 
 
 def _base_modules() -> set[str]:
@@ -187,3 +192,48 @@ def test_agent_imports_no_controller_policy_or_learning_code(tmp_path: Path,
     assert "gearshift.agents.metrics.scraper" in modules  # the scrape path really ran
     assert_allowed("gearshift agent", modules, CLICK | YAML | PYDANTIC | GRPC | AIOHTTP | PROMETHEUS | PSUTIL,
                    ROOT | SHARED | AGENT, AGENT_PACKAGES)
+
+
+def _report_once(addr: str) -> None:
+    """One agent's Hello and a Report with figures, through the controller's ingest path."""
+    dep = agent_pb2.DeploymentReport(
+        deployment_id="imports-d0", model="imports", engine="vllm", engine_version="0.11.0",
+        phase=agent_pb2.DEPLOYMENT_PHASE_READY, endpoint="http://127.0.0.1:8000",
+        request_rate=5.0, metrics_present=True)
+    dep.ttft.present, dep.ttft.p50_s, dep.ttft.p99_s, dep.ttft.count = True, 0.05, 0.2, 10
+    hello = agent_pb2.AgentMessage(hello=agent_pb2.Hello(
+        host_id="imports-host", agent_version="test",
+        protocol_version=agent_pb2.PROTOCOL_VERSION_1, emulated_gpus=True))
+    report = agent_pb2.AgentMessage(report=agent_pb2.Report(seq=1, interval_s=0.5,
+                                                            deployments=[dep]))
+    with grpc.insecure_channel(addr) as channel:
+        replies = agent_pb2_grpc.AgentServiceStub(channel).Connect(iter([hello, report]),
+                                                                   timeout=30)
+        kinds = [m.WhichOneof("body") for m in replies]
+    assert kinds == ["welcome", "ack"], kinds
+
+
+def test_controller_loads_no_learning_library_until_a_fit(tmp_path: Path) -> None:
+    out = tmp_path / "modules.json"
+    ready = tmp_path / "controller.ready"
+    log = (tmp_path / "controller.log").open("wb")
+    popen = subprocess.Popen(
+        _cli_argv(out, "controller", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "data"),
+                  "--metrics-port", "0", "--report-interval", "0.5", "--ready-file", str(ready)),
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp_path)
+    log.close()
+    proc = Proc("controller", popen, tmp_path / "controller.log")
+    try:
+        port = int(wait_ready_file(ready, proc).split()[0])
+        _report_once(f"127.0.0.1:{port}")  # stopping then folds its minute into the learner
+        popen.send_signal(signal.SIGTERM)
+        assert popen.wait(30) == 0, proc.log()[-3000:]
+    finally:
+        if popen.poll() is None:
+            os.killpg(popen.pid, signal.SIGKILL)
+            popen.wait(5)
+    modules = json.loads(out.read_text())
+    assert "gearshift.controller.learning" in modules  # the learner was there, and fed
+    assert "gearshift.policies.capacity" in modules
+    loaded = sorted(LEARNING_LIBRARIES & {m.partition(".")[0] for m in modules})
+    assert not loaded, f"the controller imported {loaded} before any fit"

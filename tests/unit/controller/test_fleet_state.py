@@ -148,3 +148,32 @@ def test_incremental_views_match_a_recomputation(steps: list) -> None:  # type: 
         for model in ("m", "n"):
             assert sorted(d.deployment_id for _h, d, _ts in fleet.deployments_of(model)) == sorted(
                 d.deployment_id for _h, d, _ts in fleet.deployments() if d.model == model)
+
+
+def test_kept_deployments_read_back_as_reported_and_cannot_be_changed_through_a_read() -> None:
+    now = [1000.0]
+    fleet = FleetState(clock=lambda: now[0])
+    _hello(fleet, "h")
+    r = agent_pb2.Report(seq=1)
+    for dep_id, model in (("d1", "m1"), ("d2", "m2"), ("d3", "m1")):
+        d = r.deployments.add(deployment_id=dep_id, model=model, engine="vllm", phase=READY,
+                              endpoint=f"http://h:{dep_id}", request_rate=2.5, restarts=0)
+        d.ttft.present, d.ttft.p99_s = True, 0.25
+    fleet.report("h", r)
+    entry = fleet.hosts["h"]
+    assert list(entry.deployments) == ["d1", "d2", "d3"] and len(entry.deployments) == 3
+    assert entry.deployments["d2"] == r.deployments[1]  # every field, the quantiles too
+    assert [d.deployment_id for _h, d, _ts in fleet.deployments_of("m1")] == ["d1", "d3"]
+    assert {ts for _h, _d, ts in fleet.deployments()} == {1000.0}
+    assert entry.deployment_ts == {"d1": 1000.0, "d2": 1000.0, "d3": 1000.0}
+    entry.deployments["d1"].request_rate = 99.0  # a read is a copy
+    assert entry.deployments["d1"].request_rate == 2.5
+    assert "d4" not in entry.deployments and entry.deployments.get("d4") is None
+    # The next report replaces them all, with its own time.
+    now[0] = 1010.0
+    r2 = agent_pb2.Report(seq=2)
+    r2.deployments.add(deployment_id="d2", model="m2", engine="vllm", phase=READY, restarts=2)
+    fleet.report("h", r2)
+    assert list(entry.deployments) == ["d2"]
+    assert entry.deployment_ts == {"d2": 1010.0}
+    assert fleet.restarts.take() == {("vllm", "m2"): 2}  # counted against the kept report
