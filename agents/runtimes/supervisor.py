@@ -213,14 +213,7 @@ class EngineSupervisor:
     async def detach(self) -> None:
         """Stop watching and leave the engine serving (its record stays for the next
         agent to adopt). Fail static: the agent going away is no reason to stop serving."""
-        self._stopping = True
-        if self._monitor is not None:
-            self._monitor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._monitor
-        if self._spawning is not None:
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await self._spawning
+        await self._stop_watching()
         if isinstance(self._proc, AdoptedProcess):
             self._proc.close()
         if self._session is not None:
@@ -439,16 +432,21 @@ class EngineSupervisor:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
 
-    async def _terminate(self, grace_s: float, *, draining: bool) -> None:
+    async def _stop_watching(self) -> None:
+        """Mark the supervisor stopping, end its watch task and let a spawn in flight
+        finish (its process is then this supervisor's to leave or to stop)."""
         self._stopping = True
+        if self._monitor is not None:
+            self._monitor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._monitor
+        if self._spawning is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await self._spawning
+
+    async def _terminate(self, grace_s: float, *, draining: bool) -> None:
         try:
-            if self._monitor is not None:
-                self._monitor.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._monitor
-            if self._spawning is not None:
-                with contextlib.suppress(Exception, asyncio.CancelledError):
-                    await self._spawning
+            await self._stop_watching()
             proc, waiter = self._proc, self._exit_waiter
             if proc is None or waiter is None:
                 if self._phase is not Phase.FAILED:

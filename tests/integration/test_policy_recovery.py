@@ -4,10 +4,7 @@ driven by the real CLI."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from gearshift.controller.store import Store, default_sqlite_url
 from gearshift.controller.tables import SETTING_ACTIVE_POLICY_VERSION
@@ -17,15 +14,6 @@ from integration.helpers import gearshift, gearshift_json
 REPO = Path(__file__).resolve().parents[2]
 GOOD = (REPO / "policies" / "examples" / "default.yaml").read_text()
 UNSCHEDULABLE = GOOD.replace("interval: 15m", "interval: 1000000000d")
-
-
-@pytest.fixture
-def fleet(tmp_path: Path) -> Iterator[LocalFleet]:
-    f = LocalFleet(tmp_path / "fleet", report_interval_s=0.5)
-    try:
-        yield f
-    finally:
-        f.stop()
 
 
 def test_apply_refuses_what_cannot_be_scheduled_and_stores_nothing(fleet: LocalFleet,
