@@ -67,6 +67,7 @@ from __future__ import annotations
 import math
 import statistics
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -87,6 +88,7 @@ from gearshift.policies.priors import (
     priors_for,
     resolve_capacities,
 )
+from gearshift.policies.schema import EnginePriors
 from gearshift.policies.signals import (
     LATENCY_SOURCE,
     PRIOR_SOURCE,
@@ -198,7 +200,7 @@ class _Engine:
         self.recent: list[float] = []  # p99 (ms) of the last RECENT_P99_S of serving
         self.scaled_out = False  # ever served by more than the minimum replicas
         self._estimate: CapacityEstimate | None = None
-        self._estimated_at = 0
+        self.estimated_at = 0  # the observation count of the cached estimate
         self.top_within_sla: float | None = None  # highest load served within the SLA
 
     def add(self, obs: LoadObservation, replicas_n: int, min_replicas: int, recent_n: int) -> None:
@@ -209,10 +211,10 @@ class _Engine:
             self.recent = [*self.recent[-(recent_n - 1):], obs.ttft_p99_s * 1000.0]
 
     def estimate(self, sla_s: float, refit_n: int) -> CapacityEstimate:
-        grown = self.count - self._estimated_at
-        if self._estimate is None or grown >= max(1, min(refit_n, REFIT_GROWTH * self._estimated_at)):
+        grown = self.count - self.estimated_at
+        if self._estimate is None or grown >= max(1, min(refit_n, REFIT_GROWTH * self.estimated_at)):
             self._estimate = self.model.estimate(sla_s, draws=ESTIMATE_DRAWS)
-            self._estimated_at = self.count
+            self.estimated_at = self.count
             loads = [o.rps_per_replica for o in self.model.observations()
                      if o.ttft_p99_s is not None and o.ttft_p99_s <= sla_s]
             self.top_within_sla = max(loads) if loads else None
@@ -229,11 +231,26 @@ class BlindLearner:
         self._recent_n = max(1, math.ceil(RECENT_P99_S / view.step_s))
         self._refit_n = max(1, math.ceil(REFIT_EVERY_S / view.step_s))
         self._forecasts: dict[str, tuple[float, Forecast]] = {}  # model -> (made at, forecast)
+        # model -> (the engines' state keys, the capacities resolved from them)
+        # model -> (the engines' state keys, the capacities resolved from them, their citations)
+        self._capacities: dict[str, tuple[tuple[tuple[int | bool, ...], ...],
+                                          dict[str, EngineCapacity], dict[str, SignalValue]]] = {}
+        self._model_priors: dict[str, Mapping[str, EnginePriors]] = {}
 
     def observe(self, model: str, engine: str, obs: Observation | None) -> None:
         if obs is not None:
             self._engines[model, engine].add(obs.load, obs.replicas,
                                              self._view.profiles[model].min_replicas, self._recent_n)
+
+    def _state_key(self, model: str, engine: str) -> tuple[int | bool, ...]:
+        """What `measurements` reads of one engine's state: the observation count while
+        it is too little data, then which estimate (refitted here when due) and whether
+        the engine ever scaled out. Equal keys give equal measurements."""
+        state = self._engines[model, engine]
+        if state.count < self._min_n:
+            return (state.count,)
+        state.estimate(self._view.profiles[model].sla_ttft_p99_ms / 1000.0, self._refit_n)
+        return (-1, state.estimated_at, state.scaled_out)
 
     def measurements(self, model: str) -> dict[str, Measurement]:
         """What the observations of each engine show (nothing read from the header)."""
@@ -266,16 +283,28 @@ class BlindLearner:
         return out
 
     def capacities(self, model: str) -> dict[str, EngineCapacity]:
-        """One capacity per engine: the shared rule over what was measured and the priors."""
-        priors = priors_for(self._policy.doc.spec.models, model).engines
-        return resolve_capacities(self.measurements(model), priors, self._view.engines)
+        """One capacity per engine: the shared rule over what was measured and the priors
+        (resolved again only when an engine's measurement can have changed)."""
+        key = tuple(self._state_key(model, e) for e in self._view.engines)
+        cached = self._capacities.get(model)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        caps = resolve_capacities(self.measurements(model), self._priors(model), self._view.engines)
+        self._capacities[model] = (key, caps, citations(caps))
+        return caps
+
+    def _priors(self, model: str) -> Mapping[str, EnginePriors]:
+        if (found := self._model_priors.get(model)) is None:
+            found = self._model_priors[model] = priors_for(self._policy.doc.spec.models,
+                                                           model).engines
+        return found
 
     def facts(self, model: str) -> ModelFacts:
         """Facts for the decision core, citing where each capacity came from."""
         v, p = self._view, self._view.profiles[model]
-        priors = priors_for(self._policy.doc.spec.models, model).engines
+        priors = self._priors(model)
         caps = self.capacities(model)
-        cite: dict[str, SignalValue] = citations(caps)
+        cite: dict[str, SignalValue] = dict(self._capacities[model][2])
         engines = {}
         for e in self._view.engines:
             recent = self._engines[model, e].recent
@@ -307,6 +336,6 @@ class BlindLearner:
         spec = self._policy.doc.spec
         fc = decision_forecast(history.sample_ts[:end], history.rps[:end], now, spec.cost.horizon,
                                step_s=history.sample_period_s,
-                               quantile=spec.signals.sustained_quantile)
+                               quantile=spec.signals.sustained_quantile, defer_peak=True)
         self._forecasts[model] = (now, fc)
         return fc
