@@ -67,6 +67,7 @@ from __future__ import annotations
 import math
 import statistics
 import zlib
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -193,31 +194,31 @@ def blind_view(trace: Trace) -> Trace:
 class _Engine:
     """Observations of one model on one engine, and a cached estimate."""
 
-    def __init__(self, model: str, engine: str) -> None:
+    def __init__(self, model: str, engine: str, recent_n: int) -> None:
         self.model = CapacityModel(CapacityKey(model, engine, BLIND_ENGINE_VERSION, BLIND_GPU_MODEL),
                                    per_bin=PER_BIN)
         self.count = 0
-        self.recent: list[float] = []  # p99 (ms) of the last RECENT_P99_S of serving
+        self.recent: deque[float] = deque(maxlen=recent_n)  # p99 (ms), last RECENT_P99_S served
         self.scaled_out = False  # ever served by more than the minimum replicas
         self._estimate: CapacityEstimate | None = None
         self.estimated_at = 0  # the observation count of the cached estimate
         self.top_within_sla: float | None = None  # highest load served within the SLA
 
-    def add(self, obs: LoadObservation, replicas_n: int, min_replicas: int, recent_n: int) -> None:
+    def add(self, obs: LoadObservation, replicas_n: int, min_replicas: int) -> None:
         if self.model.add(obs) is None:
             self.count += 1
             self.scaled_out = self.scaled_out or replicas_n > min_replicas
             assert obs.ttft_p99_s is not None
-            self.recent = [*self.recent[-(recent_n - 1):], obs.ttft_p99_s * 1000.0]
+            self.recent.append(obs.ttft_p99_s * 1000.0)
 
     def estimate(self, sla_s: float, refit_n: int) -> CapacityEstimate:
         grown = self.count - self.estimated_at
         if self._estimate is None or grown >= max(1, min(refit_n, REFIT_GROWTH * self.estimated_at)):
             self._estimate = self.model.estimate(sla_s, draws=ESTIMATE_DRAWS)
             self.estimated_at = self.count
-            loads = [o.rps_per_replica for o in self.model.observations()
-                     if o.ttft_p99_s is not None and o.ttft_p99_s <= sla_s]
-            self.top_within_sla = max(loads) if loads else None
+            loads, p99 = self.model.series("ttft")
+            within = loads[p99 <= sla_s]
+            self.top_within_sla = float(within.max()) if within.size else None
         return self._estimate
 
 
@@ -226,9 +227,10 @@ class BlindLearner:
 
     def __init__(self, policy: Policy, view: Trace) -> None:
         self._policy, self._view = policy, view
-        self._engines = {(m, e): _Engine(m, e) for m in view.profiles for e in view.engines}
+        recent_n = max(1, math.ceil(RECENT_P99_S / view.step_s))
+        self._engines = {(m, e): _Engine(m, e, recent_n) for m in view.profiles
+                         for e in view.engines}
         self._min_n = max(1, math.ceil(MIN_MEASURED_S / view.step_s))
-        self._recent_n = max(1, math.ceil(RECENT_P99_S / view.step_s))
         self._refit_n = max(1, math.ceil(REFIT_EVERY_S / view.step_s))
         self._forecasts: dict[str, tuple[float, Forecast]] = {}  # model -> (made at, forecast)
         # model -> (the engines' state keys, the capacities resolved from them)
@@ -240,7 +242,7 @@ class BlindLearner:
     def observe(self, model: str, engine: str, obs: Observation | None) -> None:
         if obs is not None:
             self._engines[model, engine].add(obs.load, obs.replicas,
-                                             self._view.profiles[model].min_replicas, self._recent_n)
+                                             self._view.profiles[model].min_replicas)
 
     def _state_key(self, model: str, engine: str) -> tuple[int | bool, ...]:
         """What `measurements` reads of one engine's state: the observation count while
