@@ -60,6 +60,13 @@ history is too short for the seasonal model and the forecast is a cheap
 fallback), from the samples before the refit time only, and handed to the
 decision core with the signals: its sustained rate is the traffic level of the
 savings estimate (`policies.economics`) and every decision cites it, as live.
+Its peak model is fitted only when a decision cites the peak (`defer_peak`).
+
+Cost: per (model, engine) the capacity estimate is refitted only when the
+observations grew by REFIT_GROWTH or REFIT_EVERY_S of serving, and the resolved
+capacities are reused while no engine's measurement can have changed (the same
+estimate, the same count while under MIN_MEASURED_S). The daily forecast fits
+remain most of a blind run's time.
 """
 
 from __future__ import annotations

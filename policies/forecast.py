@@ -22,6 +22,14 @@ the horizon of the low path (so on a flat series it is the rate's low quantile,
 and on a daily cycle it sits near the trough, like the `rps_sustained` signal of
 a window), `peak_rps` is the highest value of the high path.
 
+Cost: the two fits are most of a forecast's time (about 0.1 s each over 28 days of
+5-minute bins). Columns that cannot change a tree (constant, or a copy of an
+earlier one: with a horizon of whole weeks the day and week lags coincide) are
+dropped before fitting; `defer_peak=True` (the blind backtest, which reads the
+peak only when a decision cites it) fits the peak model on first read of
+`peak_rps`/`path_high` (`DeferredPeakForecast`, same figures); scikit-learn is
+imported with the first fit, so a caller that never fits never loads it.
+
 Fallbacks are results, never exceptions: with under `MIN_SEASONAL_HISTORY_S` of
 history, or a constant series, the forecast is the recent low/high quantile
 (`method="recent-quantile"`, with the reason); with too few valid samples, or
