@@ -165,6 +165,7 @@ class LatencyWorld:
 
     def __init__(self, trace: Trace, *, seed: int = 0) -> None:
         self._trace = trace
+        self._start_s = trace.start.timestamp()
         rho_op = min(1 / (1 + trace.headroom), RHO_OPERATING_MAX)
         self.curves = {(m, e): LatencyCurve.calibrate(p.sla_ttft_p99_ms, p.ttft_p99_ms[e], rho_op)
                        for m, p in trace.profiles.items() for e in trace.engines}
@@ -184,8 +185,8 @@ class LatencyWorld:
         if n <= 0:
             return None
         p99 = self.curves[model, engine].p99_ms(r / (n * cap)) * self._noise[model, engine][k]
-        return Observation(LoadObservation(t.start.timestamp() + k * t.step_s, r / n, p99 / 1000.0,
-                                           None), n)
+        return Observation(LoadObservation(self._start_s + k * t.step_s, r / n, p99 / 1000.0, None),
+                           n)
 
 
 def blind_view(trace: Trace) -> Trace:
