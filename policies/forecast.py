@@ -25,7 +25,8 @@ a window), `peak_rps` is the highest value of the high path.
 Cost: the two fits are most of a forecast's time (about 0.1 s each over 28 days of
 5-minute bins). Columns that cannot change a tree (constant, or a copy of an
 earlier one: with a horizon of whole weeks the day and week lags coincide) are
-dropped before fitting; `defer_peak=True` (the blind backtest, which reads the
+dropped before fitting (`policies.forecast_features` builds the grid and the
+features); `defer_peak=True` (the blind backtest, which reads the
 peak only when a decision cites it) fits the peak model on first read of
 `peak_rps`/`path_high` (`DeferredPeakForecast`, same figures); scikit-learn is
 imported with the first fit, so a caller that never fits never loads it.
@@ -50,22 +51,27 @@ import numpy as np
 import numpy.typing as npt
 
 from gearshift.common.errors import InvalidArgument
+from gearshift.policies.forecast_features import SECONDS_PER_DAY as SECONDS_PER_DAY
+from gearshift.policies.forecast_features import SECONDS_PER_HOUR as SECONDS_PER_HOUR
+from gearshift.policies.forecast_features import SECONDS_PER_WEEK as SECONDS_PER_WEEK
+from gearshift.policies.forecast_features import (
+    FloatArray,
+    daily_level,
+    features,
+    grid_means,
+    no_day_lag_rows,
+    split_columns,
+)
 
 if TYPE_CHECKING:
     from threadpoolctl import ThreadpoolController
 
-FloatArray = npt.NDArray[np.float64]
-
-SECONDS_PER_HOUR = 3600.0
-SECONDS_PER_DAY = 86400.0
-SECONDS_PER_WEEK = 7 * SECONDS_PER_DAY
 TRAIN_WINDOW_S = 28 * SECONDS_PER_DAY      # history the seasonal model reads
 MAX_TRAIN_ROWS = 9000                      # bins; coarser bins beyond this
 MIN_SEASONAL_HISTORY_S = 2 * SECONDS_PER_DAY  # below: recent-quantile fallback
 MIN_POINTS = 12                            # valid samples below which nothing is said
 RECENT_WINDOW_S = SECONDS_PER_DAY          # window of the recent-quantile fallback
 MIN_STALE_S = SECONDS_PER_HOUR             # no sample for max(this, 6 steps): no forecast
-LAG_SMOOTH_S = 1800.0                      # half-width of the lag smoothing window
 OUTLIER_MADS = 25.0                        # robust z above which a rate is an outlier
 DEFAULT_PEAK_QUANTILE = 0.9
 FIT_ITERATIONS = 60                        # boosting rounds per quantile model
@@ -206,63 +212,6 @@ def forecast_rate(ts: npt.ArrayLike, rps: npt.ArrayLike, now: float, horizon_s: 
                     points, tuple(path_ts.tolist()), (low,) * future_bins, (high,) * future_bins)
 
 
-def _grid(times: FloatArray, rates: FloatArray, now: float, bin_s: float,
-          past_bins: int, future_bins: int) -> FloatArray:
-    """Mean rate per bin; bins [-past_bins, future_bins) relative to `now`; NaN = no data."""
-    index = np.floor((times - now) / bin_s).astype(np.int64) + past_bins
-    inside = (index >= 0) & (index < past_bins)
-    total = np.bincount(index[inside], weights=rates[inside], minlength=past_bins + future_bins)
-    count = np.bincount(index[inside], minlength=past_bins + future_bins)
-    grid = np.full(past_bins + future_bins, np.nan)
-    has = count > 0
-    grid[has] = total[has] / count[has]
-    return grid
-
-
-def _window_mean(grid: FloatArray, before: int, after: int) -> FloatArray:
-    """nanmean of grid[i - before .. i + after] for every i (NaN where all are NaN)."""
-    filled = np.where(np.isnan(grid), 0.0, grid)
-    present = (~np.isnan(grid)).astype(np.float64)
-    csum = np.concatenate([[0.0], np.cumsum(filled)])
-    ccount = np.concatenate([[0.0], np.cumsum(present)])
-    idx = np.arange(grid.size)
-    lo = np.clip(idx - before, 0, grid.size)
-    hi = np.clip(idx + after + 1, 0, grid.size)
-    count = ccount[hi] - ccount[lo]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(count > 0, (csum[hi] - csum[lo]) / np.maximum(count, 1), np.nan)
-
-
-def _shift(values: FloatArray, lag: int) -> FloatArray:
-    out = np.full(values.size, np.nan)
-    if lag < values.size:
-        out[lag:] = values[: values.size - lag]
-    return out
-
-
-def _level(grid: FloatArray, bin_s: float, day_lag: int) -> tuple[FloatArray, FloatArray]:
-    """(mean rate of the day ending at each bin, log level: that mean one day lag earlier)."""
-    per_day = max(1, round(SECONDS_PER_DAY / bin_s))
-    day_mean = _window_mean(grid, per_day - 1, 0)
-    return day_mean, np.log1p(_shift(day_mean, day_lag))
-
-
-def _features(grid: FloatArray, bin_ts: FloatArray, bin_s: float, day_mean: FloatArray,
-              level: FloatArray, day_lag: int, week_lag: int) -> FloatArray:
-    """The feature matrix per bin; the target is log1p(rate) - log level."""
-    half = max(0, round(LAG_SMOOTH_S / bin_s))
-    smooth = _window_mean(grid, half, half)
-    lag_day = np.log1p(_shift(smooth, day_lag)) - level
-    lag_week = np.log1p(_shift(smooth, week_lag)) - level
-    week_level = np.log1p(_shift(day_mean, week_lag)) - level
-    centre = bin_ts + bin_s / 2
-    hour = 2 * np.pi * (centre % SECONDS_PER_DAY) / SECONDS_PER_DAY
-    # 1970-01-01 was a Thursday: +3 days makes Monday 0.
-    dow = 2 * np.pi * (((centre // SECONDS_PER_DAY) + 3) % 7) / 7
-    return np.column_stack([np.sin(hour), np.cos(hour), np.sin(dow), np.cos(dow),
-                            lag_day, lag_week, week_level])
-
-
 _threadpools: list[ThreadpoolController] = []  # the one controller (a scan of the loaded libraries)
 
 
@@ -293,35 +242,6 @@ def _fit_predict(x_train: FloatArray, y_train: FloatArray, x_pred: FloatArray,
         return np.asarray(model.predict(x_pred), dtype=np.float64)
 
 
-def _split_columns(x_train: FloatArray) -> npt.NDArray[np.bool_]:
-    """The feature columns a tree can split on, without changing any tree: a column all
-    NaN or constant (no NaN) gives one bin and never splits, and a copy of an earlier
-    column ties with it at every split, which the boosting gives to the earlier column
-    (with a horizon of whole weeks the day and week lags coincide and the week level is
-    0). Dropping them only saves the histograms."""
-    usable: npt.NDArray[np.bool_] = np.asarray(np.isfinite(x_train).any(axis=0))
-    keep = usable.copy()
-    for j in np.flatnonzero(usable):
-        col = x_train[:, j]
-        constant = not np.isnan(col).any() and float(col.min()) == float(col.max())
-        if constant or any(keep[i] and np.array_equal(x_train[:, i], col, equal_nan=True)
-                           for i in range(j)):
-            keep[j] = False
-    if not keep.any():  # every column constant: the trees are the baseline; give them one
-        keep = usable & (np.cumsum(usable) == 1)
-    return keep
-
-
-def _no_day_lag_rows(times: FloatArray, now: float, bin_s: float, past_bins: int,
-                     day_lag: int) -> bool:
-    """True when no sample has another a day lag earlier (the first days of a model): no
-    bin can have a known level, so the seasonal model has no training row. Cheaper
-    than building the grid to find out."""
-    index = np.floor((times - now) / bin_s).astype(np.int64) + past_bins
-    inside = index[(index >= 0) & (index < past_bins)]
-    return inside.size == 0 or int(inside.max()) - int(inside.min()) < day_lag
-
-
 def _seasonal(times: FloatArray, rates: FloatArray, now: float, horizon_s: float, bin_s: float,
               path_ts: FloatArray, quantile: float, peak_quantile: float, points: int,
               notes: list[str], defer_peak: bool = False) -> Forecast:
@@ -331,9 +251,9 @@ def _seasonal(times: FloatArray, rates: FloatArray, now: float, horizon_s: float
     week_lag = max(1, round(SECONDS_PER_WEEK * math.ceil(horizon_s / SECONDS_PER_WEEK - 1e-9)
                             / bin_s))
     train = None
-    if not _no_day_lag_rows(times, now, bin_s, past_bins, day_lag):
-        grid = _grid(times, rates, now, bin_s, past_bins, future_bins)
-        day_mean, level = _level(grid, bin_s, day_lag)
+    if not no_day_lag_rows(times, now, bin_s, past_bins, day_lag):
+        grid = grid_means(times, rates, now, bin_s, past_bins, future_bins)
+        day_mean, level = daily_level(grid, bin_s, day_lag)
         target = np.log1p(grid) - level
         train = np.isfinite(target[:past_bins])
     # Checked before the other features are built: while the day lag reaches before
@@ -346,7 +266,7 @@ def _seasonal(times: FloatArray, rates: FloatArray, now: float, horizon_s: float
                         "; ".join(notes), points, tuple(path_ts.tolist()),
                         (low,) * future_bins, (high,) * future_bins)
     bin_ts = now + bin_s * np.arange(-past_bins, future_bins, dtype=np.float64)
-    x = _features(grid, bin_ts, bin_s, day_mean, level, day_lag, week_lag)
+    x = features(grid, bin_ts, bin_s, day_mean, level, day_lag, week_lag)
     x_future = x[past_bins:]
     future_level = level[past_bins:]
     if not np.all(np.isfinite(future_level)):
@@ -355,7 +275,7 @@ def _seasonal(times: FloatArray, rates: FloatArray, now: float, horizon_s: float
         future_level = np.where(np.isfinite(future_level), future_level,
                                 known[-1] if known.size else float(np.log1p(np.mean(rates))))
     x_train = x[:past_bins][train]
-    columns = _split_columns(x_train)
+    columns = split_columns(x_train)
     x_train, x_future = x_train[:, columns], x_future[:, columns]
     y_train = target[:past_bins][train]
 

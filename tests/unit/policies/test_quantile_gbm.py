@@ -31,7 +31,7 @@ def test_trees_and_predictions_are_the_plain_estimators() -> None:
 
 
 def test_constant_and_repeated_columns_change_no_tree() -> None:
-    """The forecast drops them before fitting (`forecast._split_columns`): a constant
+    """The forecast drops them before fitting (`forecast_features.split_columns`): a constant
     column never splits and a copy of an earlier column loses every tie to it."""
     rng = np.random.default_rng(4)
     x = rng.normal(size=(2000, 3))
