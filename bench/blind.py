@@ -8,7 +8,8 @@ of bench/backtest.py) backtests blind in at most FLEET_TARGET_S, measured on the
 command itself (`gearshift policy backtest POLICY --trace T -o json [--blind]`, a
 child process: wall and CPU seconds, CPU being the figure a busy host distorts
 least), plain beside it. Blind runs also fit the policy's rate forecast (once a day
-per model, as the traffic level of the savings estimate): most of their runtime.
+per model, as the traffic level of the savings estimate; the peak model only when a
+decision cites it): most of their runtime.
 Prints one JSON object.
 Usage: python bench/blind.py [TRACES_DIR] [--seed N] [--fleet-only] [--fleet-days D]
        [--fleet-models M] [--keep-trace PATH]

@@ -96,6 +96,7 @@ def simulate(policy: Policy, trace: Trace, *, blind: bool = False, seed: int = 0
     replays = {m: ModelReplay(trace, m) for m in models}
     # Model state by the rules the live loop uses too (`policies.model_state`).
     tenure: dict[str, Tenure | None] = dict.fromkeys(models)
+    last_serving: dict[str, str | None] = dict.fromkeys(models)  # the engine of the last step
     switches: dict[str, list[SwitchRecord]] = {m: [] for m in models}
     trialled: dict[str, set[str]] = {m: set() for m in models}
     accepted: dict[str, list[Decision]] = {m: [] for m in models}
@@ -106,9 +107,13 @@ def simulate(policy: Policy, trace: Trace, *, blind: bool = False, seed: int = 0
         wanted: dict[str, Decision] = {}
         for m in models:
             # The replay serves one engine at a time; a switch in flight keeps the old one.
-            serving = current_engine({replays[m].serving_at(k): 1})
-            assert serving is not None
-            tenure[m] = advance_tenure(tenure[m], serving, now, first_seen=start - LONG_AGO_S)
+            # The tenure changes only when that engine does (`advance_tenure`).
+            engine = replays[m].serving_at(k)
+            if engine != last_serving[m]:
+                serving = current_engine({engine: 1})
+                assert serving is not None
+                tenure[m] = advance_tenure(tenure[m], serving, now, first_seen=start - LONG_AGO_S)
+                last_serving[m] = engine
         if k % every == 0:
             if learner is not None:
                 facts = {m: learner.facts(m) for m in models}

@@ -60,6 +60,13 @@ history is too short for the seasonal model and the forecast is a cheap
 fallback), from the samples before the refit time only, and handed to the
 decision core with the signals: its sustained rate is the traffic level of the
 savings estimate (`policies.economics`) and every decision cites it, as live.
+Its peak model is fitted only when a decision cites the peak (`defer_peak`).
+
+Cost: per (model, engine) the capacity estimate is refitted only when the
+observations grew by REFIT_GROWTH or REFIT_EVERY_S of serving, and the resolved
+capacities are reused while no engine's measurement can have changed (the same
+estimate, the same count while under MIN_MEASURED_S). The daily forecast fits
+remain most of a blind run's time.
 """
 
 from __future__ import annotations
@@ -67,6 +74,8 @@ from __future__ import annotations
 import math
 import statistics
 import zlib
+from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -87,6 +96,7 @@ from gearshift.policies.priors import (
     priors_for,
     resolve_capacities,
 )
+from gearshift.policies.schema import EnginePriors
 from gearshift.policies.signals import (
     LATENCY_SOURCE,
     PRIOR_SOURCE,
@@ -155,6 +165,7 @@ class LatencyWorld:
 
     def __init__(self, trace: Trace, *, seed: int = 0) -> None:
         self._trace = trace
+        self._start_s = trace.start.timestamp()
         rho_op = min(1 / (1 + trace.headroom), RHO_OPERATING_MAX)
         self.curves = {(m, e): LatencyCurve.calibrate(p.sla_ttft_p99_ms, p.ttft_p99_ms[e], rho_op)
                        for m, p in trace.profiles.items() for e in trace.engines}
@@ -174,8 +185,8 @@ class LatencyWorld:
         if n <= 0:
             return None
         p99 = self.curves[model, engine].p99_ms(r / (n * cap)) * self._noise[model, engine][k]
-        return Observation(LoadObservation(t.start.timestamp() + k * t.step_s, r / n, p99 / 1000.0,
-                                           None), n)
+        return Observation(LoadObservation(self._start_s + k * t.step_s, r / n, p99 / 1000.0, None),
+                           n)
 
 
 def blind_view(trace: Trace) -> Trace:
@@ -191,31 +202,31 @@ def blind_view(trace: Trace) -> Trace:
 class _Engine:
     """Observations of one model on one engine, and a cached estimate."""
 
-    def __init__(self, model: str, engine: str) -> None:
+    def __init__(self, model: str, engine: str, recent_n: int) -> None:
         self.model = CapacityModel(CapacityKey(model, engine, BLIND_ENGINE_VERSION, BLIND_GPU_MODEL),
                                    per_bin=PER_BIN)
         self.count = 0
-        self.recent: list[float] = []  # p99 (ms) of the last RECENT_P99_S of serving
+        self.recent: deque[float] = deque(maxlen=recent_n)  # p99 (ms), last RECENT_P99_S served
         self.scaled_out = False  # ever served by more than the minimum replicas
         self._estimate: CapacityEstimate | None = None
-        self._estimated_at = 0
+        self.estimated_at = 0  # the observation count of the cached estimate
         self.top_within_sla: float | None = None  # highest load served within the SLA
 
-    def add(self, obs: LoadObservation, replicas_n: int, min_replicas: int, recent_n: int) -> None:
+    def add(self, obs: LoadObservation, replicas_n: int, min_replicas: int) -> None:
         if self.model.add(obs) is None:
             self.count += 1
             self.scaled_out = self.scaled_out or replicas_n > min_replicas
             assert obs.ttft_p99_s is not None
-            self.recent = [*self.recent[-(recent_n - 1):], obs.ttft_p99_s * 1000.0]
+            self.recent.append(obs.ttft_p99_s * 1000.0)
 
     def estimate(self, sla_s: float, refit_n: int) -> CapacityEstimate:
-        grown = self.count - self._estimated_at
-        if self._estimate is None or grown >= max(1, min(refit_n, REFIT_GROWTH * self._estimated_at)):
+        grown = self.count - self.estimated_at
+        if self._estimate is None or grown >= max(1, min(refit_n, REFIT_GROWTH * self.estimated_at)):
             self._estimate = self.model.estimate(sla_s, draws=ESTIMATE_DRAWS)
-            self._estimated_at = self.count
-            loads = [o.rps_per_replica for o in self.model.observations()
-                     if o.ttft_p99_s is not None and o.ttft_p99_s <= sla_s]
-            self.top_within_sla = max(loads) if loads else None
+            self.estimated_at = self.count
+            loads, p99 = self.model.series("ttft")
+            within = loads[p99 <= sla_s]
+            self.top_within_sla = float(within.max()) if within.size else None
         return self._estimate
 
 
@@ -224,16 +235,32 @@ class BlindLearner:
 
     def __init__(self, policy: Policy, view: Trace) -> None:
         self._policy, self._view = policy, view
-        self._engines = {(m, e): _Engine(m, e) for m in view.profiles for e in view.engines}
+        recent_n = max(1, math.ceil(RECENT_P99_S / view.step_s))
+        self._engines = {(m, e): _Engine(m, e, recent_n) for m in view.profiles
+                         for e in view.engines}
         self._min_n = max(1, math.ceil(MIN_MEASURED_S / view.step_s))
-        self._recent_n = max(1, math.ceil(RECENT_P99_S / view.step_s))
         self._refit_n = max(1, math.ceil(REFIT_EVERY_S / view.step_s))
         self._forecasts: dict[str, tuple[float, Forecast]] = {}  # model -> (made at, forecast)
+        # model -> (the engines' state keys, the capacities resolved from them)
+        # model -> (the engines' state keys, the capacities resolved from them, their citations)
+        self._capacities: dict[str, tuple[tuple[tuple[int | bool, ...], ...],
+                                          dict[str, EngineCapacity], dict[str, SignalValue]]] = {}
+        self._model_priors: dict[str, Mapping[str, EnginePriors]] = {}
 
     def observe(self, model: str, engine: str, obs: Observation | None) -> None:
         if obs is not None:
             self._engines[model, engine].add(obs.load, obs.replicas,
-                                             self._view.profiles[model].min_replicas, self._recent_n)
+                                             self._view.profiles[model].min_replicas)
+
+    def _state_key(self, model: str, engine: str) -> tuple[int | bool, ...]:
+        """What `measurements` reads of one engine's state: the observation count while
+        it is too little data, then which estimate (refitted here when due) and whether
+        the engine ever scaled out. Equal keys give equal measurements."""
+        state = self._engines[model, engine]
+        if state.count < self._min_n:
+            return (state.count,)
+        state.estimate(self._view.profiles[model].sla_ttft_p99_ms / 1000.0, self._refit_n)
+        return (-1, state.estimated_at, state.scaled_out)
 
     def measurements(self, model: str) -> dict[str, Measurement]:
         """What the observations of each engine show (nothing read from the header)."""
@@ -266,16 +293,28 @@ class BlindLearner:
         return out
 
     def capacities(self, model: str) -> dict[str, EngineCapacity]:
-        """One capacity per engine: the shared rule over what was measured and the priors."""
-        priors = priors_for(self._policy.doc.spec.models, model).engines
-        return resolve_capacities(self.measurements(model), priors, self._view.engines)
+        """One capacity per engine: the shared rule over what was measured and the priors
+        (resolved again only when an engine's measurement can have changed)."""
+        key = tuple(self._state_key(model, e) for e in self._view.engines)
+        cached = self._capacities.get(model)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        caps = resolve_capacities(self.measurements(model), self._priors(model), self._view.engines)
+        self._capacities[model] = (key, caps, citations(caps))
+        return caps
+
+    def _priors(self, model: str) -> Mapping[str, EnginePriors]:
+        if (found := self._model_priors.get(model)) is None:
+            found = self._model_priors[model] = priors_for(self._policy.doc.spec.models,
+                                                           model).engines
+        return found
 
     def facts(self, model: str) -> ModelFacts:
         """Facts for the decision core, citing where each capacity came from."""
         v, p = self._view, self._view.profiles[model]
-        priors = priors_for(self._policy.doc.spec.models, model).engines
+        priors = self._priors(model)
         caps = self.capacities(model)
-        cite: dict[str, SignalValue] = citations(caps)
+        cite: dict[str, SignalValue] = dict(self._capacities[model][2])
         engines = {}
         for e in self._view.engines:
             recent = self._engines[model, e].recent
@@ -307,6 +346,6 @@ class BlindLearner:
         spec = self._policy.doc.spec
         fc = decision_forecast(history.sample_ts[:end], history.rps[:end], now, spec.cost.horizon,
                                step_s=history.sample_period_s,
-                               quantile=spec.signals.sustained_quantile)
+                               quantile=spec.signals.sustained_quantile, defer_peak=True)
         self._forecasts[model] = (now, fc)
         return fc

@@ -22,6 +22,15 @@ the horizon of the low path (so on a flat series it is the rate's low quantile,
 and on a daily cycle it sits near the trough, like the `rps_sustained` signal of
 a window), `peak_rps` is the highest value of the high path.
 
+Cost: the two fits are most of a forecast's time (about 0.1 s each over 28 days of
+5-minute bins). Columns that cannot change a tree (constant, or a copy of an
+earlier one: with a horizon of whole weeks the day and week lags coincide) are
+dropped before fitting (`policies.forecast_features` builds the grid and the
+features); `defer_peak=True` (the blind backtest, which reads the
+peak only when a decision cites it) fits the peak model on first read of
+`peak_rps`/`path_high` (`DeferredPeakForecast`, same figures); scikit-learn is
+imported with the first fit, so a caller that never fits never loads it.
+
 Fallbacks are results, never exceptions: with under `MIN_SEASONAL_HISTORY_S` of
 history, or a constant series, the forecast is the recent low/high quantile
 (`method="recent-quantile"`, with the reason); with too few valid samples, or
@@ -33,29 +42,36 @@ extreme outliers are dropped and counted in the reason.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-from threadpoolctl import ThreadpoolController
 
 from gearshift.common.errors import InvalidArgument
-from gearshift.policies.quantile_gbm import quantile_regressor
+from gearshift.policies.forecast_features import SECONDS_PER_DAY as SECONDS_PER_DAY
+from gearshift.policies.forecast_features import SECONDS_PER_HOUR as SECONDS_PER_HOUR
+from gearshift.policies.forecast_features import SECONDS_PER_WEEK as SECONDS_PER_WEEK
+from gearshift.policies.forecast_features import (
+    FloatArray,
+    daily_level,
+    features,
+    grid_means,
+    no_day_lag_rows,
+    split_columns,
+)
 
-FloatArray = npt.NDArray[np.float64]
+if TYPE_CHECKING:
+    from threadpoolctl import ThreadpoolController
 
-SECONDS_PER_HOUR = 3600.0
-SECONDS_PER_DAY = 86400.0
-SECONDS_PER_WEEK = 7 * SECONDS_PER_DAY
 TRAIN_WINDOW_S = 28 * SECONDS_PER_DAY      # history the seasonal model reads
 MAX_TRAIN_ROWS = 9000                      # bins; coarser bins beyond this
 MIN_SEASONAL_HISTORY_S = 2 * SECONDS_PER_DAY  # below: recent-quantile fallback
 MIN_POINTS = 12                            # valid samples below which nothing is said
 RECENT_WINDOW_S = SECONDS_PER_DAY          # window of the recent-quantile fallback
 MIN_STALE_S = SECONDS_PER_HOUR             # no sample for max(this, 6 steps): no forecast
-LAG_SMOOTH_S = 1800.0                      # half-width of the lag smoothing window
 OUTLIER_MADS = 25.0                        # robust z above which a rate is an outlier
 DEFAULT_PEAK_QUANTILE = 0.9
 FIT_ITERATIONS = 60                        # boosting rounds per quantile model
@@ -82,6 +98,40 @@ class Forecast:
     path_high: tuple[float, ...] = ()  # per-bin `peak_quantile` forecast
 
 
+class DeferredPeakForecast(Forecast):
+    """A seasonal forecast whose peak model is fitted when `peak_rps` or `path_high` is
+    first read: the same figures as the eager `Forecast`, one fit instead of two while
+    only the sustained level is read (a backtest step reads the peak only when a
+    decision cites it)."""
+
+    def __init__(self, fit_peak: Callable[[], tuple[float, tuple[float, ...]]], *,
+                 status: Status, method: Method, sustained_rps: float | None, horizon_s: float,
+                 quantile: float, reason: str, points: int, path_ts: tuple[float, ...],
+                 path_low: tuple[float, ...]) -> None:
+        for name, value in (("status", status), ("method", method),
+                            ("sustained_rps", sustained_rps), ("horizon_s", horizon_s),
+                            ("quantile", quantile), ("reason", reason), ("points", points),
+                            ("path_ts", path_ts), ("path_low", path_low),
+                            ("_fit_peak", fit_peak), ("_peak", None)):
+            object.__setattr__(self, name, value)
+
+    def _peak_fitted(self) -> tuple[float, tuple[float, ...]]:
+        peak: tuple[float, tuple[float, ...]] | None = self.__dict__["_peak"]
+        if peak is None:
+            peak = self.__dict__["_fit_peak"]()
+            object.__setattr__(self, "_peak", peak)
+            object.__setattr__(self, "_fit_peak", None)  # the training data goes with it
+        return peak
+
+    @property  # type: ignore[override]
+    def peak_rps(self) -> float | None:
+        return self._peak_fitted()[0]
+
+    @property  # type: ignore[override]
+    def path_high(self) -> tuple[float, ...]:
+        return self._peak_fitted()[1]
+
+
 def _check_args(now: float, horizon_s: float, step_s: float, quantile: float,
                 peak_quantile: float) -> None:
     for name, value in (("now", now), ("horizon_s", horizon_s), ("step_s", step_s)):
@@ -104,13 +154,15 @@ def _none(reason: str, horizon_s: float, quantile: float, points: int) -> Foreca
 
 def forecast_rate(ts: npt.ArrayLike, rps: npt.ArrayLike, now: float, horizon_s: float, *,
                   step_s: float = 300.0, quantile: float = 0.1,
-                  peak_quantile: float = DEFAULT_PEAK_QUANTILE) -> Forecast:
+                  peak_quantile: float = DEFAULT_PEAK_QUANTILE,
+                  defer_peak: bool = False) -> Forecast:
     """Forecast the rate over (now, now + horizon_s] from the samples with ts < now.
 
     `ts` are epoch seconds (any order), `rps` the request rate of each sample,
     `step_s` the sampling period. Bad data gives a fallback or an
     "insufficient_data" result with the reason; only bad arguments raise
-    `InvalidArgument`.
+    `InvalidArgument`. `defer_peak`: a seasonal forecast fits its peak model only
+    when the peak is first read (`DeferredPeakForecast`; same figures).
     """
     _check_args(now, horizon_s, step_s, quantile, peak_quantile)
     times = np.asarray(ts, dtype=np.float64).ravel()
@@ -153,68 +205,11 @@ def forecast_rate(ts: npt.ArrayLike, rps: npt.ArrayLike, now: float, horizon_s: 
                         f"{MIN_SEASONAL_HISTORY_S / 3600:.0f} h")
     else:
         return _seasonal(times, rates, now, horizon_s, bin_s, path_ts, quantile, peak_quantile,
-                         points, notes)
+                         points, notes, defer_peak)
     low = float(np.quantile(recent, quantile))
     high = float(np.quantile(recent, peak_quantile))
     return Forecast("ok", "recent-quantile", low, high, horizon_s, quantile, "; ".join(notes),
                     points, tuple(path_ts.tolist()), (low,) * future_bins, (high,) * future_bins)
-
-
-def _grid(times: FloatArray, rates: FloatArray, now: float, bin_s: float,
-          past_bins: int, future_bins: int) -> FloatArray:
-    """Mean rate per bin; bins [-past_bins, future_bins) relative to `now`; NaN = no data."""
-    index = np.floor((times - now) / bin_s).astype(np.int64) + past_bins
-    inside = (index >= 0) & (index < past_bins)
-    total = np.bincount(index[inside], weights=rates[inside], minlength=past_bins + future_bins)
-    count = np.bincount(index[inside], minlength=past_bins + future_bins)
-    grid = np.full(past_bins + future_bins, np.nan)
-    has = count > 0
-    grid[has] = total[has] / count[has]
-    return grid
-
-
-def _window_mean(grid: FloatArray, before: int, after: int) -> FloatArray:
-    """nanmean of grid[i - before .. i + after] for every i (NaN where all are NaN)."""
-    filled = np.where(np.isnan(grid), 0.0, grid)
-    present = (~np.isnan(grid)).astype(np.float64)
-    csum = np.concatenate([[0.0], np.cumsum(filled)])
-    ccount = np.concatenate([[0.0], np.cumsum(present)])
-    idx = np.arange(grid.size)
-    lo = np.clip(idx - before, 0, grid.size)
-    hi = np.clip(idx + after + 1, 0, grid.size)
-    count = ccount[hi] - ccount[lo]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(count > 0, (csum[hi] - csum[lo]) / np.maximum(count, 1), np.nan)
-
-
-def _shift(values: FloatArray, lag: int) -> FloatArray:
-    out = np.full(values.size, np.nan)
-    if lag < values.size:
-        out[lag:] = values[: values.size - lag]
-    return out
-
-
-def _level(grid: FloatArray, bin_s: float, day_lag: int) -> tuple[FloatArray, FloatArray]:
-    """(mean rate of the day ending at each bin, log level: that mean one day lag earlier)."""
-    per_day = max(1, round(SECONDS_PER_DAY / bin_s))
-    day_mean = _window_mean(grid, per_day - 1, 0)
-    return day_mean, np.log1p(_shift(day_mean, day_lag))
-
-
-def _features(grid: FloatArray, bin_ts: FloatArray, bin_s: float, day_mean: FloatArray,
-              level: FloatArray, day_lag: int, week_lag: int) -> FloatArray:
-    """The feature matrix per bin; the target is log1p(rate) - log level."""
-    half = max(0, round(LAG_SMOOTH_S / bin_s))
-    smooth = _window_mean(grid, half, half)
-    lag_day = np.log1p(_shift(smooth, day_lag)) - level
-    lag_week = np.log1p(_shift(smooth, week_lag)) - level
-    week_level = np.log1p(_shift(day_mean, week_lag)) - level
-    centre = bin_ts + bin_s / 2
-    hour = 2 * np.pi * (centre % SECONDS_PER_DAY) / SECONDS_PER_DAY
-    # 1970-01-01 was a Thursday: +3 days makes Monday 0.
-    dow = 2 * np.pi * (((centre // SECONDS_PER_DAY) + 3) % 7) / 7
-    return np.column_stack([np.sin(hour), np.cos(hour), np.sin(dow), np.cos(dow),
-                            lag_day, lag_week, week_level])
 
 
 _threadpools: list[ThreadpoolController] = []  # the one controller (a scan of the loaded libraries)
@@ -222,14 +217,21 @@ _threadpools: list[ThreadpoolController] = []  # the one controller (a scan of t
 
 def _one_openmp_thread() -> Any:
     """A context limiting OpenMP to one thread. The libraries are found once (scikit-learn's
-    are loaded with this module): scanning them costs more than a small fit."""
+    are loaded with the first fit): scanning them costs more than a small fit."""
     if not _threadpools:
+        from threadpoolctl import ThreadpoolController
+
         _threadpools.append(ThreadpoolController())
     return _threadpools[0].limit(limits=1, user_api="openmp")
 
 
 def _fit_predict(x_train: FloatArray, y_train: FloatArray, x_pred: FloatArray,
                  q: float) -> FloatArray:
+    # scikit-learn (and SciPy's statistics with it) on the first fit, not at import: a
+    # backtest on the header's facts, or a controller before its first forecast, never
+    # needs them (seconds of start-up, a hundred MB).
+    from gearshift.policies.quantile_gbm import quantile_regressor
+
     model = quantile_regressor(quantile=q, max_iter=FIT_ITERATIONS, learning_rate=0.1,
                                max_leaf_nodes=15, min_samples_leaf=40, early_stopping=False,
                                random_state=0)
@@ -242,27 +244,29 @@ def _fit_predict(x_train: FloatArray, y_train: FloatArray, x_pred: FloatArray,
 
 def _seasonal(times: FloatArray, rates: FloatArray, now: float, horizon_s: float, bin_s: float,
               path_ts: FloatArray, quantile: float, peak_quantile: float, points: int,
-              notes: list[str]) -> Forecast:
+              notes: list[str], defer_peak: bool = False) -> Forecast:
     past_bins = math.ceil(TRAIN_WINDOW_S / bin_s)
     future_bins = path_ts.size
-    grid = _grid(times, rates, now, bin_s, past_bins, future_bins)
-    bin_ts = now + bin_s * np.arange(-past_bins, future_bins, dtype=np.float64)
     day_lag = max(1, round(SECONDS_PER_DAY * math.ceil(horizon_s / SECONDS_PER_DAY - 1e-9) / bin_s))
     week_lag = max(1, round(SECONDS_PER_WEEK * math.ceil(horizon_s / SECONDS_PER_WEEK - 1e-9)
                             / bin_s))
-    day_mean, level = _level(grid, bin_s, day_lag)
-    target = np.log1p(grid) - level
-    train = np.isfinite(target[:past_bins])
+    train = None
+    if not no_day_lag_rows(times, now, bin_s, past_bins, day_lag):
+        grid = grid_means(times, rates, now, bin_s, past_bins, future_bins)
+        day_mean, level = daily_level(grid, bin_s, day_lag)
+        target = np.log1p(grid) - level
+        train = np.isfinite(target[:past_bins])
     # Checked before the other features are built: while the day lag reaches before
     # the history (the first days of a model) this is every call, and a cheap one.
-    if int(train.sum()) < max(MIN_POINTS, round(SECONDS_PER_DAY / bin_s) // 2):
+    if train is None or int(train.sum()) < max(MIN_POINTS, round(SECONDS_PER_DAY / bin_s) // 2):
         notes.insert(0, "too few samples with a known day-lag to train the seasonal model")
         recent = rates[times >= now - RECENT_WINDOW_S]
         low, high = (float(np.quantile(recent, q)) for q in (quantile, peak_quantile))
         return Forecast("ok", "recent-quantile", low, high, horizon_s, quantile,
                         "; ".join(notes), points, tuple(path_ts.tolist()),
                         (low,) * future_bins, (high,) * future_bins)
-    x = _features(grid, bin_ts, bin_s, day_mean, level, day_lag, week_lag)
+    bin_ts = now + bin_s * np.arange(-past_bins, future_bins, dtype=np.float64)
+    x = features(grid, bin_ts, bin_s, day_mean, level, day_lag, week_lag)
     x_future = x[past_bins:]
     future_level = level[past_bins:]
     if not np.all(np.isfinite(future_level)):
@@ -271,30 +275,42 @@ def _seasonal(times: FloatArray, rates: FloatArray, now: float, horizon_s: float
         future_level = np.where(np.isfinite(future_level), future_level,
                                 known[-1] if known.size else float(np.log1p(np.mean(rates))))
     x_train = x[:past_bins][train]
-    # A lag that reaches before the history (e.g. a week lag with 6 days) is all NaN.
-    usable = np.isfinite(x_train).any(axis=0)
-    paths = []
-    for q in (quantile, peak_quantile):
-        z = _fit_predict(x_train[:, usable], target[:past_bins][train], x_future[:, usable], q)
-        paths.append(np.maximum(0.0, np.expm1(z + future_level)))
-    low_path, high_path = paths
-    high_path = np.maximum(high_path, low_path)
+    columns = split_columns(x_train)
+    x_train, x_future = x_train[:, columns], x_future[:, columns]
+    y_train = target[:past_bins][train]
+
+    def path(q: float) -> FloatArray:
+        return np.maximum(0.0, np.expm1(_fit_predict(x_train, y_train, x_future, q) + future_level))
+
+    low_path = path(quantile)
+
+    def fit_peak() -> tuple[float, tuple[float, ...]]:
+        high_path = np.maximum(path(peak_quantile), low_path)
+        return float(np.max(high_path)), tuple(high_path.tolist())
+
     sustained = float(np.quantile(low_path, quantile))
-    peak = float(np.max(high_path))
-    return Forecast("ok", "seasonal-gbm", sustained, peak, horizon_s, quantile, "; ".join(notes),
-                    points, tuple(path_ts.tolist()), tuple(low_path.tolist()),
-                    tuple(high_path.tolist()))
+    reason, bins_ts = "; ".join(notes), tuple(path_ts.tolist())
+    low_bins = tuple(low_path.tolist())
+    if defer_peak:
+        return DeferredPeakForecast(fit_peak, status="ok", method="seasonal-gbm",
+                                    sustained_rps=sustained, horizon_s=horizon_s,
+                                    quantile=quantile, reason=reason, points=points,
+                                    path_ts=bins_ts, path_low=low_bins)
+    peak, high_bins = fit_peak()
+    return Forecast("ok", "seasonal-gbm", sustained, peak, horizon_s, quantile, reason, points,
+                    bins_ts, low_bins, high_bins)
 
 
 def decision_forecast(ts: npt.ArrayLike, rps: npt.ArrayLike, now: float, horizon_s: float, *,
-                      step_s: float, quantile: float) -> Forecast:
+                      step_s: float, quantile: float, defer_peak: bool = False) -> Forecast:
     """`forecast_rate` as the decision paths (live loop, blind backtest) call it: the
     policy's sustained quantile clamped into [QUANTILE_MIN, QUANTILE_MAX] (a policy may
     say 0 or 1), and a bad argument (a horizon too long for the step, …) turned into
     an ``insufficient_data`` result with the reason: a forecast never stops a decision."""
     q = min(max(quantile, QUANTILE_MIN), QUANTILE_MAX)
     try:
-        return forecast_rate(ts, rps, now, horizon_s, step_s=step_s, quantile=q)
+        return forecast_rate(ts, rps, now, horizon_s, step_s=step_s, quantile=q,
+                             defer_peak=defer_peak)
     except InvalidArgument as exc:
         return Forecast("insufficient_data", "none", None, None, horizon_s, q,
                         f"forecast failed: {exc.message}", 0)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -97,3 +99,24 @@ def test_default_policy_results_are_pinned(results, name: str) -> None:
     switches = sum(len(m["switches"]) for m in results[name]["models"].values())
     assert (s["cost_usd"], s["flaps"], s["revision_lag_h"], s["sla_violation_min"],
             switches) == PINNED_SUMMARIES[name]
+
+
+def test_a_backtest_on_the_header_loads_no_learning_library() -> None:
+    """Without --blind nothing is forecast or fitted: scikit-learn and SciPy (seconds of
+    start-up) stay unloaded; a blind backtest loads them with its first fit."""
+    code = ("import json, sys\n"
+            "from gearshift.cli.main import main\n"
+            "try:\n"
+            "    main()\n"
+            "except SystemExit:\n"
+            "    pass\n"
+            "print(json.dumps(sorted({m.partition('.')[0] for m in sys.modules})), file=sys.stderr)\n")
+    trace = TRACES / "steady-70b.jsonl.gz"
+    for blind in (False, True):
+        args = ["policy", "backtest", str(EXAMPLES / "default.yaml"), "--trace", str(trace),
+                "-o", "json", *(["--blind"] if blind else [])]
+        proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                              check=True, timeout=300)
+        assert json.loads(proc.stdout)["summary"]["cost_usd"] > 0
+        loaded = set(json.loads(proc.stderr.strip().splitlines()[-1]))
+        assert ({"sklearn", "scipy"} <= loaded) is blind, sorted(loaded & {"sklearn", "scipy"})

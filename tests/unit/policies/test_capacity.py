@@ -23,7 +23,7 @@ from gearshift.policies.capacity import (
     gain,
     plot_capacity,
 )
-from gearshift.policies.capacity_fit import BIN_RATIO
+from gearshift.policies.capacity_fit import BIN_RATIO, estimate_metric, monotone_fit, outlier_mask
 
 SLA_S = 0.45
 
@@ -253,3 +253,41 @@ def test_beyond_max_bins_the_emptiest_oldest_bin_goes() -> None:
     assert MAX_BINS < len(expected) <= 3 * MAX_BINS  # bins were dropped
     assert model.observations() == expected
     assert len(model) == len(expected)
+
+
+def _crossing_by_fit(loads: np.ndarray, lat: np.ndarray, sla: float) -> float:
+    """The SLA crossing of a full monotone fit (the definition the bootstrap must keep)."""
+    x, fit = monotone_fit(loads, lat)
+    above = np.nonzero(fit > sla)[0]
+    if above.size == 0:
+        return float(x[-1])
+    j = int(above[0])
+    if j == 0 or x[j] <= x[j - 1]:
+        return float(x[max(j - 1, 0)])
+    f0, f1, target = (math.log(max(v, 1e-9)) for v in (fit[j - 1], fit[j], sla))
+    return float(x[j - 1] + (target - f0) / (f1 - f0) * (x[j] - x[j - 1]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(10, 300), sla=st.sampled_from([0.5, 1.0, 2.0]),
+       knee=st.floats(1.5, 6.0), rounded=st.booleans())
+def test_bootstrap_draws_are_those_of_a_fit_per_resample(seed: int, n: int, sla: float,
+                                                         knee: float, rounded: bool) -> None:
+    """Resamples clearly under the SLA skip the fit; every draw is still the full fit's."""
+    rng = np.random.default_rng(seed)
+    loads = rng.uniform(1.0, 3.0, n) * rng.choice([1.0, 1.5], n)
+    if rounded:
+        loads = np.round(loads, 1)  # ties in load
+    lat = 0.3 * np.maximum(0.05, 1 - loads / knee) ** -0.5 * np.exp(0.05 * rng.standard_normal(n))
+    _, est = estimate_metric("ttft", loads, lat, sla, 30, seed)
+    if est.status == "insufficient_data":
+        return
+    draws = np.random.default_rng(seed)
+    # The reference resamples the kept (non-outlier) observations, as the estimate does.
+    keep = ~outlier_mask(loads, lat)
+    kl, kt = loads[keep], lat[keep]
+    expected = []
+    for _ in range(30):
+        pick = draws.integers(0, kl.size, kl.size)
+        expected.append(_crossing_by_fit(kl[pick], kt[pick], sla))
+    assert list(est.draws) == expected

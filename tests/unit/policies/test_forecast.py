@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +12,7 @@ from gearshift.common.errors import InvalidArgument
 from gearshift.policies.forecast import (
     SECONDS_PER_DAY,
     SECONDS_PER_WEEK,
+    DeferredPeakForecast,
     Forecast,
     forecast_rate,
     pinball_loss,
@@ -138,3 +139,19 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     empty = Forecast("insufficient_data", "none", None, None, HORIZON_S, 0.1, "no data", 0)
     assert plot_forecast([], [], empty, tmp_path / "none.png").stat().st_size > 0
+
+
+def test_a_deferred_peak_gives_the_eager_forecast() -> None:
+    ts, rps = seasonal(16)
+    now = START + 15 * SECONDS_PER_DAY
+    eager = forecast_rate(ts, rps, now, SECONDS_PER_WEEK, step_s=STEP_S, quantile=0.1)
+    deferred = forecast_rate(ts, rps, now, SECONDS_PER_WEEK, step_s=STEP_S, quantile=0.1,
+                             defer_peak=True)
+    assert eager.method == "seasonal-gbm"
+    assert isinstance(deferred, DeferredPeakForecast)
+    assert deferred.sustained_rps == eager.sustained_rps  # read before the peak is fitted
+    assert asdict(deferred) == asdict(eager)
+    # A fallback has nothing to defer: it is the plain forecast.
+    young = forecast_rate(ts, rps, START + 3 * SECONDS_PER_DAY, SECONDS_PER_WEEK, step_s=STEP_S,
+                          defer_peak=True)
+    assert type(young) is Forecast and young.method == "recent-quantile"

@@ -28,3 +28,19 @@ def test_trees_and_predictions_are_the_plain_estimators() -> None:
         plain = HistGradientBoostingRegressor(loss="quantile", quantile=q, **params).fit(x, y)
         assert type(fast) is not HistGradientBoostingRegressor  # the cheaper path was taken
         np.testing.assert_array_equal(fast.predict(x), plain.predict(x))
+
+
+def test_constant_and_repeated_columns_change_no_tree() -> None:
+    """The forecast drops them before fitting (`forecast_features.split_columns`): a constant
+    column never splits and a copy of an earlier column loses every tie to it."""
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(2000, 3))
+    x[rng.random(2000) < 0.05, 2] = np.nan  # missing values go the same way in both copies
+    y = np.sin(x[:, 0]) + 0.3 * np.nan_to_num(x[:, 2]) + rng.standard_t(3, size=2000)
+    padded = np.column_stack([x[:, 0], x[:, 1], x[:, 2], np.zeros(2000), x[:, 2], x[:, 0]])
+    params = {"max_iter": 30, "max_leaf_nodes": 15, "min_samples_leaf": 40,
+              "early_stopping": False, "random_state": 0}
+    for q in (0.1, 0.9):
+        lean = quantile_regressor(quantile=q, **params).fit(x, y)
+        full = quantile_regressor(quantile=q, **params).fit(padded, y)
+        np.testing.assert_array_equal(lean.predict(x), full.predict(padded))
