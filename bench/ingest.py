@@ -21,7 +21,7 @@ Prints one JSON object:
   agent_max_process_cores, controller_split
 Controller CPU is read from the controller process over the measured window, and
 split by thread (`controller_split`): the event loop (the main thread), the store
-writer (named `gearshift-store-writer`), the rest (gRPC's own threads), and the garbage
+writer (named `gs-store-writer`), the rest (gRPC's own threads), and the garbage
 collector's pauses (from the controller's metrics, inside the thread that ran it);
 `loop_stalls_over_50ms` counts the event loop's wake-ups that came over 50 ms late
 and `loop_stall_max_under_s` bounds its longest stall (both from
@@ -66,7 +66,6 @@ WARMUP_S = 3.0  # worker processes importing and starting their loops
 AGENTS_PER_WORKER = 1000
 ACK_GRACE_S = 2.0  # how long an agent waits for its last acks after the window
 CONNECT_TIMEOUT_S = 120.0  # the window opens then even if some agents are not connected
-WRITER_THREAD_COMM = "gearshift-store"  # the store writer's thread name, as Linux truncates it
 
 
 def _deployment(agent: int, i: int, rng: random.Random) -> Any:
@@ -261,7 +260,7 @@ def _thread_cpu(pid: int) -> dict[str, float]:
             name = Path(f"/proc/{pid}/task/{t.id}/comm").read_text().strip()
         except OSError:
             name = ""
-        role = ("event_loop" if t.id == pid else "writer" if name == WRITER_THREAD_COMM
+        role = ("event_loop" if t.id == pid else "writer" if name == "gs-store-writer"
                 else "other_threads")
         out[role] += t.user_time + t.system_time
     return out
