@@ -22,7 +22,10 @@ Prints one JSON object:
 Controller CPU is read from the controller process over the measured window, and
 split by thread (`controller_split`): the event loop (the main thread), the store
 writer (named `gs-store-writer`), the rest (gRPC's own threads), and the garbage
-collector's pauses (from the controller's metrics, inside the thread that ran it).
+collector's pauses (from the controller's metrics, inside the thread that ran it);
+`loop_stalls_over_50ms` counts the event loop's wake-ups that came over 50 ms late
+and `loop_stall_max_under_s` bounds its longest stall (both from
+``gearshift_controller_event_loop_lag_seconds``).
 `agent_cores` is the simulated agents' own CPU over the window (all processes;
 `agent_max_process_cores` the busiest one: near 1.0 it, not the controller, is the
 bottleneck). `streams_failed` counts agent streams that ended in an error, and
@@ -263,14 +266,40 @@ def _thread_cpu(pid: int) -> dict[str, float]:
     return out
 
 
-def _gc_seconds(metrics_port: int) -> float:
-    """Total garbage-collector pause time the controller's metrics report."""
+def _scrape(metrics_port: int) -> dict[str, float]:
+    """The controller's metrics that the bench reads, as {sample: value} (empty: none)."""
     if not metrics_port:
-        return float("nan")
+        return {}
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
         text = r.read().decode()
-    return sum(float(line.split()[-1]) for line in text.splitlines()
-               if line.startswith("gearshift_controller_gc_pause_seconds_sum"))
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(("gearshift_controller_gc_pause_seconds_sum",
+                            "gearshift_controller_event_loop_lag_seconds_bucket")):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def _gc_seconds(m0: dict[str, float], m1: dict[str, float]) -> float:
+    """Garbage-collector pause time between two scrapes."""
+    if not m1:
+        return float("nan")
+    return sum(v - m0.get(k, 0.0) for k, v in m1.items()
+               if k.startswith("gearshift_controller_gc_pause_seconds_sum"))
+
+
+def _loop_stalls(m0: dict[str, float], m1: dict[str, float]) -> dict[str, float]:
+    """The event loop's stalls between two scrapes (from its lag histogram): how many
+    probes woke over 50 ms late, and the bucket bound the longest stall was under."""
+    les = {float(k.split('le="')[1].split('"')[0]): v - m0.get(k, 0.0)
+           for k, v in m1.items() if k.startswith("gearshift_controller_event_loop_lag_")}
+    if not les:
+        return {}
+    total = les.get(math.inf, 0.0)
+    return {"loop_stalls_over_50ms": round(total - les.get(0.05, 0.0)),
+            "loop_stall_max_under_s": min((le for le, n in les.items() if n >= total),
+                                          default=math.inf)}
 
 
 def main() -> int:
@@ -331,11 +360,11 @@ def main() -> int:
             time.sleep(max(0.0, t_measure - time.time()))
             cpu0 = sum(ctl_ps.cpu_times()[:2]) if ctl_ps else 0.0
             split0 = _thread_cpu(pid) if ctl_ps else {}
-            gc0 = _gc_seconds(fleet.metrics_port if ctl else 0)
+            m0 = _scrape(fleet.metrics_port if ctl else 0)
             time.sleep(max(0.0, t_end - time.time()))
             cpu1 = sum(ctl_ps.cpu_times()[:2]) if ctl_ps else 0.0
             split1 = _thread_cpu(pid) if ctl_ps else {}
-            gc1 = _gc_seconds(fleet.metrics_port if ctl else 0)
+            m1 = _scrape(fleet.metrics_port if ctl else 0)
             rss_mb = ctl_ps.memory_info().rss / 1e6 if ctl_ps else 0.0
             fds = ctl_ps.num_fds() if ctl_ps else 0
             fd_limit = ctl_ps.rlimit(psutil.RLIMIT_NOFILE)[0] if ctl_ps else 0
@@ -381,7 +410,7 @@ def main() -> int:
     out["agent_max_process_cores"] = round(max(s["cpu_s"] for s in stats) / args.duration_s, 3)
     out["controller_split"] = {
         **{f"{k}_cores": round((split1[k] - split0[k]) / args.duration_s, 3) for k in split1},
-        "gc_s": round(gc1 - gc0, 3)}
+        "gc_s": round(_gc_seconds(m0, m1), 3), **_loop_stalls(m0, m1)}
     print(json.dumps(out))
     return 0
 

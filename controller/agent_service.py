@@ -132,10 +132,15 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         request_iterator: AsyncIterator[agent_pb2.AgentMessage],
         context: aio.ServicerContext,
     ) -> AsyncIterator[agent_pb2.ControllerMessage]:
-        it = request_iterator.__aiter__()
+        # Messages are read with `context.read()`, not through `request_iterator`: gRPC's
+        # iterator keeps the last message it yielded while it awaits the next, a whole
+        # report interval, and a parsed report holds its protobuf arena (about 11 KB for
+        # 8 deployments): a hundred MB over a fleet of 10,000.
         try:
-            first = await asyncio.wait_for(it.__anext__(), HELLO_TIMEOUT_S)
-        except (TimeoutError, StopAsyncIteration):
+            first = await asyncio.wait_for(context.read(), HELLO_TIMEOUT_S)
+        except TimeoutError:
+            first = aio.EOF
+        if first is aio.EOF:
             self.metrics.rejected.labels("no_hello").inc()
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 f"expected a hello within {HELLO_TIMEOUT_S:.0f} s")
@@ -186,13 +191,14 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             report_interval_s=self.report_interval_s, controller_epoch=self.epoch,
             controller_id=self.controller_id, session_token=conn.token))
 
-        reader = asyncio.create_task(self._read(it, host_id, entry, conn))
+        reader = asyncio.create_task(self._read(context, host_id, entry, conn))
         try:
             while True:
                 msg = await conn.next_message()
                 if msg is None:
                     break
                 yield msg
+                del msg  # gRPC's writer keeps the last one it wrote; this frame need not
             failure = reader.exception() if reader.done() else None
             if isinstance(failure, GearshiftError):
                 await context.abort(grpc_status(failure), failure.message)
@@ -211,10 +217,10 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             self.metrics.agents_connected.dec()
             log.info("agent %s stream closed", host_id)
 
-    async def _read(self, it: AsyncIterator[agent_pb2.AgentMessage], host_id: str,
+    async def _read(self, context: aio.ServicerContext, host_id: str,
                     entry: HostEntry, conn: AgentConnection) -> None:
         try:
-            async for msg in it:
+            while (msg := await context.read()) is not aio.EOF:
                 kind = msg.WhichOneof("body")
                 if kind == "report":
                     self._handle_report(host_id, entry, msg.report, conn)
@@ -227,6 +233,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 else:
                     self.metrics.rejected.labels("empty").inc()
                     raise InvalidArgument("empty agent message (no body set)")
+                del msg  # not kept while the next one is awaited (see Connect)
         except GearshiftError as exc:
             log.warning("agent %s: %s; closing its stream", host_id, exc.message)
             raise

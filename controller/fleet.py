@@ -87,6 +87,8 @@ class HostEntry:
     deployments_at: float = 0.0  # when `deployments` were reported (all in one report)
     # route_key() of `deployments`, kept so a report compares against it without rebuilding it
     shape: tuple[DeploymentShape, ...] = ()
+    # model -> request rate of its ready deployments that report metrics (`model_rates`)
+    rates: dict[str, float] = field(default_factory=dict)
 
     @property
     def deployment_ts(self) -> dict[str, float]:
@@ -156,6 +158,7 @@ class FleetState:
             entry.deployments = prior.deployments
             entry.deployments_at = prior.deployments_at
             entry.shape = prior.shape
+            entry.rates = prior.rates
             entry.reports = prior.reports
             entry.last_seq = 0
         self.hosts[hello.host_id] = entry  # its deployments, and so the routes, are unchanged
@@ -180,6 +183,11 @@ class FleetState:
                                   {d.deployment_id: d for d in deps}, now)
         entry.deployments = Deployments(deps)
         entry.deployments_at = now
+        rates: dict[str, float] = {}
+        for d in deps:
+            if d.phase == Ready and d.metrics_present:
+                rates[d.model] = rates.get(d.model, 0.0) + d.request_rate
+        entry.rates = rates
         shape = _shape(deps)
         if shape != entry.shape:
             # Rare (a deployment came, went or changed phase): the steady state skips all this.
@@ -238,6 +246,17 @@ class FleetState:
         now = self._clock()
         counts: Counter[int] = Counter(e.state(now) for e in self.hosts.values())
         return dict(counts)
+
+    def model_rates(self) -> dict[str, float]:
+        """Model -> total request rate of its ready deployments that report metrics, from
+        what each host's last report left (O(hosts), nothing parsed: the walk over every
+        deployment this replaces held the event loop for a fifth of a second at 10,000
+        hosts)."""
+        out: dict[str, float] = {}
+        for entry in self.hosts.values():
+            for model, rate in entry.rates.items():
+                out[model] = out.get(model, 0.0) + rate
+        return out
 
     def model_names(self) -> set[str]:
         """The models with at least one deployment, from the index reports keep up to date

@@ -268,11 +268,7 @@ class PolicyLoop:
     def sample_rates(self, now: float) -> None:
         if not self.history.due(now):
             return
-        rates: dict[str, float] = {}
-        for _h, d, _ts in self.fleet.deployments():
-            if d.phase == agent_pb2.DEPLOYMENT_PHASE_READY and d.metrics_present:
-                rates[d.model] = rates.get(d.model, 0.0) + d.request_rate
-        self.history.sample(now, rates)
+        self.history.sample(now, self.fleet.model_rates())
 
     # -- evaluation -------------------------------------------------------------------
 

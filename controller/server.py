@@ -38,6 +38,7 @@ from gearshift.controller.ha import Leadership
 from gearshift.controller.leader import LeaderElector
 from gearshift.controller.learning import CapacityLearner, Forecaster
 from gearshift.controller.limits import raise_open_files_limit
+from gearshift.controller.loop_lag import LoopLagProbe
 from gearshift.controller.metrics import ControllerMetrics
 from gearshift.controller.migration_commands import deployment_phase_name
 from gearshift.controller.migration_store import MigrationRepository, MigrationRow
@@ -466,6 +467,7 @@ async def run_controller(config: ControllerConfig, *, ready_file: Path | None = 
     gc_policy = GcPolicy(controller.metrics.registry)
     gc_policy.install()
     gc_task = asyncio.create_task(gc_policy.run())
+    lag_task = asyncio.create_task(LoopLagProbe(controller.metrics.registry).run())
     if ready_file is not None:
         ready_file.write_text(f"{controller.port} {controller.metrics_port or 0} "
                               f"{controller.enrol_port or 0}\n")
@@ -479,6 +481,7 @@ async def run_controller(config: ControllerConfig, *, ready_file: Path | None = 
     await stop.wait()
     log.info("shutting down")
     gc_task.cancel()
+    lag_task.cancel()
     gc_policy.uninstall()
     await controller.stop()
 

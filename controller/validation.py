@@ -41,8 +41,6 @@ SLEEP_STATES = frozenset(agent_pb2.EngineSleepState.values())
 VERSION_MATCHES = frozenset(agent_pb2.VersionMatch.values())
 MAX_EXECUTABLE_LEN = 4096
 _CONTROL_CHARS_RE = re.compile(r"[\x00-\x1f\x7f]")
-_OPTIONAL_SIGNALS = ("preemptions_per_s", "prefix_cache_hit_rate", "mean_prompt_tokens",
-                     "mean_generation_tokens")
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
@@ -159,18 +157,20 @@ def _version_texts_ok(version: str, release: str) -> bool:
 
 
 def _sla_signals_look_valid(d: agent_pb2.DeploymentReport, gpus: int) -> bool:
+    """The SLA signals' part of `_looks_valid`. An optional signal that is not set reads
+    0, which passes every bound, so no HasField is asked on the common path."""
     q = d.queue_time
-    queue = (q.p50_s, q.p99_s, q.mean_s)
-    optional = [getattr(d, f) for f in _OPTIONAL_SIGNALS if d.HasField(f)]
-    return (math.isfinite(sum(queue) + sum(optional)) and min(*queue, *optional) >= 0
-            and max(queue) <= MAX_LATENCY_S
-            and d.preemptions_per_s <= MAX_REQUEST_RATE_PER_GPU * gpus
-            and d.prefix_cache_hit_rate <= 1.0
-            and max(d.mean_prompt_tokens, d.mean_generation_tokens) <= MAX_TOKENS_PER_REQUEST
+    hi = MAX_LATENCY_S
+    used, total = d.kv_blocks_used, d.kv_blocks_total
+    return (0 <= q.p50_s <= hi and 0 <= q.p99_s <= hi and 0 <= q.mean_s <= hi
+            and 0 <= d.preemptions_per_s <= MAX_REQUEST_RATE_PER_GPU * gpus
+            and 0 <= d.prefix_cache_hit_rate <= 1.0
+            and 0 <= d.mean_prompt_tokens <= MAX_TOKENS_PER_REQUEST
+            and 0 <= d.mean_generation_tokens <= MAX_TOKENS_PER_REQUEST
             and d.sleep_state in SLEEP_STATES
-            and d.kv_blocks_total <= MAX_KV_BLOCKS
-            and (not d.HasField("kv_blocks_used") or not d.HasField("kv_blocks_total")
-                 or d.kv_blocks_used <= d.kv_blocks_total))
+            and total <= MAX_KV_BLOCKS
+            and (used <= total or not d.HasField("kv_blocks_used")
+                 or not d.HasField("kv_blocks_total")))
 
 
 def _check_sla_signals(p: str, d: agent_pb2.DeploymentReport, gpus: int, per_gpu: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -27,9 +28,20 @@ def _report(fleet: FleetState, host: str, seq: int,
     for dep in deps:
         dep_id, model, phase = dep[:3]
         engine, endpoint = dep[3:] if len(dep) == 5 else ("vllm", f"http://{host}:{seq}")
+        # Rates and metrics vary with the report and the deployment (for model_rates).
         r.deployments.add(deployment_id=dep_id, model=model, engine=engine, phase=phase,
-                          endpoint=endpoint, served_model_name=model)
+                          endpoint=endpoint, served_model_name=model, request_rate=seq + 0.5,
+                          metrics_present=not dep_id.endswith("2"))
     fleet.report(host, r)
+
+
+def _rates(fleet: FleetState) -> dict[str, float]:
+    """Request rate per model recomputed from every deployment: the ready ones with metrics."""
+    out: dict[str, float] = {}
+    for _h, d, _ts in fleet.deployments():
+        if d.phase == READY and d.metrics_present:
+            out[d.model] = out.get(d.model, 0.0) + d.request_rate
+    return out
 
 
 def _recount(fleet: FleetState) -> dict[tuple[str, int], int]:
@@ -145,6 +157,7 @@ def test_incremental_views_match_a_recomputation(steps: list) -> None:  # type: 
         assert fleet.deployment_counts() == _recount(fleet)
         assert _routes(fleet.routing_table()) == _expected_routes(fleet)
         assert fleet.model_names() == {d.model for _h, d, _ts in fleet.deployments()}
+        assert fleet.model_rates() == pytest.approx(_rates(fleet))
         for model in ("m", "n"):
             assert sorted(d.deployment_id for _h, d, _ts in fleet.deployments_of(model)) == sorted(
                 d.deployment_id for _h, d, _ts in fleet.deployments() if d.model == model)
