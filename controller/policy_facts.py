@@ -18,7 +18,7 @@ from gearshift.controller.fleet import FleetState
 from gearshift.controller.learning import live_capacities
 from gearshift.policies.loader import Policy
 from gearshift.policies.priors import EngineCapacity, priors_for
-from gearshift.policies.schema import ModelPriors
+from gearshift.policies.schema import EnginePriors, ModelPriors
 from gearshift.policies.signals import (
     LATENCY_SOURCE,
     PRIOR_SOURCE,
@@ -51,6 +51,7 @@ class FactsCache:
         self.learner = learner
         self._priors: dict[str, ModelPriors] = {}
         self._hosts: dict[str, tuple[list[str], Mapping[str, str]]] = {}
+        self._engines: dict[tuple[str, float | None, int], tuple[ModelPriors, EngineFacts]] = {}
         self._unmeasured: dict[int, tuple[ModelPriors, dict[str, EngineCapacity],
                                           dict[str, SignalValue]]] = {}
 
@@ -68,6 +69,17 @@ class FactsCache:
             entry = fleet.hosts[host_id]
             found = self._hosts[host_id] = ([g.model for g in entry.gpus], entry.hello.labels)
         return found
+
+    def unmeasured_engine(self, engine: str, capacity_rps: float | None, priors: ModelPriors,
+                          prior: EnginePriors | None) -> EngineFacts:
+        """The facts of an engine nothing was measured on (no latency, no SLA signal): the
+        same for every model with these priors and this capacity."""
+        key = (engine, capacity_rps, id(priors))
+        found = self._engines.get(key)
+        if found is None or found[0] is not priors:
+            overhead = self.policy.doc.spec.cost.build_overhead_usd.get(engine)  # type: ignore[call-overload]
+            found = self._engines[key] = (priors, EngineFacts(**_figures(capacity_rps, prior, overhead)))
+        return found[1]
 
     def capacities(self, model: str, gpu_model: str | None, priors: ModelPriors
                    ) -> tuple[dict[str, EngineCapacity], dict[str, SignalValue]]:
@@ -113,14 +125,13 @@ def model_facts(fleet: FleetState, ready: list[tuple[str, agent_pb2.DeploymentRe
         if e not in measured_ttft and e not in measured_itl and prior is not None and (
                 prior.ttft_p99_ms is not None or prior.itl_p99_ms is not None):
             cite[f"{LATENCY_SOURCE}.{e}"] = PRIOR_SOURCE
-        figures = {
-            "capacity_rps": caps[e].capacity_rps,
-            "ttft_p99_ms": measured_ttft.get(e, prior.ttft_p99_ms if prior else None),
-            "itl_p99_ms": measured_itl.get(e, prior.itl_p99_ms if prior else None),
-            "cold_start_s": prior.cold_start if prior else None,
-            "build_s": prior.build if prior else None,
-            "build_overhead_usd": overheads.get(e)}  # type: ignore[call-overload]
         measured = sla.get(e, NO_SLA_SIGNALS)
+        if measured is NO_SLA_SIGNALS and e not in measured_ttft and e not in measured_itl:
+            engines[e] = cache.unmeasured_engine(e, caps[e].capacity_rps, priors, prior)
+            continue
+        figures = _figures(caps[e].capacity_rps, prior, overheads.get(e))  # type: ignore[call-overload]
+        figures["ttft_p99_ms"] = measured_ttft.get(e, figures["ttft_p99_ms"])
+        figures["itl_p99_ms"] = measured_itl.get(e, figures["itl_p99_ms"])
         engines[e] = EngineFacts(**figures) if measured is NO_SLA_SIGNALS else replace(
             measured, **figures)
     labels: dict[str, str] = {}
@@ -131,6 +142,17 @@ def model_facts(fleet: FleetState, ready: list[tuple[str, agent_pb2.DeploymentRe
         sla_ttft_p99_ms=priors.sla_ttft_p99_ms, sla_itl_p99_ms=priors.sla_itl_p99_ms, engines=engines,
         nvidia=any(m.upper().startswith("NVIDIA") for m in gpu_models) if gpu_models else None,
         gpu_model=gpu_models[0] if gpu_models else None, labels=labels, citations=cite)
+
+
+def _figures(capacity_rps: float | None, prior: EnginePriors | None,
+             build_overhead_usd: float | None) -> dict[str, Any]:
+    """An engine's facts from its capacity and the policy (latency: the priors')."""
+    return {"capacity_rps": capacity_rps,
+            "ttft_p99_ms": prior.ttft_p99_ms if prior else None,
+            "itl_p99_ms": prior.itl_p99_ms if prior else None,
+            "cold_start_s": prior.cold_start if prior else None,
+            "build_s": prior.build if prior else None,
+            "build_overhead_usd": build_overhead_usd}
 
 
 _ASLEEP = frozenset({agent_pb2.ENGINE_SLEEP_STATE_WEIGHTS_OFFLOADED,

@@ -222,6 +222,18 @@ class PolicyLoop:
         return [(h, d) for h, d, _ in self.fleet.deployments_of(model)
                 if d.phase == agent_pb2.DEPLOYMENT_PHASE_READY]
 
+    def _ready_by_model(self) -> dict[str, list[tuple[str, agent_pb2.DeploymentReport]]]:
+        """`_ready` of every model, from one walk over the fleet (each report parsed once),
+        in the same order (by host, then as reported)."""
+        out: dict[str, list[tuple[str, agent_pb2.DeploymentReport]]] = {}
+        for h, d, _ in self.fleet.deployments():
+            if d.phase == agent_pb2.DEPLOYMENT_PHASE_READY:
+                out.setdefault(d.model, []).append((h, d))
+        for ready in out.values():
+            if len(ready) > 1:
+                ready.sort(key=lambda hd: hd[0])  # stable: a host's deployments keep their order
+        return out
+
     def model_facts(self, model: str, policy: Policy,
                     reads: TickReads | None = None) -> ModelFacts | None:
         ready = self._ready(model)
@@ -310,8 +322,9 @@ class PolicyLoop:
         cache = FactsCache(policy, self.learner)
         wanted: dict[str, FleetModel] = {}
         states: dict[str, ModelState] = {}
+        ready_of = self._ready_by_model()
         for model in models:
-            ready = self._ready(model)
+            ready = ready_of.get(model)
             if not ready:
                 continue
             facts = model_facts(self.fleet, ready, model, cache.priors(model), policy,

@@ -63,6 +63,7 @@ def compute_fleet_signals(axis: FloatArray, blocks: Iterable[tuple[list[str], Fl
     history_s = (now - float(axis[0])) if end else 0.0
     weeks = max(min(history_s, settings.revision_window_s), SECONDS_PER_WEEK) / SECONDS_PER_WEEK
     out: dict[str, Signals] = {}
+    buffer = None  # the prefix sums of one block, reused (no fresh pages for every block)
     for models, rates in blocks:
         rows = [i for i, m in enumerate(models) if m in wanted]
         if not rows:
@@ -71,7 +72,9 @@ def compute_fleet_signals(axis: FloatArray, blocks: Iterable[tuple[list[str], Fl
         if end:
             # The prefix sums `compute_signals` takes of one model, for every row at once
             # (a cumulative sum adds in order along each row: the same figures).
-            csum = np.cumsum(rates[:, :end], axis=1)
+            if buffer is None or buffer.shape[0] < rates.shape[0]:
+                buffer = np.empty((rates.shape[0], end))
+            csum = np.cumsum(rates[:, :end], axis=1, out=buffer[:rates.shape[0]])
             upto_end = csum[:, end - 1].tolist()
             upto_start = csum[:, start - 1].tolist() if start else [0.0] * len(models)
             current = rates[:, end - 1].tolist()
