@@ -187,10 +187,10 @@ def sla_signals(ready: list[tuple[str, agent_pb2.DeploymentReport]]) -> dict[str
             out[engine] = NO_SLA_SIGNALS
             continue
 
-        def total(name: str) -> float | None:
+        def total(name: str, found: dict[str, list[float]] = found) -> float | None:
             return sum(found[name]) if name in found else None
 
-        def mean(name: str) -> float | None:
+        def mean(name: str, found: dict[str, list[float]] = found) -> float | None:
             return sum(found[name]) / len(found[name]) if name in found else None
 
         out[engine] = EngineFacts(

@@ -51,6 +51,7 @@ from gearshift.controller.tables import (
     PolicyVersionRow,
 )
 from gearshift.policies.core import ModelState, decide
+from gearshift.policies.fleet_signals import FleetModel, compute_fleet_signals
 from gearshift.policies.loader import Policy, PolicyError, load_policy
 from gearshift.policies.model_state import (
     COUNTS_FOR_COOLDOWN,
@@ -64,7 +65,6 @@ from gearshift.policies.model_state import (
 from gearshift.policies.priors import priors_for
 from gearshift.policies.schema import ModelPriors
 from gearshift.policies.semantics import selector_warnings
-from gearshift.policies.fleet_signals import FleetModel, compute_fleet_signals
 from gearshift.policies.signals import ModelFacts
 from gearshift.v1 import agent_pb2
 

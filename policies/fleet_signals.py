@@ -21,8 +21,8 @@ from gearshift.policies.signals import (
     SECONDS_PER_WEEK,
     ModelFacts,
     ModelHistory,
-    SignalSettings,
     Signals,
+    SignalSettings,
     compute_signals,
 )
 
