@@ -29,8 +29,8 @@ import numpy.typing as npt
 from gearshift.controller.store import Store
 
 HISTORY_RETENTION_S = 8 * 24 * 3600.0
-ROWS_PER_BLOCK = 256  # models per block of the matrix
-SLACK_FRACTION = 1 / 16  # extra columns, so that the buffer shifts once every that many samples
+ROWS_PER_BLOCK = 64  # models per block of the matrix
+SLACK_FRACTION = 1 / 32  # extra columns, so that the buffer shifts once every that many samples
 INITIAL_COLUMNS = 64  # the buffer grows by doubling up to the retention's count (plus slack)
 
 FloatArray = npt.NDArray[np.float64]

@@ -18,6 +18,7 @@ Nothing here raises on data.
 from __future__ import annotations
 
 import math
+import sys
 import zlib
 from array import array
 from bisect import bisect_left
@@ -51,7 +52,7 @@ MAX_BINS = 400                    # bins kept; the emptiest-oldest go first beyo
 METRICS = ("ttft", "itl")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CapacityKey:
     """What a capacity is measured for."""
 
@@ -102,6 +103,9 @@ def _bin_of(rps: float) -> int:
 class CapacityModel:
     """Observations of one `CapacityKey`, in bounded memory, and the estimates from them."""
 
+    __slots__ = ("_bin_ids", "_bin_rows", "_bin_seq", "_count", "_next_seq", "_rows", "accepted",
+                 "key", "per_bin", "rejected")
+
     def __init__(self, key: CapacityKey, *, per_bin: int = PER_BIN) -> None:
         if per_bin < 1:
             raise InvalidArgument(f"capacity model: per_bin must be >= 1, got {per_bin}")
@@ -112,8 +116,8 @@ class CapacityModel:
         # all in one array, bin after bin (ascending): a fleet holds thousands of models
         # with dozens of bins each, and an array per bin weighed as much as its rows.
         self._rows: array[float] = array("d")
-        self._bin_ids: array[int] = array("q")  # the bins kept, ascending
-        self._bin_rows: array[int] = array("q")  # rows kept in each
+        self._bin_ids: array[int] = array("i")  # the bins kept, ascending (|bin| < 40,000)
+        self._bin_rows: array[int] = array("i")  # rows kept in each
         self._bin_seq: array[int] = array("q")  # when each was made (eviction ties: oldest)
         self._next_seq = 0
         self._count = 0  # rows kept, over every bin
@@ -225,7 +229,8 @@ class CapacityModel:
         per_bin = data.get("per_bin", PER_BIN)
         if isinstance(per_bin, bool) or not isinstance(per_bin, int) or per_bin < 1:
             raise InvalidArgument(f"{where}: 'per_bin' must be an integer >= 1, got {per_bin!r}")
-        model = cls(CapacityKey(**{f: key[f] for f in fields}), per_bin=per_bin)
+        # Engine, version and GPU names repeat across a fleet's models: one string each.
+        model = cls(CapacityKey(**{f: sys.intern(key[f]) for f in fields}), per_bin=per_bin)
         rows = data.get("observations")
         if not isinstance(rows, list):
             raise InvalidArgument(f"{where}: 'observations' must be a list")
@@ -239,6 +244,7 @@ class CapacityModel:
             model.add(LoadObservation(float(row[0]), float(row[1]),
                                       None if row[2] is None else float(row[2]),
                                       None if row[3] is None else float(row[3])))
+        model._rows = array("d", model._rows)  # loaded: no room kept for growth
         accepted, rejected = data.get("accepted", model.accepted), data.get("rejected", {})
         if isinstance(accepted, int) and not isinstance(accepted, bool):
             model.accepted = max(accepted, model.accepted)
