@@ -48,6 +48,7 @@ from gearshift.policies.capacity_fit import (
 SCHEMA_VERSION = 1
 PER_BIN = 24                      # newest observations kept per load bin
 MAX_BINS = 400                    # bins kept; the emptiest-oldest go first beyond this
+SEQ_LIMIT = 2**31 - 1             # bins made are numbered in 32 bits
 
 METRICS = ("ttft", "itl")
 
@@ -118,7 +119,7 @@ class CapacityModel:
         self._rows: array[float] = array("d")
         self._bin_ids: array[int] = array("i")  # the bins kept, ascending (|bin| < 40,000)
         self._bin_rows: array[int] = array("i")  # rows kept in each
-        self._bin_seq: array[int] = array("q")  # when each was made (eviction ties: oldest)
+        self._bin_seq: array[int] = array("i")  # when each was made (eviction ties: oldest)
         self._next_seq = 0
         self._count = 0  # rows kept, over every bin
         self.accepted = 0
@@ -137,6 +138,11 @@ class CapacityModel:
         if i == len(ids) or ids[i] != b:
             ids.insert(i, b)
             self._bin_rows.insert(i, 0)
+            if self._next_seq == SEQ_LIMIT:  # renumber, keeping the order (2**31 bins made)
+                order = sorted(range(len(self._bin_seq)), key=self._bin_seq.__getitem__)
+                for rank, j in enumerate(order):
+                    self._bin_seq[j] = rank
+                self._next_seq = len(order)
             self._bin_seq.insert(i, self._next_seq)
             self._next_seq += 1
         start = sum(self._bin_rows[:i]) * FIELDS
