@@ -6,9 +6,10 @@ capacity, decide, storing decisions).
 
 The fleet is built the way a running controller holds it:
 - a real store (SQLite in a temp dir, migrated) with the policy applied, two
-  published revisions per model, and each model's capacity observations stored as
-  the learner persists them (`capacity/<label>` settings, read back by
-  `CapacityLearner.load`, as at start-up);
+  published revisions per model, each model's time on its engine (`model_tenure`, as
+  earlier ticks stored it: the tick stores only what changes), and each model's
+  capacity observations stored as the learner persists them (`capacity/<label>`
+  settings, read back by `CapacityLearner.load`, as at start-up);
 - agents' hellos and reports in `FleetState`: hosts of 8 GPUs with one ready
   deployment per model (vLLM and TensorRT-LLM alternately), with metrics and p99s;
 - the rate history of the controller keeps (`--history-days`, default 8: its retention) at
@@ -141,6 +142,13 @@ def _revisions(store: Any, models: int, now: float) -> None:
         conn.execute(table.insert(), values)
 
 
+def _tenures(store: Any, models: int, since_ts: float) -> None:
+    """Each model on its engine since `since_ts`, stored as earlier ticks left it."""
+    since = datetime.fromtimestamp(since_ts, UTC)
+    store.set_tenures({f"model-{i:05d}": ("vllm" if i % 2 else "tensorrt-llm", since)
+                       for i in range(models)})
+
+
 def _live_rss(proc: psutil.Process) -> int:
     """Resident bytes once freed memory went back to the OS: the set-up's garbage (rows,
     documents) is freed but would otherwise stay in the allocator's arenas."""
@@ -173,6 +181,7 @@ def run(models: int, days: float, resolution_s: float, policy_path: Path) -> dic
         try:
             _revisions(store, models, now)
             _capacity(store, models, levels, now)
+            _tenures(store, models, now - days * 86400)
             history = _history(models, levels, now, days, resolution_s)
             fleet = _fleet(models, levels, now)
             loop = PolicyLoop(store, fleet, history, paused=lambda: False, clock=lambda: now)

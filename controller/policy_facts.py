@@ -9,7 +9,7 @@ is the rate forecast over the policy's horizon. Both are pure reads.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -17,8 +17,15 @@ from gearshift.common.engines import ENGINE_NAMES
 from gearshift.controller.fleet import FleetState
 from gearshift.controller.learning import live_capacities
 from gearshift.policies.loader import Policy
-from gearshift.policies.schema import ModelPriors
-from gearshift.policies.signals import LATENCY_SOURCE, PRIOR_SOURCE, EngineFacts, ModelFacts
+from gearshift.policies.priors import EngineCapacity, priors_for
+from gearshift.policies.schema import EnginePriors, ModelPriors
+from gearshift.policies.signals import (
+    LATENCY_SOURCE,
+    PRIOR_SOURCE,
+    EngineFacts,
+    ModelFacts,
+    SignalValue,
+)
 from gearshift.v1 import agent_pb2
 
 if TYPE_CHECKING:
@@ -27,16 +34,75 @@ if TYPE_CHECKING:
 
 ENGINES = ENGINE_NAMES  # the engine catalog's
 
+NO_PRIORS = ModelPriors()  # a model no `spec.models` entry names (immutable: shared)
+
 TrialResult = Callable[[str, str], dict[str, Any] | None]  # (model, engine) -> stored result
+
+
+class FactsCache:
+    """What one tick's facts share between models, so that it is worked out once: the
+    priors of each model under the policy, each host's GPU models and labels, and the
+    capacities of models with no latency SLA (those depend on their priors alone: the
+    learner measures capacity at an SLA). Build one per tick (hosts may change between
+    ticks) from the tick's policy."""
+
+    def __init__(self, policy: Policy, learner: CapacityLearner | None) -> None:
+        self.policy = policy
+        self.learner = learner
+        self._priors: dict[str, ModelPriors] = {}
+        self._hosts: dict[str, tuple[list[str], Mapping[str, str]]] = {}
+        self._engines: dict[tuple[str, float | None, int], tuple[ModelPriors, EngineFacts]] = {}
+        self._unmeasured: dict[int, tuple[ModelPriors, dict[str, EngineCapacity],
+                                          dict[str, SignalValue]]] = {}
+
+    def priors(self, model: str) -> ModelPriors:
+        found = self._priors.get(model)
+        if found is None:
+            models = self.policy.doc.spec.models
+            found = self._priors[model] = priors_for(models, model) if models else NO_PRIORS
+        return found
+
+    def host(self, fleet: FleetState, host_id: str) -> tuple[list[str], Mapping[str, str]]:
+        """(GPU models, labels) of a host."""
+        found = self._hosts.get(host_id)
+        if found is None:
+            entry = fleet.hosts[host_id]
+            found = self._hosts[host_id] = ([g.model for g in entry.gpus], entry.hello.labels)
+        return found
+
+    def unmeasured_engine(self, engine: str, capacity_rps: float | None, priors: ModelPriors,
+                          prior: EnginePriors | None) -> EngineFacts:
+        """The facts of an engine nothing was measured on (no latency, no SLA signal): the
+        same for every model with these priors and this capacity."""
+        key = (engine, capacity_rps, id(priors))
+        found = self._engines.get(key)
+        if found is None or found[0] is not priors:
+            overhead = self.policy.doc.spec.cost.build_overhead_usd.get(engine)  # type: ignore[call-overload]
+            found = self._engines[key] = (priors, EngineFacts(**_figures(capacity_rps, prior, overhead)))
+        return found[1]
+
+    def capacities(self, model: str, gpu_model: str | None, priors: ModelPriors
+                   ) -> tuple[dict[str, EngineCapacity], dict[str, SignalValue]]:
+        """`live_capacities` (the citations a copy the caller may change)."""
+        if priors.sla_ttft_p99_ms or priors.sla_itl_p99_ms:
+            return live_capacities(self.learner, model, gpu_model, priors)
+        found = self._unmeasured.get(id(priors))
+        if found is None or found[0] is not priors:
+            caps, cite = live_capacities(self.learner, model, gpu_model, priors)
+            found = self._unmeasured[id(priors)] = (priors, caps, cite)
+        return found[1], dict(found[2])
 
 
 def model_facts(fleet: FleetState, ready: list[tuple[str, agent_pb2.DeploymentReport]],
                 model: str, priors: ModelPriors, policy: Policy, learner: CapacityLearner | None,
-                trial_result: TrialResult) -> ModelFacts:
-    """The facts of `model` from its `ready` (host, deployment) pairs (not empty)."""
+                trial_result: TrialResult, cache: FactsCache | None = None) -> ModelFacts:
+    """The facts of `model` from its `ready` (host, deployment) pairs (not empty); `cache`
+    shares the tick's work between models (its policy and learner are these)."""
+    cache = cache or FactsCache(policy, learner)
     gpus_per_replica = priors.gpus_per_replica or max(
         (d.tensor_parallel_size or len(d.gpu_indices) or 1) for _, d in ready)
-    gpu_models = sorted({g.model for h, _ in ready for g in fleet.hosts[h].gpus})
+    hosts = [cache.host(fleet, h) for h in dict.fromkeys(h for h, _ in ready)]
+    gpu_models = sorted({g for gpus, _ in hosts for g in gpus})
     measured_ttft: dict[str, float] = {}
     measured_itl: dict[str, float] = {}
     for _, d in ready:
@@ -45,8 +111,8 @@ def model_facts(fleet: FleetState, ready: list[tuple[str, agent_pb2.DeploymentRe
         if d.itl.present:
             measured_itl[d.engine] = max(measured_itl.get(d.engine, 0.0), d.itl.p99_s * 1000)
     sla = sla_signals(ready)
-    caps, cite = live_capacities(learner, model, gpu_models[0] if gpu_models else None,
-                                 priors)
+    caps, cite = cache.capacities(model, gpu_models[0] if gpu_models else None, priors)
+    overheads = policy.doc.spec.cost.build_overhead_usd
     engines = {}
     for e in ENGINES:
         prior = priors.engines.get(e)  # type: ignore[call-overload]
@@ -59,17 +125,18 @@ def model_facts(fleet: FleetState, ready: list[tuple[str, agent_pb2.DeploymentRe
         if e not in measured_ttft and e not in measured_itl and prior is not None and (
                 prior.ttft_p99_ms is not None or prior.itl_p99_ms is not None):
             cite[f"{LATENCY_SOURCE}.{e}"] = PRIOR_SOURCE
-        engines[e] = replace(
-            sla.get(e, EngineFacts()),
-            capacity_rps=caps[e].capacity_rps,
-            ttft_p99_ms=measured_ttft.get(e, prior.ttft_p99_ms if prior else None),
-            itl_p99_ms=measured_itl.get(e, prior.itl_p99_ms if prior else None),
-            cold_start_s=prior.cold_start if prior else None,
-            build_s=prior.build if prior else None,
-            build_overhead_usd=policy.doc.spec.cost.build_overhead_usd.get(e))  # type: ignore[call-overload]
+        measured = sla.get(e, NO_SLA_SIGNALS)
+        if measured is NO_SLA_SIGNALS and e not in measured_ttft and e not in measured_itl:
+            engines[e] = cache.unmeasured_engine(e, caps[e].capacity_rps, priors, prior)
+            continue
+        figures = _figures(caps[e].capacity_rps, prior, overheads.get(e))  # type: ignore[call-overload]
+        figures["ttft_p99_ms"] = measured_ttft.get(e, figures["ttft_p99_ms"])
+        figures["itl_p99_ms"] = measured_itl.get(e, figures["itl_p99_ms"])
+        engines[e] = EngineFacts(**figures) if measured is NO_SLA_SIGNALS else replace(
+            measured, **figures)
     labels: dict[str, str] = {}
-    for h, _ in ready:
-        labels.update(fleet.hosts[h].hello.labels)
+    for h, _ in ready:  # in their order: a later host's label wins
+        labels.update(cache.host(fleet, h)[1])
     return ModelFacts(
         gpus_per_replica=gpus_per_replica, min_replicas=priors.min_replicas, headroom=priors.headroom,
         sla_ttft_p99_ms=priors.sla_ttft_p99_ms, sla_itl_p99_ms=priors.sla_itl_p99_ms, engines=engines,
@@ -77,40 +144,64 @@ def model_facts(fleet: FleetState, ready: list[tuple[str, agent_pb2.DeploymentRe
         gpu_model=gpu_models[0] if gpu_models else None, labels=labels, citations=cite)
 
 
+def _figures(capacity_rps: float | None, prior: EnginePriors | None,
+             build_overhead_usd: float | None) -> dict[str, Any]:
+    """An engine's facts from its capacity and the policy (latency: the priors')."""
+    return {"capacity_rps": capacity_rps,
+            "ttft_p99_ms": prior.ttft_p99_ms if prior else None,
+            "itl_p99_ms": prior.itl_p99_ms if prior else None,
+            "cold_start_s": prior.cold_start if prior else None,
+            "build_s": prior.build if prior else None,
+            "build_overhead_usd": build_overhead_usd}
+
+
 _ASLEEP = frozenset({agent_pb2.ENGINE_SLEEP_STATE_WEIGHTS_OFFLOADED,
                      agent_pb2.ENGINE_SLEEP_STATE_DISCARD_ALL})
+_OPTIONAL = ("preemptions_per_s", "prefix_cache_hit_rate", "mean_prompt_tokens",
+             "mean_generation_tokens", "kv_blocks_total", "kv_blocks_used")
+NO_SLA_SIGNALS = EngineFacts()  # an engine none of whose reports has an SLA signal
 
 
 def sla_signals(ready: list[tuple[str, agent_pb2.DeploymentReport]]) -> dict[str, EngineFacts]:
     """Per engine, the SLA signals of its ready deployments' latest reports: queue
     quantiles the worst deployment's (as TTFT), preemptions and KV blocks summed, hit
-    rate and request lengths averaged, asleep when any is; None where no report has it."""
+    rate and request lengths averaged, asleep when any is; None where no report has it
+    (`NO_SLA_SIGNALS` where none has any)."""
     by_engine: dict[str, list[agent_pb2.DeploymentReport]] = {}
     for _, d in ready:
         by_engine.setdefault(d.engine, []).append(d)
     out = {}
     for engine, reports in by_engine.items():
-        def values(name: str, of: list[agent_pb2.DeploymentReport] = reports) -> list[float]:
-            return [float(getattr(d, name)) for d in of if d.HasField(name)]
+        found: dict[str, list[float]] = {}
+        queued = []
+        known_sleep = []
+        for d in reports:
+            for name in _OPTIONAL:
+                if d.HasField(name):
+                    found.setdefault(name, []).append(float(getattr(d, name)))
+            if d.queue_time.present:
+                queued.append(d.queue_time)
+            if d.sleep_state != agent_pb2.ENGINE_SLEEP_STATE_UNSPECIFIED:
+                known_sleep.append(d.sleep_state)
+        if not found and not queued and not known_sleep:
+            out[engine] = NO_SLA_SIGNALS
+            continue
 
-        def mean(name: str) -> float | None:
-            found = values(name)
-            return sum(found) / len(found) if found else None
+        def total(name: str, found: dict[str, list[float]] = found) -> float | None:
+            return sum(found[name]) if name in found else None
 
-        queued = [d.queue_time for d in reports if d.queue_time.present]
-        known_sleep = [d.sleep_state for d in reports
-                       if d.sleep_state != agent_pb2.ENGINE_SLEEP_STATE_UNSPECIFIED]
+        def mean(name: str, found: dict[str, list[float]] = found) -> float | None:
+            return sum(found[name]) / len(found[name]) if name in found else None
+
         out[engine] = EngineFacts(
             queue_p50_ms=max(q.p50_s for q in queued) * 1000 if queued else None,
             queue_p99_ms=max(q.p99_s for q in queued) * 1000 if queued else None,
-            preemptions_per_s=sum(values("preemptions_per_s")) if values("preemptions_per_s")
-            else None,
+            preemptions_per_s=total("preemptions_per_s"),
             prefix_cache_hit_rate=mean("prefix_cache_hit_rate"),
             asleep=any(s in _ASLEEP for s in known_sleep) if known_sleep else None,
             mean_prompt_tokens=mean("mean_prompt_tokens"),
             mean_generation_tokens=mean("mean_generation_tokens"),
-            kv_blocks_total=sum(values("kv_blocks_total")) if values("kv_blocks_total") else None,
-            kv_blocks_used=sum(values("kv_blocks_used")) if values("kv_blocks_used") else None)
+            kv_blocks_total=total("kv_blocks_total"), kv_blocks_used=total("kv_blocks_used"))
     return out
 
 

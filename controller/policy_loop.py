@@ -36,7 +36,12 @@ from gearshift.controller.decision_reconcile import reconcile_decisions
 from gearshift.controller.fleet import FleetState
 from gearshift.controller.migration_machine import MigrationKind
 from gearshift.controller.migration_store import MigrationRepository, MigrationRow
-from gearshift.controller.policy_facts import model_facts, rate_forecast, refresh_forecasts
+from gearshift.controller.policy_facts import (
+    FactsCache,
+    model_facts,
+    rate_forecast,
+    refresh_forecasts,
+)
 from gearshift.controller.rate_history import RateHistory
 from gearshift.controller.store import Store
 from gearshift.controller.tables import (
@@ -46,6 +51,7 @@ from gearshift.controller.tables import (
     PolicyVersionRow,
 )
 from gearshift.policies.core import ModelState, decide
+from gearshift.policies.fleet_signals import FleetModel, compute_fleet_signals
 from gearshift.policies.loader import Policy, PolicyError, load_policy
 from gearshift.policies.model_state import (
     COUNTS_FOR_COOLDOWN,
@@ -59,7 +65,7 @@ from gearshift.policies.model_state import (
 from gearshift.policies.priors import priors_for
 from gearshift.policies.schema import ModelPriors
 from gearshift.policies.semantics import selector_warnings
-from gearshift.policies.signals import ModelFacts, ModelHistory, compute_signals
+from gearshift.policies.signals import ModelFacts
 from gearshift.v1 import agent_pb2
 
 if TYPE_CHECKING:
@@ -93,6 +99,13 @@ class TickReads:
     tenure: dict[str, Tenure]  # model -> the engine it is on and since when (stored)
     # Tenures this tick changed, stored together at its end (`PolicyLoop.evaluate`).
     tenure_changes: dict[str, Tenure] = field(default_factory=dict)
+    trialled: dict[str, frozenset[str]] = field(init=False)  # model -> engines trialled
+
+    def __post_init__(self) -> None:
+        engines: dict[str, set[str]] = {}
+        for model, engine in self.trials:
+            engines.setdefault(model, set()).add(engine)
+        self.trialled = {m: frozenset(e) for m, e in engines.items()}
 
     def trial_result(self, model: str, engine: str) -> dict[str, Any] | None:
         row = self.trials.get((model, engine))
@@ -209,6 +222,18 @@ class PolicyLoop:
         return [(h, d) for h, d, _ in self.fleet.deployments_of(model)
                 if d.phase == agent_pb2.DEPLOYMENT_PHASE_READY]
 
+    def _ready_by_model(self) -> dict[str, list[tuple[str, agent_pb2.DeploymentReport]]]:
+        """`_ready` of every model, from one walk over the fleet (each report parsed once),
+        in the same order (by host, then as reported)."""
+        out: dict[str, list[tuple[str, agent_pb2.DeploymentReport]]] = {}
+        for h, d, _ in self.fleet.deployments():
+            if d.phase == agent_pb2.DEPLOYMENT_PHASE_READY:
+                out.setdefault(d.model, []).append((h, d))
+        for ready in out.values():
+            if len(ready) > 1:
+                ready.sort(key=lambda hd: hd[0])  # stable: a host's deployments keep their order
+        return out
+
     def model_facts(self, model: str, policy: Policy,
                     reads: TickReads | None = None) -> ModelFacts | None:
         ready = self._ready(model)
@@ -224,8 +249,12 @@ class PolicyLoop:
         ready = self._ready(model)
         if not ready:
             return None
-        batched = reads is not None
-        reads = reads or self._reads([model])
+        if reads is not None:
+            return self._state(model, ready, now, reads, batched=True)
+        return self._state(model, ready, now, self._reads([model]), batched=False)
+
+    def _state(self, model: str, ready: list[tuple[str, agent_pb2.DeploymentReport]], now: float,
+               reads: TickReads, batched: bool) -> ModelState:
         active = reads.migrations.get(model)
         replicas: dict[str, int] = {}
         for _, d in ready:
@@ -243,10 +272,10 @@ class PolicyLoop:
                 self.store.set_tenure(model, tenure.engine, _utc(tenure.since))
         last = reads.last_switch.get(model)
         switches = [] if last is None else [SwitchRecord(last.timestamp(), SwitchOutcome.DONE)]
-        trialled = frozenset(e for m, e in reads.trials if m == model)
         return ModelState(
             engine=tenure.engine, since=tenure.since, last_switch=last_switch(switches),
-            migrating_to=active.to_engine if active is not None else None, trialled=trialled)
+            migrating_to=active.to_engine if active is not None else None,
+            trialled=reads.trialled.get(model, frozenset()))
 
     def _reads(self, models: list[str]) -> TickReads:
         """What a tick reads from the store, in a few queries for the whole fleet."""
@@ -283,21 +312,26 @@ class PolicyLoop:
         version, policy = current
         self.reconcile()
         self._retry_approved()
-        signals, states = {}, {}
         models = sorted(set(self.history.models()) | self.fleet.model_names())
         refresh_forecasts(self.forecaster, models, policy, now)
         reads = self._reads(models)
-        settings = policy.signal_settings
+        cache = FactsCache(policy, self.learner)
+        wanted: dict[str, FleetModel] = {}
+        states: dict[str, ModelState] = {}
+        ready_of = self._ready_by_model()
         for model in models:
-            facts, state = self.model_facts(model, policy, reads), self.model_state(model, now, reads)
-            if facts is None or state is None:
+            ready = ready_of.get(model)
+            if not ready:
                 continue
-            ts, rps = self.history.arrays(model)
-            revs = [at.timestamp() for at in reads.revisions.get(model, ())]
-            hist = ModelHistory.of(ts, rps, sorted(revs), self.history.resolution_s)
-            signals[model] = compute_signals(model, hist, facts, now, settings,
-                                             rate_forecast(self.forecaster, model, policy, now))
-            states[model] = state
+            facts = model_facts(self.fleet, ready, model, cache.priors(model), policy,
+                                self.learner, reads.trial_result, cache)
+            states[model] = self._state(model, ready, now, reads, batched=True)
+            revs = sorted(at.timestamp() for at in reads.revisions.get(model, ()))
+            wanted[model] = FleetModel(facts, revs, rate_forecast(self.forecaster, model, policy, now))
+        # Every model's signals at once, from the history's rows as they stand (nothing
+        # samples the history during a tick: one event loop).
+        signals = compute_fleet_signals(self.history.axis(), self.history.blocks(), wanted, now,
+                                        policy.signal_settings, self.history.resolution_s)
         self.store.set_tenures({m: (t.engine, _utc(t.since))
                                 for m, t in reads.tenure_changes.items()})
         stored = []

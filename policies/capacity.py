@@ -18,8 +18,10 @@ Nothing here raises on data.
 from __future__ import annotations
 
 import math
+import sys
 import zlib
 from array import array
+from bisect import bisect_left
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -46,11 +48,12 @@ from gearshift.policies.capacity_fit import (
 SCHEMA_VERSION = 1
 PER_BIN = 24                      # newest observations kept per load bin
 MAX_BINS = 400                    # bins kept; the emptiest-oldest go first beyond this
+SEQ_LIMIT = 2**31 - 1             # bins made are numbered in 32 bits
 
 METRICS = ("ttft", "itl")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CapacityKey:
     """What a capacity is measured for."""
 
@@ -101,16 +104,23 @@ def _bin_of(rps: float) -> int:
 class CapacityModel:
     """Observations of one `CapacityKey`, in bounded memory, and the estimates from them."""
 
+    __slots__ = ("_bin_ids", "_bin_rows", "_bin_seq", "_count", "_next_seq", "_rows", "accepted",
+                 "key", "per_bin", "rejected")
+
     def __init__(self, key: CapacityKey, *, per_bin: int = PER_BIN) -> None:
         if per_bin < 1:
             raise InvalidArgument(f"capacity model: per_bin must be >= 1, got {per_bin}")
         self.key = key
         self.per_bin = per_bin
         # Per load bin, its newest observations, oldest first, as rows of FIELDS doubles
-        # (ts, load, ttft, itl; NaN = not measured, which `add` never keeps as a figure):
-        # a fleet holds thousands of models with dozens of bins each, and a row of plain
-        # doubles is a fifth of an observation object's memory.
-        self._bins: dict[int, array[float]] = {}
+        # (ts, load, ttft, itl; NaN = not measured, which `add` never keeps as a figure),
+        # all in one array, bin after bin (ascending): a fleet holds thousands of models
+        # with dozens of bins each, and an array per bin weighed as much as its rows.
+        self._rows: array[float] = array("d")
+        self._bin_ids: array[int] = array("i")  # the bins kept, ascending (|bin| < 40,000)
+        self._bin_rows: array[int] = array("i")  # rows kept in each
+        self._bin_seq: array[int] = array("i")  # when each was made (eviction ties: oldest)
+        self._next_seq = 0
         self._count = 0  # rows kept, over every bin
         self.accepted = 0
         self.rejected: dict[str, int] = {}
@@ -123,20 +133,54 @@ class CapacityModel:
             self.rejected[reason] = self.rejected.get(reason, 0) + 1
             return reason
         b = _bin_of(obs.rps_per_replica)
-        bucket = self._bins.get(b)
-        if bucket is None:
-            bucket = self._bins[b] = array("d")
-        bucket.extend((obs.ts, obs.rps_per_replica, _nan_if_none(obs.ttft_p99_s),
-                       _nan_if_none(obs.itl_p99_s)))
+        ids = self._bin_ids
+        i = bisect_left(ids, b)
+        if i == len(ids) or ids[i] != b:
+            ids.insert(i, b)
+            self._bin_rows.insert(i, 0)
+            if self._next_seq == SEQ_LIMIT:  # renumber, keeping the order (2**31 bins made)
+                order = sorted(range(len(self._bin_seq)), key=self._bin_seq.__getitem__)
+                for rank, j in enumerate(order):
+                    self._bin_seq[j] = rank
+                self._next_seq = len(order)
+            self._bin_seq.insert(i, self._next_seq)
+            self._next_seq += 1
+        start = sum(self._bin_rows[:i]) * FIELDS
+        n = self._bin_rows[i]
+        end = start + n * FIELDS
+        self._rows[end:end] = array("d", (obs.ts, obs.rps_per_replica,
+                                          _nan_if_none(obs.ttft_p99_s),
+                                          _nan_if_none(obs.itl_p99_s)))
+        n += 1
         self._count += 1
-        if len(bucket) > self.per_bin * FIELDS:
-            del bucket[:FIELDS]
+        if n > self.per_bin:
+            del self._rows[start:start + FIELDS]
+            n -= 1
             self._count -= 1
+        self._bin_rows[i] = n
         self.accepted += 1
-        if len(self._bins) > MAX_BINS:  # fewest observations, then the oldest newest one
-            stalest = min(self._bins, key=lambda b: (len(self._bins[b]), self._bins[b][-FIELDS]))
-            self._count -= len(self._bins.pop(stalest)) // FIELDS
+        if len(ids) > MAX_BINS:
+            self._drop_stalest_bin()
         return None
+
+    def _drop_stalest_bin(self) -> None:
+        """The bin with the fewest observations, then the oldest newest one, goes (the
+        first made among equals)."""
+        stalest: tuple[tuple[int, float, int], int, int, int] | None = None
+        offset = 0
+        for j, n in enumerate(self._bin_rows):
+            end = offset + n * FIELDS
+            key = (n, self._rows[end - FIELDS], self._bin_seq[j])
+            if stalest is None or key < stalest[0]:
+                stalest = (key, j, offset, end)
+            offset = end
+        assert stalest is not None
+        _, j, start, end = stalest
+        del self._rows[start:end]
+        self._count -= self._bin_rows[j]
+        del self._bin_ids[j]
+        del self._bin_rows[j]
+        del self._bin_seq[j]
 
     def add_many(self, observations: Iterable[LoadObservation]) -> int:
         """Add each; returns how many were kept."""
@@ -159,12 +203,11 @@ class CapacityModel:
 
     def observations(self) -> list[LoadObservation]:
         """Every kept observation, by load (oldest first within a load bin)."""
+        row = self._rows
         out = []
-        for b in sorted(self._bins):
-            row = self._bins[b]
-            for i in range(0, len(row), FIELDS):
-                ts, load, ttft, itl = row[i:i + FIELDS]
-                out.append(LoadObservation(ts, load, _none_if_nan(ttft), _none_if_nan(itl)))
+        for i in range(0, len(row), FIELDS):
+            ts, load, ttft, itl = row[i:i + FIELDS]
+            out.append(LoadObservation(ts, load, _none_if_nan(ttft), _none_if_nan(itl)))
         return out
 
     def __len__(self) -> int:
@@ -192,7 +235,8 @@ class CapacityModel:
         per_bin = data.get("per_bin", PER_BIN)
         if isinstance(per_bin, bool) or not isinstance(per_bin, int) or per_bin < 1:
             raise InvalidArgument(f"{where}: 'per_bin' must be an integer >= 1, got {per_bin!r}")
-        model = cls(CapacityKey(**{f: key[f] for f in fields}), per_bin=per_bin)
+        # Engine, version and GPU names repeat across a fleet's models: one string each.
+        model = cls(CapacityKey(**{f: sys.intern(key[f]) for f in fields}), per_bin=per_bin)
         rows = data.get("observations")
         if not isinstance(rows, list):
             raise InvalidArgument(f"{where}: 'observations' must be a list")
@@ -206,6 +250,7 @@ class CapacityModel:
             model.add(LoadObservation(float(row[0]), float(row[1]),
                                       None if row[2] is None else float(row[2]),
                                       None if row[3] is None else float(row[3])))
+        model._rows = array("d", model._rows)  # loaded: no room kept for growth
         accepted, rejected = data.get("accepted", model.accepted), data.get("rejected", {})
         if isinstance(accepted, int) and not isinstance(accepted, bool):
             model.accepted = max(accepted, model.accepted)
@@ -216,13 +261,11 @@ class CapacityModel:
 
     # --- estimates -----------------------------------------------------------------
     def series(self, metric: str) -> tuple[FloatArray, FloatArray]:
-        attr = "ttft_p99_s" if metric == "ttft" else "itl_p99_s"
-        pairs = [(o.rps_per_replica, getattr(o, attr)) for o in self.observations()
-                 if getattr(o, attr) is not None]
-        if not pairs:
-            return np.empty(0), np.empty(0)
-        loads, lat = np.array(pairs, dtype=np.float64).T
-        return loads, lat
+        """(load, p99 of `metric`) of the observations that measured it, in their order."""
+        rows = np.array(self._rows, dtype=np.float64).reshape(-1, FIELDS)
+        lat = rows[:, 2 if metric == "ttft" else 3]
+        have = ~np.isnan(lat)
+        return rows[:, 1][have], lat[have]
 
     def curve(self, metric: str = "ttft") -> list[CurvePoint]:
         """Per load bin: median load, median p99 and the monotone fit (outliers removed)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -56,3 +57,56 @@ def test_extend_is_sample_by_sample_appending(chunks: list[list[float]], retenti
         t += 1
     ts, rps_out = bulk.arrays("m")
     assert list(zip(ts.tolist(), rps_out.tolist(), strict=True)) == list(expected)
+
+
+@given(steps=st.lists(st.tuples(st.floats(0.0, 30.0), st.sets(st.sampled_from("abc"), max_size=3)),
+                      max_size=200),
+       retention=st.integers(10, 60))
+def test_models_share_the_sample_times(steps: list[tuple[float, set[str]]], retention: int) -> None:
+    """Models sampled together keep their own samples (none where they were missing), of
+    the newest `retention` sample times of the fleet."""
+    history = RateHistory(1.0, retention_s=retention)
+    times: list[float] = []
+    kept: dict[str, list[tuple[float, float]]] = {}
+    t = 1000.0
+    for k, (gap, present) in enumerate(steps):
+        t += gap
+        rates = {m: float(k) for m in sorted(present)}
+        history.sample(t, rates)
+        taken = {m for m in rates if not kept.get(m) or t - kept[m][-1][0] >= 0.5}
+        if taken and (not times or t > times[-1]):
+            times.append(t)
+        for m in taken:
+            kept.setdefault(m, []).append((t, float(k)))
+    window = set(times[-retention:])
+    for m in "abc":
+        ts, rps = history.arrays(m)
+        assert list(zip(ts.tolist(), rps.tolist(), strict=True)) == [
+            (at, r) for at, r in kept.get(m, []) if at in window]
+    assert history.models() == sorted(kept)
+
+
+def test_extending_models_with_different_times_merges_the_axis() -> None:
+    """Seeding models whose minutes differ: each keeps its samples, later ones append."""
+    history = RateHistory(60.0, retention_s=600.0)  # ten sample times
+    history.extend_many({"a": ([60.0, 180.0, 300.0], [1.0, 3.0, 5.0]),
+                         "b": ([120.0, 180.0], [2.0, 3.5])})
+    history.extend("c", [0.0, 240.0], [9.0, 4.0])
+    history.sample(360.0, {"a": 6.0, "c": 6.5})
+    assert history.arrays("a")[1].tolist() == [1.0, 3.0, 5.0, 6.0]
+    assert history.arrays("b")[0].tolist() == [120.0, 180.0]
+    assert history.arrays("c")[0].tolist() == [0.0, 240.0, 360.0]
+    assert history.axis().tolist() == [0.0, 60.0, 120.0, 180.0, 240.0, 300.0, 360.0]
+    for k in range(7, 12):  # past the retention, the oldest times go
+        history.sample(60.0 * k, {"b": float(k)})
+    assert history.axis().size == 10 and history.axis()[0] == 120.0
+    assert history.arrays("b")[1].tolist() == [2.0, 3.5, 7.0, 8.0, 9.0, 10.0, 11.0]
+    assert history.arrays("c")[0].tolist() == [240.0, 360.0]
+
+
+def test_mismatched_lengths_are_refused_and_change_nothing() -> None:
+    history = RateHistory(60.0)
+    history.extend("a", [60.0], [1.0])
+    with pytest.raises(ValueError, match="b: 2 sample times but 1 rates"):
+        history.extend_many({"a": ([120.0], [2.0]), "b": ([60.0, 120.0], [1.0])})
+    assert history.arrays("a")[1].tolist() == [1.0] and history.models() == ["a"]

@@ -1,0 +1,74 @@
+"""Every model's signals at once (`compute_fleet_signals`) are exactly those that
+`compute_signals` gives each model from its own samples: gaps, windows, revisions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gearshift.controller.rate_history import RateHistory
+from gearshift.policies.fleet_signals import FleetModel, compute_fleet_signals
+from gearshift.policies.signals import (
+    EngineFacts,
+    ModelFacts,
+    ModelHistory,
+    SignalSettings,
+    compute_signals,
+)
+
+STEP_S = 60.0
+T0 = 1_700_000_000.0
+SETTINGS = SignalSettings(window_s=40 * STEP_S, long_window_s=200 * STEP_S,
+                          revision_window_s=100 * STEP_S)
+FACTS = ModelFacts(gpus_per_replica=1, engines={"vllm": EngineFacts(capacity_rps=4.0)})
+
+
+def _fleet(seed: int, models: int, steps: int, gap_share: float) -> RateHistory:
+    rng = np.random.default_rng(seed)
+    history = RateHistory(STEP_S, retention_s=150 * STEP_S)
+    for k in range(steps):
+        rates = {f"m{i}": float(rng.lognormal(1.0, 1.0)) for i in range(models)
+                 if rng.random() >= gap_share}
+        history.sample(T0 + k * STEP_S, rates)
+    return history
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), models=st.integers(1, 300), steps=st.integers(0, 260),
+       gap_share=st.sampled_from([0.0, 0.0, 0.01, 0.3]), at=st.floats(-5.0, 270.0))
+def test_the_same_signals_as_model_by_model(seed: int, models: int, steps: int,
+                                            gap_share: float, at: float) -> None:
+    history = _fleet(seed, models, steps, gap_share)
+    now = T0 + at * STEP_S
+    rng = np.random.default_rng(seed + 1)
+    wanted = {f"m{i}": FleetModel(FACTS, sorted(float(T0 + t * STEP_S)
+                                               for t in rng.uniform(-50, 260, rng.integers(0, 4))))
+              for i in range(models + 2)}  # two never sampled
+    fleet = compute_fleet_signals(history.axis(), history.blocks(), wanted, now, SETTINGS,
+                                  STEP_S)
+    assert set(fleet) == set(wanted)
+    for model, fm in wanted.items():
+        ts, rps = history.arrays(model)
+        one = compute_signals(model, ModelHistory.of(ts, rps, fm.revision_ts, STEP_S), FACTS, now,
+                              SETTINGS)
+        mine = fleet[model]
+        assert mine == one  # every figure, to the last bit
+        assert (mine.rps_peak, mine.rps_sustained) == (one.rps_peak, one.rps_sustained)
+        for samples in (one.window_samples, one.long_window_samples):
+            assert mine.mean_replicas(3.0, 0.2, 1, samples) == one.mean_replicas(3.0, 0.2, 1, samples)
+            assert (mine.mean_replicas(3.0, 0.2, 1, samples, 1.5)
+                    == one.mean_replicas(3.0, 0.2, 1, samples, 1.5))
+
+
+def test_a_forecast_made_after_now_is_refused() -> None:
+    from gearshift.policies.forecast import Forecast
+
+    history = _fleet(1, 3, 20, 0.0)
+    fc = Forecast(status="ok", method="seasonal", sustained_rps=1.0, peak_rps=2.0,
+                  horizon_s=3600.0, quantile=0.1, reason="", points=20,
+                  path_ts=(T0 + 30 * STEP_S,), path_low=(1.0,), path_high=(2.0,))
+    with pytest.raises(ValueError, match="after now"):
+        compute_fleet_signals(history.axis(), history.blocks(), {"m0": FleetModel(FACTS, [], fc)},
+                              T0 + 10 * STEP_S, SETTINGS, STEP_S)
