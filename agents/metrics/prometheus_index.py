@@ -6,6 +6,9 @@ few counters and gauges). `prometheus_client`'s parser reads every label of ever
 line character by character, ~8 ms a page: with 8 engines scraped every 5 s, the
 larger part of the agent's CPU. Here each line is matched once against a compiled
 form; the labels and values of the names looked up are then read from their match.
+A scraper keeps a `LineCache` per endpoint: a line its previous page had is taken as
+read then (most of a page repeats from one scrape to the next), so a page costs a
+dictionary look-up per unchanged line.
 
 The strict form is a subset of what the library accepts: legacy names; labels
 `name="value"` (no `__` prefix, no repeat) with the escapes `\\\\`, `\\"`, `\\n`; one
@@ -47,39 +50,104 @@ _OTHER_COMMENT = re.compile(r"#(?: (?!(?:HELP|TYPE)(?:\s|$)).*)?")
 COUNTER_SUFFIX = "_total"
 
 
+class SampleLine:
+    """One sample line in the strict form: its name without `_total` and its match; the
+    written name, labels and value are read the first time the name is looked up."""
+
+    __slots__ = ("_read", "key", "match")
+
+    def __init__(self, key: str, match: re.Match[str]) -> None:
+        self.key = key
+        self.match = match
+        self._read: tuple[str, Labels, float] | None = None
+
+    def read(self) -> tuple[str, Labels, float]:
+        if self._read is None:
+            match = self.match
+            self._read = (match.group(1), _labels(match.group(2)), _value(match.group(3)))
+        return self._read
+
+
+class OtherLine:
+    """A blank line or a comment; `bare_counter`: NAME of `# TYPE NAME counter` (NAME
+    without `_total`), else None."""
+
+    __slots__ = ("bare_counter",)
+
+    def __init__(self, bare_counter: str | None = None) -> None:
+        self.bare_counter = bare_counter
+
+
+_PLAIN = OtherLine()
+
+
+class LineCache:
+    """The lines of one endpoint's latest page as `index_samples` read them.
+
+    An engine's page changes little between two scrapes (an idle engine's, only its
+    process gauges): a line found here is taken as it was read, without matching it
+    again or re-reading its labels. It holds the latest page's lines only.
+    """
+
+    __slots__ = ("lines",)
+
+    def __init__(self) -> None:
+        self.lines: dict[str, SampleLine | OtherLine] = {}
+
+
 @dataclass
 class PageIndex:
-    samples: dict[str, list[re.Match[str]]] = field(default_factory=lambda: defaultdict(list))
+    samples: dict[str, list[SampleLine]] = field(default_factory=lambda: defaultdict(list))
     bare_counters: set[str] = field(default_factory=set)  # `# TYPE NAME counter`, NAME sans _total
 
 
-def index_samples(text: str) -> PageIndex | None:
-    """Each sample line's match, by name without `_total`, in page order; None when a
-    line is outside the strict form."""
+def index_samples(text: str, cache: LineCache | None = None) -> PageIndex | None:
+    """Each sample line, by name without `_total`, in page order; None when a line is
+    outside the strict form. With `cache`, lines of its page are not read again, and
+    the cache then holds this page's lines (a page outside the strict form leaves it)."""
     index = PageIndex()
+    samples = index.samples
+    previous = cache.lines if cache is not None else {}
+    seen: dict[str, SampleLine | OtherLine] = {}
     for raw in text.split("\n"):  # as the library reads it: lines end at "\n" only
-        line = raw.strip()
-        if not line:
-            continue
-        if line[0] == "#":
-            described = _HELP_OR_TYPE.fullmatch(line)
-            if described is None:
-                if _OTHER_COMMENT.fullmatch(line) is None:
+        line = previous.get(raw)
+        if line is None:
+            line = seen.get(raw)
+            if line is None:
+                line = _read_line(raw)
+                if line is None:
                     return None
-            elif described.group(2) == "counter" and not described.group(1).endswith(
-                    COUNTER_SUFFIX):
-                index.bare_counters.add(described.group(1))
-            continue
-        sample = _SAMPLE.fullmatch(line)
-        if sample is None:
-            return None
-        labels = sample.group(2)
-        if labels and labels.count('="') > 1:
-            names = [name for name, _ in _LABEL_PAIR.findall(labels)]
-            if len(set(names)) != len(names):
-                return None  # a repeated label: the library refuses the line
-        index.samples[sample.group(1).removesuffix(COUNTER_SUFFIX)].append(sample)
+        seen[raw] = line
+        if isinstance(line, SampleLine):
+            samples[line.key].append(line)
+        elif line.bare_counter is not None:
+            index.bare_counters.add(line.bare_counter)
+    if cache is not None:
+        cache.lines = seen
     return index
+
+
+def _read_line(raw: str) -> SampleLine | OtherLine | None:
+    """One line as the strict form reads it; None when it is outside that form."""
+    line = raw.strip()
+    if not line:
+        return _PLAIN
+    if line[0] == "#":
+        described = _HELP_OR_TYPE.fullmatch(line)
+        if described is None:
+            return _PLAIN if _OTHER_COMMENT.fullmatch(line) is not None else None
+        if described.group(2) == "counter" and not described.group(1).endswith(COUNTER_SUFFIX):
+            return OtherLine(described.group(1))
+        return _PLAIN
+    sample = _SAMPLE.fullmatch(line)
+    if sample is None:
+        return None
+    labels = sample.group(2)
+    if labels and labels.count('="') > 1:
+        names = [name for name, _ in _LABEL_PAIR.findall(labels)]
+        if len(set(names)) != len(names):
+            return None  # a repeated label: the library refuses the line
+    return SampleLine(sample.group(1).removesuffix(COUNTER_SUFFIX), sample)
 
 
 def _labels(written: str | None) -> Labels:
@@ -109,8 +177,8 @@ class IndexedSeries(Mapping[str, Series]):
 
     def __getitem__(self, name: str) -> Series:
         if name not in self._read:
-            matches = self._samples[name]  # KeyError for a name the page does not have
-            read = [(m.group(1), _labels(m.group(2)), _value(m.group(3))) for m in matches]
+            lines = self._samples[name]
+            read = [line.read() for line in lines]
             if len({labels for _, labels, _ in read}) == len(read):
                 self._read[name] = [(labels, value) for _, labels, value in read]
             elif len({written for written, _, _ in read}) == 1 \

@@ -36,7 +36,7 @@ from gearshift.agents.metrics.model import (
     SkipReason,
     SleepState,
 )
-from gearshift.agents.metrics.prometheus_index import IndexedSeries, index_samples
+from gearshift.agents.metrics.prometheus_index import IndexedSeries, LineCache, index_samples
 from gearshift.common.engines import MetricNames, any_engine_metric_names
 
 COUNTER_SUFFIX = "_total"
@@ -50,15 +50,18 @@ Series = list[tuple[Labels, float]]
 
 
 def parse_prometheus_text(text: str, *, source: str = "/metrics",
-                          names: MetricNames | None = None) -> EngineSnapshot:
+                          names: MetricNames | None = None,
+                          cache: LineCache | None = None) -> EngineSnapshot:
     """Read one Prometheus text scrape; raise `MetricsParseError` if it is not that format.
 
     Series with unusable values (NaN, ±Inf, negative, bad `le`) are dropped and
     listed in `EngineSnapshot.skips`; the rest of the scrape is still used.
+    `cache`: the lines of the previous scrape of the same endpoint, read
+    (`prometheus_index.LineCache`); the result is the same with or without it.
     """
     if not isinstance(text, str):
         raise MetricsParseError(f"{source}: expected text, got {type(text).__name__}")
-    series = _read_series(text, source)
+    series = _read_series(text, source, cache)
     reader = _Reader(series, source, names or any_engine_metric_names())
     snapshot = reader.engine_snapshot()
     triton = reader.triton_snapshot()
@@ -96,13 +99,13 @@ def _first(*values: _T | None) -> _T | None:
     return None
 
 
-def _read_series(text: str, source: str) -> Mapping[str, Series]:
+def _read_series(text: str, source: str, cache: LineCache | None) -> Mapping[str, Series]:
     """All samples by sample name without `_total`; a repeated (name, labels) keeps the last.
 
     A page in the usual strict form is indexed and a name's samples read when the
     reader looks them up (`prometheus_index`); any other text goes through the library.
     """
-    samples = index_samples(text)
+    samples = index_samples(text, cache)
     if samples is None:
         return _parse_series(text, source)
     return IndexedSeries(samples, lambda: _parse_series(text, source))
