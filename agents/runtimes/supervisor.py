@@ -339,9 +339,9 @@ class EngineSupervisor:
                 self._message = f"supervisor error: {exc!r}"
 
     async def _check_health(self) -> None:
-        url = self.endpoints.health_urls[0]
         if self._probe is None:
-            self._probe = HealthProbe(url, self._health_timeout_s)
+            self._probe = HealthProbe(self.endpoints.health_urls[0], self._health_timeout_s)
+        url = self._probe.url
         try:
             status = await self._probe.status()
         except (ProbeFailed, TimeoutError) as exc:
