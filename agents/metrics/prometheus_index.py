@@ -48,6 +48,7 @@ _HELP_OR_TYPE = re.compile(
 _OTHER_COMMENT = re.compile(r"#(?: (?!(?:HELP|TYPE)(?:\s|$)).*)?")
 
 COUNTER_SUFFIX = "_total"
+MAX_CACHED_LINES = 20_000  # a vLLM page has ~500 lines; one with many LoRA adapters, more
 
 
 class SampleLine:
@@ -86,7 +87,8 @@ class LineCache:
 
     An engine's page changes little between two scrapes (an idle engine's, only its
     process gauges): a line found here is taken as it was read, without matching it
-    again or re-reading its labels. It holds the latest page's lines only.
+    again or re-reading its labels. It holds the latest page's lines only, and none of
+    a page over `MAX_CACHED_LINES` distinct lines.
     """
 
     __slots__ = ("lines",)
@@ -122,8 +124,8 @@ def index_samples(text: str, cache: LineCache | None = None) -> PageIndex | None
             samples[line.key].append(line)
         elif line.bare_counter is not None:
             index.bare_counters.add(line.bare_counter)
-    if cache is not None:
-        cache.lines = seen
+    if cache is not None:  # a page far larger than an engine's is not kept between scrapes
+        cache.lines = seen if len(seen) <= MAX_CACHED_LINES else {}
     return index
 
 
