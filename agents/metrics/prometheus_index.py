@@ -8,7 +8,9 @@ larger part of the agent's CPU. Here each line is matched once against a compile
 form; the labels and values of the names looked up are then read from their match.
 A scraper keeps a `LineCache` per endpoint: a line its previous page had is taken as
 read then (most of a page repeats from one scrape to the next), so a page costs a
-dictionary look-up per unchanged line.
+dictionary look-up per unchanged line; and when every line the reader looked up on
+the previous page is there unchanged (`IndexedSeries.same_reads`), the reader's
+snapshot of that page stands (`prometheus_text.parse_prometheus_text`).
 
 The strict form is a subset of what the library accepts: legacy names; labels
 `name="value"` (no `__` prefix, no repeat) with the escapes `\\\\`, `\\"`, `\\n`; one
@@ -91,10 +93,12 @@ class LineCache:
     a page over `MAX_CACHED_LINES` distinct lines.
     """
 
-    __slots__ = ("lines",)
+    __slots__ = ("lines", "reading")
 
     def __init__(self) -> None:
         self.lines: dict[str, SampleLine | OtherLine] = {}
+        # What was read of the latest page, kept by the reader (`IndexedSeries.same_reads`).
+        self.reading: object = None
 
 
 @dataclass
@@ -176,10 +180,14 @@ class IndexedSeries(Mapping[str, Series]):
         self._samples = index.samples
         self._whole_page = whole_page  # the library's parse, for the rare ambiguous name
         self._read: dict[str, Series] = {}
+        # Every name looked up (or asked about) and its lines; None: not on the page.
+        self.looked_up: dict[str, list[SampleLine] | None] = {}
+        self.used_whole_page = False
 
     def __getitem__(self, name: str) -> Series:
         if name not in self._read:
             lines = self._samples[name]
+            self.looked_up[name] = lines
             read = [line.read() for line in lines]
             if len({labels for _, labels, _ in read}) == len(read):
                 self._read[name] = [(labels, value) for _, labels, value in read]
@@ -190,11 +198,29 @@ class IndexedSeries(Mapping[str, Series]):
                     latest[labels] = value
                 self._read[name] = list(latest.items())
             else:  # which repeats merge depends on where the `# TYPE` lines are
+                self.used_whole_page = True
                 self._read[name] = list(self._whole_page()[name])
         return self._read[name]
 
     def __contains__(self, name: object) -> bool:
-        return name in self._samples
+        if not isinstance(name, str):
+            return False
+        lines = self._samples.get(name)
+        self.looked_up[name] = lines
+        return lines is not None
+
+    @property
+    def bare_counters(self) -> frozenset[str]:
+        return frozenset(self._index.bare_counters)
+
+    def same_reads(self, looked_up: Mapping[str, list[SampleLine] | None],
+                   bare_counters: frozenset[str]) -> bool:
+        """This page has, for each of `looked_up`'s names, the very lines (the same
+        `SampleLine` objects, in the same order) another page had, and the same bare
+        counters: whatever read only those names reads the same here."""
+        samples = self._samples
+        return (self._index.bare_counters == bare_counters
+                and all(samples.get(name) == lines for name, lines in looked_up.items()))
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._samples)

@@ -137,6 +137,11 @@ def page_sequences(draw: st.DrawFn) -> list[str]:
 @example(["# TYPE vllm:request_success counter\nvllm:request_success 1\n"  # a typed counter,
           "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n"
           "vllm:request_success 2\n"] * 2)  # then the same name in an untyped family
+@example(["vllm:request_success 1\n# TYPE vllm:num_requests_running gauge\n"
+          "vllm:num_requests_running 0\nvllm:request_success 2\n",
+          "# TYPE vllm:request_success counter\nvllm:request_success 1\n"  # the same lines,
+          "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n"  # now typed
+          "vllm:request_success 2\n"])
 def test_pages_read_through_one_line_cache_read_as_each_page_alone(texts: list[str]) -> None:
     cache = LineCache()
     for text in texts:
