@@ -109,6 +109,7 @@ class Agent:
         self.probed_versions: dict[str, str] = {}
         self.version_sources: dict[str, str] = {}
         self._probing: asyncio.Task[None] | None = None
+        self._releases: dict[tuple[str, str], ResolvedRelease] = {}  # by (engine, version)
         self.metrics = AgentMetrics()
         self.metrics.watch_engines(lambda: [(dep_id, sup.spec.engine, sup)
                                             for dep_id, sup in list(self.supervisors.items())])
@@ -145,7 +146,11 @@ class Agent:
 
     def engine_release(self, name: str) -> ResolvedRelease:
         """The version-table row the engine runs with, and how its version matched."""
-        return release_for(name, self.engine_version(name))
+        version = self.engine_version(name)
+        found = self._releases.get((name, version))
+        if found is None:  # read for each deployment of each report: looked up once
+            found = self._releases[(name, version)] = release_for(name, version)
+        return found
 
     def read_package_versions(self) -> None:
         """Each unconfigured engine's version from its package METADATA (file reads only)."""

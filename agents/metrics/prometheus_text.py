@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -36,7 +37,12 @@ from gearshift.agents.metrics.model import (
     SkipReason,
     SleepState,
 )
-from gearshift.agents.metrics.prometheus_index import IndexedSeries, index_samples
+from gearshift.agents.metrics.prometheus_index import (
+    IndexedSeries,
+    LineCache,
+    SampleLine,
+    index_samples,
+)
 from gearshift.common.engines import MetricNames, any_engine_metric_names
 
 COUNTER_SUFFIX = "_total"
@@ -50,15 +56,25 @@ Series = list[tuple[Labels, float]]
 
 
 def parse_prometheus_text(text: str, *, source: str = "/metrics",
-                          names: MetricNames | None = None) -> EngineSnapshot:
+                          names: MetricNames | None = None,
+                          cache: LineCache | None = None) -> EngineSnapshot:
     """Read one Prometheus text scrape; raise `MetricsParseError` if it is not that format.
 
     Series with unusable values (NaN, ±Inf, negative, bad `le`) are dropped and
     listed in `EngineSnapshot.skips`; the rest of the scrape is still used.
+    `cache`: the lines of the previous scrape of the same endpoint, read
+    (`prometheus_index.LineCache`), and what was looked up in them: when every line
+    looked up then is there unchanged, that scrape's snapshot is this one's. The
+    result is the same with or without it.
     """
     if not isinstance(text, str):
         raise MetricsParseError(f"{source}: expected text, got {type(text).__name__}")
-    series = _read_series(text, source)
+    series = _read_series(text, source, cache)
+    last = cache.reading if cache is not None else None
+    if (isinstance(series, IndexedSeries) and isinstance(last, _Reading)
+            and last.names is names and last.source == source
+            and series.same_reads(last.looked_up, last.bare_counters)):
+        return last.snapshot  # every line read last time is there, unchanged
     reader = _Reader(series, source, names or any_engine_metric_names())
     snapshot = reader.engine_snapshot()
     triton = reader.triton_snapshot()
@@ -86,7 +102,22 @@ def parse_prometheus_text(text: str, *, source: str = "/metrics",
         skips=tuple(reader.skips),
         counter_series=snapshot.counter_series,
     )
+    if cache is not None:
+        cache.reading = (_Reading(names, source, series.looked_up, series.bare_counters, merged)
+                         if isinstance(series, IndexedSeries) and not series.used_whole_page
+                         else None)
     return merged
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """What one page's snapshot was read from: the lines of each name looked up."""
+
+    names: MetricNames | None
+    source: str
+    looked_up: Mapping[str, list[SampleLine] | None]
+    bare_counters: frozenset[str]
+    snapshot: EngineSnapshot
 
 
 def _first(*values: _T | None) -> _T | None:
@@ -96,13 +127,13 @@ def _first(*values: _T | None) -> _T | None:
     return None
 
 
-def _read_series(text: str, source: str) -> Mapping[str, Series]:
+def _read_series(text: str, source: str, cache: LineCache | None) -> Mapping[str, Series]:
     """All samples by sample name without `_total`; a repeated (name, labels) keeps the last.
 
     A page in the usual strict form is indexed and a name's samples read when the
     reader looks them up (`prometheus_index`); any other text goes through the library.
     """
-    samples = index_samples(text)
+    samples = index_samples(text, cache)
     if samples is None:
         return _parse_series(text, source)
     return IndexedSeries(samples, lambda: _parse_series(text, source))

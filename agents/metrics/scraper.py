@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import ClassVar, Protocol
 
@@ -32,6 +33,7 @@ from gearshift.agents.metrics.model import (
     Skip,
     SkipReason,
 )
+from gearshift.agents.metrics.prometheus_index import LineCache
 from gearshift.agents.metrics.prometheus_text import parse_prometheus_text
 from gearshift.agents.metrics.rates import RateCalculator
 from gearshift.agents.metrics.trtllm_json import parse_trtllm_json
@@ -98,12 +100,14 @@ class MetricSource(Protocol):
 
 
 def read_engine_metrics(
-    engine: str, bodies: dict[str, str | None], names: MetricNames | None = None
+    engine: str, bodies: dict[str, str | None], names: MetricNames | None = None,
+    caches: Mapping[str, LineCache] | None = None,
 ) -> tuple[EngineSnapshot | None, tuple[Skip, ...]]:
     """Parse the bodies one scrape fetched (path -> body, None = not fetched); never raises.
 
     `names`: the metric names of the engine's release (its version-table row); None =
-    the catalog entry's, which list every release's spellings.
+    the catalog entry's, which list every release's spellings. `caches`: by path, the
+    lines of the previous scrape of each Prometheus endpoint (they change nothing read).
 
     Returns the snapshot (None when nothing usable was found) and every skip:
     dropped series and whole bodies that could not be read.
@@ -122,7 +126,8 @@ def read_engine_metrics(
                 iterations = parse_trtllm_json(body)
                 skips.extend(iterations.skips)
                 continue
-            found = parse_prometheus_text(body, source=endpoint.path, names=names)
+            found = parse_prometheus_text(body, source=endpoint.path, names=names,
+                                          cache=caches.get(endpoint.path) if caches else None)
         except MetricsParseError as exc:
             skips.append(Skip(exc.reason, exc.message))
             continue
@@ -207,6 +212,8 @@ class EngineScraper:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._metrics = ScraperMetrics.for_registry(registry)
         self._calculator = RateCalculator()
+        self._line_caches = {ep.path: LineCache() for ep in self.entry.metric_endpoints
+                             if ep.format is MetricFormat.PROMETHEUS}
         self._last_reasons: frozenset[SkipReason] = frozenset()
 
     async def __aenter__(self) -> EngineScraper:
@@ -255,7 +262,8 @@ class EngineScraper:
             # Nothing came back: the required endpoints say why (an optional one adds nothing).
             required = [f for ep, f in failed if not ep.optional]
             return _failed(now, tuple(required or failures))
-        snapshot, skips = read_engine_metrics(self.engine, bodies, self.names)
+        snapshot, skips = read_engine_metrics(self.engine, bodies, self.names,
+                                              self._line_caches)
         skips = (*failures, *skips)
         if snapshot is None:
             return _failed(now, skips)

@@ -4,8 +4,8 @@ The engine runs in its own process group (session) so that stopping it also
 reaches the workers it spawned; SIGTERM goes to the engine itself (it drains),
 SIGKILL to the whole group after the grace. A background task waits on the
 process (an exit is seen at once, not at the next poll) and probes the health
-URL every `health_interval_s`: connection refused = still loading, 200 =
-ready, anything else = unhealthy. A crash is restarted after an exponential
+URL every `health_interval_s` on a kept-alive connection (`health_probe`):
+connection refused = still loading, 200 = ready, anything else = unhealthy. A crash is restarted after an exponential
 backoff; more than `max_restarts` crashes in a row (without a stable run of
 `STABLE_RUN_S` in between) give up with phase `failed`. Every await that could
 be cancelled leaves no process behind.
@@ -29,8 +29,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-import aiohttp
-
 from gearshift.agents.runtimes.adopted import AdoptedProcess
 from gearshift.agents.runtimes.base import (
     EngineEndpoints,
@@ -43,6 +41,7 @@ from gearshift.agents.runtimes.base import (
 )
 from gearshift.agents.runtimes.drain import aborts_on_sigterm, exit_reserve_s, wait_until_idle
 from gearshift.agents.runtimes.engine_state import EngineRecord, EngineStateDir, process_start_time
+from gearshift.agents.runtimes.health_probe import HealthProbe, ProbeFailed
 from gearshift.common.engine_versions import EngineRelease
 from gearshift.common.engines import engine_entry
 from gearshift.common.errors import FailedPrecondition
@@ -115,7 +114,7 @@ class EngineSupervisor:
         self._started_at = clock()
         self._monitor: asyncio.Task[None] | None = None
         self._spawning: asyncio.Task[None] | None = None
-        self._session: aiohttp.ClientSession | None = None
+        self._probe: HealthProbe | None = None
         self._started = False
         self._stopping = False
 
@@ -216,9 +215,7 @@ class EngineSupervisor:
         await self._stop_watching()
         if isinstance(self._proc, AdoptedProcess):
             self._proc.close()
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        self._close_probe()
 
     async def wait_ready(self, timeout_s: float) -> bool:
         """Wait until ready (True), or until failed/stopped or `timeout_s` passes (False)."""
@@ -342,17 +339,12 @@ class EngineSupervisor:
                 self._message = f"supervisor error: {exc!r}"
 
     async def _check_health(self) -> None:
-        url = self.endpoints.health_urls[0]
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self._health_timeout_s))
-        status: int | None
+        if self._probe is None:
+            self._probe = HealthProbe(self.endpoints.health_urls[0], self._health_timeout_s)
+        url = self._probe.url
         try:
-            async with self._session.get(url) as resp:
-                status = resp.status
-        except aiohttp.ClientConnectorError:
-            status = None
-        except (aiohttp.ClientError, TimeoutError) as exc:
+            status = await self._probe.status()
+        except (ProbeFailed, TimeoutError) as exc:
             if self._phase in (Phase.READY, Phase.UNHEALTHY):
                 self._set(Phase.UNHEALTHY, f"health probe {url} failed: {exc!r}")
             return
@@ -471,6 +463,9 @@ class EngineSupervisor:
             self._kill_group()
             if self._state is not None:
                 self._state.remove(self.spec.deployment_id)
-            if self._session is not None:
-                await self._session.close()
-                self._session = None
+            self._close_probe()
+
+    def _close_probe(self) -> None:
+        if self._probe is not None:
+            self._probe.close()
+            self._probe = None

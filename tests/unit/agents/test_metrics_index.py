@@ -3,7 +3,8 @@
 A page is parsed twice: as it is (the quick pass, when every line is in the strict
 form) and with one more line the quick pass does not take (a sample with a
 timestamp, which the library accepts), which sends the whole page through
-`prometheus_client`. Snapshots, skips and errors must be the same.
+`prometheus_client`. Snapshots, skips and errors must be the same. Pages read one
+after another through a scraper's `LineCache` read as each page read alone.
 """
 
 from __future__ import annotations
@@ -13,16 +14,16 @@ from hypothesis import strategies as st
 
 from fixture_paths import ENGINE_METRICS
 from gearshift.agents.metrics import MetricsParseError, parse_prometheus_text
-from gearshift.agents.metrics.prometheus_index import index_samples
+from gearshift.agents.metrics.prometheus_index import LineCache, index_samples
 
 LIBRARY_ONLY_LINE = "gearshift_probe_unread 1 1700000000000\n"  # a timestamp: not the strict form
 PROMETHEUS_PAGES = sorted(p for p in ENGINE_METRICS.glob("*.txt")
                           if not p.read_text().lstrip().startswith(("[", "{")))
 
 
-def _outcome(text: str) -> str:
-    try:
-        return repr(parse_prometheus_text(text, source="page"))  # repr: NaN and -0.0 compare
+def _outcome(text: str, cache: LineCache | None = None) -> str:
+    try:  # repr: NaN and -0.0 compare
+        return repr(parse_prometheus_text(text, source="page", cache=cache))
     except MetricsParseError as exc:
         return f"error: {exc.message}"
 
@@ -115,3 +116,49 @@ def test_strict_pages_take_the_quick_pass_and_read_as_the_library_reads_them(tex
 @example("this is not a metric line\n")
 def test_any_page_reads_the_same_through_the_quick_pass_and_the_library(text: str) -> None:
     _same_either_way(text)
+
+
+@st.composite
+def page_sequences(draw: st.DrawFn) -> list[str]:
+    """Pages that share lines (as an engine's successive scrapes do), in any order, some
+    repeated, some outside the strict form."""
+    pool = draw(st.lists(st.one_of(pages(), strict_pages()), min_size=1, max_size=3))
+    lines = [line for page in pool for line in page.split("\n")]
+    return ["\n".join(draw(st.lists(st.sampled_from(lines), max_size=14))) + "\n"
+            for _ in range(draw(st.integers(2, 5)))]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(page_sequences())
+@example(["# TYPE vllm:request_success counter\nvllm:request_success 1\n",
+          "vllm:request_success 1\nvllm:request_success_total 2\n"])  # the TYPE line went
+@example(['vllm:num_requests_running{model="a"} 1\n',
+          'vllm:num_requests_running{model="a"} 1\nvllm:num_requests_running{model="a"} 1\n'])
+@example(["# TYPE vllm:request_success counter\nvllm:request_success 1\n"  # a typed counter,
+          "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n"
+          "vllm:request_success 2\n"] * 2)  # then the same name in an untyped family
+@example(["vllm:request_success 1\n# TYPE vllm:num_requests_running gauge\n"
+          "vllm:num_requests_running 0\nvllm:request_success 2\n",
+          "# TYPE vllm:request_success counter\nvllm:request_success 1\n"  # the same lines,
+          "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n"  # now typed
+          "vllm:request_success 2\n"])
+def test_pages_read_through_one_line_cache_read_as_each_page_alone(texts: list[str]) -> None:
+    cache = LineCache()
+    for text in texts:
+        assert _outcome(text, cache) == _outcome(text)
+
+
+def test_a_captured_page_and_its_next_scrape_read_the_same_through_the_line_cache() -> None:
+    """The vLLM capture, then the same page one scrape later: counters and buckets moved,
+    a series gone, one new, lines in another order."""
+    first = (ENGINE_METRICS / "vllm-0.11-metrics.txt").read_text(encoding="utf-8")
+    lines = first.split("\n")
+    moved = [line.replace(" 0.0", " 3.0") if "_bucket{" in line and i % 3 == 0 else line
+             for i, line in enumerate(lines)]
+    second = "\n".join([*moved[len(moved) // 2:], *moved[:len(moved) // 2 - 2],
+                        'vllm:num_requests_running{engine="1",model_name="m"} 2.0'])
+    assert second != first
+    cache = LineCache()
+    for text in (first, second, first, second):
+        assert _outcome(text, cache) == _outcome(text)
+    assert index_samples(second, cache) is not None
