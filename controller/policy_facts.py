@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from gearshift.common.engines import ENGINE_NAMES
 from gearshift.controller.fleet import FleetState
+from gearshift.controller.gpu_price import host_price, model_price
 from gearshift.controller.learning import live_capacities
 from gearshift.policies.loader import Policy
 from gearshift.policies.priors import EngineCapacity, priors_for
@@ -43,12 +44,16 @@ class FactsCache:
     """What one tick's facts share between models, so that it is worked out once: the
     priors of each model under the policy, each host's GPU models and labels, and the
     capacities of models with no latency SLA (those depend on their priors alone: the
-    learner measures capacity at an SLA). Build one per tick (hosts may change between
-    ticks) from the tick's policy."""
+    learner measures capacity at an SLA), and each host's GPU price (`controller.gpu_price`:
+    its label, else `gpu_price_per_hour`, the fleet's). Build one per tick (hosts may change
+    between ticks) from the tick's policy."""
 
-    def __init__(self, policy: Policy, learner: CapacityLearner | None) -> None:
+    def __init__(self, policy: Policy, learner: CapacityLearner | None,
+                 gpu_price_per_hour: float | None = None) -> None:
         self.policy = policy
         self.learner = learner
+        self.gpu_price_per_hour = gpu_price_per_hour
+        self._prices: dict[str, tuple[float | None, str]] = {}
         self._priors: dict[str, ModelPriors] = {}
         self._hosts: dict[str, tuple[list[str], Mapping[str, str]]] = {}
         self._engines: dict[tuple[str, float | None, int], tuple[ModelPriors, EngineFacts]] = {}
@@ -68,6 +73,14 @@ class FactsCache:
         if found is None:
             entry = fleet.hosts[host_id]
             found = self._hosts[host_id] = ([g.model for g in entry.gpus], entry.hello.labels)
+        return found
+
+    def price(self, fleet: FleetState, host_id: str) -> tuple[float | None, str]:
+        """(USD per GPU-hour, its source) on a host (`controller.gpu_price.host_price`)."""
+        found = self._prices.get(host_id)
+        if found is None:
+            found = self._prices[host_id] = host_price(self.host(fleet, host_id)[1],
+                                                       self.gpu_price_per_hour)
         return found
 
     def unmeasured_engine(self, engine: str, capacity_rps: float | None, priors: ModelPriors,
@@ -137,11 +150,14 @@ def model_facts(fleet: FleetState, ready: list[tuple[str, agent_pb2.DeploymentRe
     labels: dict[str, str] = {}
     for h, _ in ready:  # in their order: a later host's label wins
         labels.update(cache.host(fleet, h)[1])
+    price, cite["price_source"] = model_price([cache.price(fleet, h) for h, _ in ready])
+    cite["price_per_gpu_hour"] = price
     return ModelFacts(
         gpus_per_replica=gpus_per_replica, min_replicas=priors.min_replicas, headroom=priors.headroom,
         sla_ttft_p99_ms=priors.sla_ttft_p99_ms, sla_itl_p99_ms=priors.sla_itl_p99_ms, engines=engines,
         nvidia=any(m.upper().startswith("NVIDIA") for m in gpu_models) if gpu_models else None,
-        gpu_model=gpu_models[0] if gpu_models else None, labels=labels, citations=cite)
+        gpu_model=gpu_models[0] if gpu_models else None, labels=labels,
+        price_per_gpu_hour=price, citations=cite)
 
 
 def _figures(capacity_rps: float | None, prior: EnginePriors | None,

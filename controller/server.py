@@ -179,6 +179,7 @@ class Controller:
         self.learner.load()
         self.policy_loop.learner = self.learner
         self.policy_loop.forecaster = Forecaster(self.history.arrays, config.history_resolution_s)
+        self.policy_loop.gpu_price_per_hour = config.gpu_price_per_hour
         self.policy_loop.on_policy_change = lambda _p: self._schedule_policy()
         self.policy_loop.prepare = _policy_trigger
         recent = time.time() - RECENT_HOST_S

@@ -20,7 +20,13 @@ from enum import StrEnum
 from typing import Any
 
 from gearshift.common.engines import ENGINE_NAMES, engine_entry
-from gearshift.policies.economics import CostSettings, MoveEstimate, estimate_move
+from gearshift.policies.economics import (
+    NO_PRICE_NOTE,
+    CostSettings,
+    MoveEstimate,
+    estimate_move,
+    price_of,
+)
 from gearshift.policies.loader import Policy
 from gearshift.policies.model_state import trial_share
 from gearshift.policies.rules import (
@@ -249,7 +255,9 @@ def _plan_model(policy: Policy, model: str, sig: Signals, st: ModelState, now: f
         best = max((e for e in candidates.values() if e is not None), default=None,
                    key=lambda e: e.net_usd)
         view = SignalView(sig, st.engine, now - st.since, None if best is None else best.net_usd)
-        ev = _evaluate(policy, RuleContext(view, candidates, _engine_order(policy, sig)), refused,
+        ctx = RuleContext(view, candidates, _engine_order(policy, sig),
+                          price_known=price_of(sig.facts, cost) is not None)
+        ev = _evaluate(policy, ctx, refused,
                        kinds=BREACH_RULE_KINDS if young else None)
         if ev.outcome is None or ev.outcome.target in (None, st.engine):
             return None
@@ -271,6 +279,11 @@ def _plan_model(policy: Policy, model: str, sig: Signals, st: ModelState, now: f
         inputs[f"capacity_rps.{engine}"] = facts.capacity_rps
         inputs[f"ttft_p99_ms.{engine}"] = facts.ttft_p99_ms
     inputs.update(sig.facts.citations)
+    if cost.price_per_gpu_hour is not None and "price_source" in inputs:  # the policy's wins
+        inputs["price_per_gpu_hour"] = cost.price_per_gpu_hour
+        inputs["price_source"] = "policy spec.cost.pricePerGpuHour"
+    elif price_of(sig.facts, cost) is None:
+        inputs["price_note"] = NO_PRICE_NOTE
     inputs.update(_traffic_inputs(sig))
     inputs.update(outcome.inputs)
     alternatives = list(ev.alternatives)
