@@ -342,10 +342,17 @@ def _expected_lines(e: Mapping[str, Any], no_price: str | None = None) -> list[s
         if e[k] is not None:
             out.append(f"  {k:<16}  {fmt_value(k, e[k])}")
     unknown = sorted(k for k in shown & set(e) if e[k] is None)
-    why = no_price or "facts not measured yet"
+    if no_price is not None:  # the money figures are unknown for want of a price
+        unpriced = [k for k in unknown if k in _PRICED]
+        if unpriced:
+            out.append(f"  unknown: {', '.join(unpriced)} ({no_price})")
+        unknown = [k for k in unknown if k not in _PRICED]
     if unknown:
-        out.append(f"  unknown: {', '.join(unknown)} ({why})")
-    return out or [f"  not estimated ({why})"]
+        out.append(f"  unknown: {', '.join(unknown)} (facts not measured yet)")
+    return out or [f"  not estimated ({no_price or 'facts not measured yet'})"]
+
+
+_PRICED = frozenset({"cost_usd_per_day", "net_savings_usd", "switch_cost_usd"})
 
 
 def expected_saving_per_day(d: control_pb2.Decision) -> str:

@@ -235,8 +235,24 @@ def rate_forecast(forecaster: Forecaster | None, model: str, policy: Policy,
 
 def refresh_forecasts(forecaster: Forecaster | None, models: Iterable[str], policy: Policy,
                       now: float) -> None:
-    """Refit the stalest forecasts within the tick's budget (`Forecaster.refresh`)."""
-    if forecaster is not None:
+    """At the start of a tick: refit the stalest forecasts within the tick's budget
+    (`Forecaster.refresh`); a forecaster with a worker thread is held instead (the tick
+    does not wait for fits, nor share the interpreter with them)."""
+    if forecaster is None:
+        return
+    if forecaster.background:
+        forecaster.hold()
+        return
+    spec = policy.doc.spec
+    forecaster.refresh(models, now, horizon_s=spec.cost.horizon,
+                       quantile=spec.signals.sustained_quantile)
+
+
+def hand_off_forecasts(forecaster: Forecaster | None, models: Iterable[str], policy: Policy,
+                       now: float) -> None:
+    """At the end of a tick: the forecasts due for a refit go to the forecaster's worker
+    thread, when it has one (`Forecaster.hand_off`)."""
+    if forecaster is not None and forecaster.background:
         spec = policy.doc.spec
-        forecaster.refresh(models, now, horizon_s=spec.cost.horizon,
-                           quantile=spec.signals.sustained_quantile)
+        forecaster.hand_off(models, now, horizon_s=spec.cost.horizon,
+                            quantile=spec.signals.sustained_quantile)

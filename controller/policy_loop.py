@@ -39,6 +39,7 @@ from gearshift.controller.migration_machine import MigrationKind
 from gearshift.controller.migration_store import MigrationRepository, MigrationRow
 from gearshift.controller.policy_facts import (
     FactsCache,
+    hand_off_forecasts,
     model_facts,
     rate_forecast,
     refresh_forecasts,
@@ -321,6 +322,13 @@ class PolicyLoop:
         self._retry_approved()
         models = sorted(set(self.history.models()) | self.fleet.model_names())
         refresh_forecasts(self.forecaster, models, policy, now)
+        try:
+            return self._evaluate(models, version, policy, now)
+        finally:
+            hand_off_forecasts(self.forecaster, models, policy, now)
+
+    def _evaluate(self, models: list[str], version: int, policy: Policy,
+                  now: float) -> list[DecisionRow]:
         reads = self._reads(models)
         cache = FactsCache(policy, self.learner, self.gpu_price_per_hour)
         wanted: dict[str, FleetModel] = {}
