@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -103,8 +103,13 @@ class Decision:
 
 @dataclass
 class _Plan:
-    decision: Decision
+    """A move the policy wants: what ranks it, and how to write it up (only the moves
+    within the migration budget are written up: a large fleet may want hundreds)."""
+
+    model: str
+    urgent: bool
     net_usd: float
+    write_up: Callable[[], Decision]
 
 
 @dataclass
@@ -267,6 +272,15 @@ def _plan_model(policy: Policy, model: str, sig: Signals, st: ModelState, now: f
             return None
     outcome = ev.outcome
     assert outcome is not None and outcome.target is not None
+    return _Plan(model, outcome.urgent, outcome.estimate.net_usd if outcome.estimate else 0.0,
+                 lambda: _decision(policy, model, sig, st, now, cost, ev))
+
+
+def _decision(policy: Policy, model: str, sig: Signals, st: ModelState, now: float,
+              cost: CostSettings, ev: _Evaluation) -> Decision:
+    """The decision of a planned move, with its inputs, expected effect and alternatives."""
+    outcome = ev.outcome
+    assert outcome is not None and outcome.target is not None
     inputs: dict[str, SignalValue] = {
         "rps_current": sig.rps_current, "rps_sustained": sig.rps_sustained, "rps_peak": sig.rps_peak,
         "rps_mean": sig.rps_mean, "burstiness": sig.burstiness,
@@ -297,7 +311,7 @@ def _plan_model(policy: Policy, model: str, sig: Signals, st: ModelState, now: f
                                 sig.facts.citations.get(f"capacity_source.{outcome.target}"),
                                 st.trialled),
     )
-    return _Plan(decision, outcome.estimate.net_usd if outcome.estimate else 0.0)
+    return decision
 
 
 def decide(policy: Policy, signals: Mapping[str, Signals], state: Mapping[str, ModelState],
@@ -318,5 +332,5 @@ def decide(policy: Policy, signals: Mapping[str, Signals], state: Mapping[str, M
             plans.append(plan)
     in_flight = sum(1 for s in state.values() if s.migrating_to is not None)
     budget = max(0, policy.doc.spec.guardrails.max_concurrent_migrations - in_flight)
-    plans.sort(key=lambda p: (not p.decision.urgent, -p.net_usd, p.decision.model))
-    return [p.decision for p in plans[:budget]]
+    plans.sort(key=lambda p: (not p.urgent, -p.net_usd, p.model))
+    return [p.write_up() for p in plans[:budget]]

@@ -145,3 +145,22 @@ def test_the_policy_s_price_wins_and_the_decision_cites_it(store: Store) -> None
 def test_a_bad_fleet_price_is_refused_naming_the_flag(bad: float) -> None:
     with pytest.raises(ConfigError, match="--gpu-price-per-hour: expected a positive number"):
         ControllerConfig(gpu_price_per_hour=bad).validate()
+
+
+def test_the_shipped_default_policy_makes_a_cost_move_on_a_priced_fleet(store: Store) -> None:
+    """policies/examples/default.yaml, with the priors an operator adds (cold starts and
+    capacities), on a fleet priced by --gpu-price-per-hour: an estimate, and a move."""
+    default = (Path(__file__).resolve().parents[3] / "policies" / "examples"
+               / "default.yaml").read_text()
+    text = default + ('  models:\n    "*":\n      gpusPerReplica: 8\n      engines:\n'
+                      '        vllm: {coldStart: 210s, capacityRps: 10}\n'
+                      '        tensorrt-llm: {coldStart: 240s, build: 30m, capacityRps: 11.6}\n')
+    for price, moves in ((None, 0), (4.0, 1)):
+        loop = _loop(store, fleet_price=price)
+        loop.fleet.started = NOW - 3 * 86400  # on vLLM for three days: past minDwell
+        loop.apply(text, "default.yaml", "test", "")
+        rows = loop.evaluate(NOW)
+        assert len(rows) == moves, rows
+    row = rows[0]
+    assert (row.rule, row.to_engine, row.inputs["price_per_gpu_hour"]) == ("cost", "tensorrt-llm", 4.0)
+    assert row.expected["net_savings_usd"] > row.inputs["margin_usd"] > 0
