@@ -96,14 +96,14 @@ class FactsCache:
 
     def capacities(self, model: str, gpu_model: str | None, priors: ModelPriors
                    ) -> tuple[dict[str, EngineCapacity], dict[str, SignalValue]]:
-        """`live_capacities` (the citations a copy the caller may change)."""
+        """`live_capacities` (the citations shared between models: not to be changed)."""
         if priors.sla_ttft_p99_ms or priors.sla_itl_p99_ms:
             return live_capacities(self.learner, model, gpu_model, priors)
         found = self._unmeasured.get(id(priors))
         if found is None or found[0] is not priors:
             caps, cite = live_capacities(self.learner, model, gpu_model, priors)
             found = self._unmeasured[id(priors)] = (priors, caps, cite)
-        return found[1], dict(found[2])
+        return found[1], found[2]
 
 
 def model_facts(fleet: FleetState, ready: list[tuple[str, agent_pb2.DeploymentReport]],
@@ -124,7 +124,8 @@ def model_facts(fleet: FleetState, ready: list[tuple[str, agent_pb2.DeploymentRe
         if d.itl.present:
             measured_itl[d.engine] = max(measured_itl.get(d.engine, 0.0), d.itl.p99_s * 1000)
     sla = sla_signals(ready)
-    caps, cite = cache.capacities(model, gpu_models[0] if gpu_models else None, priors)
+    caps, shared_cite = cache.capacities(model, gpu_models[0] if gpu_models else None, priors)
+    cite: dict[str, SignalValue] = {}  # the model's own citations, after the shared ones
     overheads = policy.doc.spec.cost.build_overhead_usd
     engines = {}
     for e in ENGINES:
@@ -150,14 +151,15 @@ def model_facts(fleet: FleetState, ready: list[tuple[str, agent_pb2.DeploymentRe
     labels: dict[str, str] = {}
     for h, _ in ready:  # in their order: a later host's label wins
         labels.update(cache.host(fleet, h)[1])
-    price, cite["price_source"] = model_price([cache.price(fleet, h) for h, _ in ready])
-    cite["price_per_gpu_hour"] = price
+    price, price_source = model_price([cache.price(fleet, h) for h, _ in ready])
+    # Most models add nothing: they share the one dictionary (memory for a large fleet).
+    cite = {**shared_cite, **cite} if cite else shared_cite
     return ModelFacts(
         gpus_per_replica=gpus_per_replica, min_replicas=priors.min_replicas, headroom=priors.headroom,
         sla_ttft_p99_ms=priors.sla_ttft_p99_ms, sla_itl_p99_ms=priors.sla_itl_p99_ms, engines=engines,
         nvidia=any(m.upper().startswith("NVIDIA") for m in gpu_models) if gpu_models else None,
         gpu_model=gpu_models[0] if gpu_models else None, labels=labels,
-        price_per_gpu_hour=price, citations=cite)
+        price_per_gpu_hour=price, price_source=price_source, citations=cite)
 
 
 def _figures(capacity_rps: float | None, prior: EnginePriors | None,

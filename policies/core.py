@@ -293,10 +293,12 @@ def _decision(policy: Policy, model: str, sig: Signals, st: ModelState, now: flo
         inputs[f"capacity_rps.{engine}"] = facts.capacity_rps
         inputs[f"ttft_p99_ms.{engine}"] = facts.ttft_p99_ms
     inputs.update(sig.facts.citations)
-    if cost.price_per_gpu_hour is not None and "price_source" in inputs:  # the policy's wins
-        inputs["price_per_gpu_hour"] = cost.price_per_gpu_hour
-        inputs["price_source"] = "policy spec.cost.pricePerGpuHour"
-    elif price_of(sig.facts, cost) is None:
+    price = price_of(sig.facts, cost)
+    if sig.facts.price_source:  # the live loop's facts say where the fleet's price came from
+        inputs["price_per_gpu_hour"] = price
+        inputs["price_source"] = ("policy spec.cost.pricePerGpuHour"
+                                  if cost.price_per_gpu_hour is not None else sig.facts.price_source)
+    if price is None:
         inputs["price_note"] = NO_PRICE_NOTE
     inputs.update(_traffic_inputs(sig))
     inputs.update(outcome.inputs)

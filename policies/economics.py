@@ -95,8 +95,11 @@ def estimate_move(sig: Signals, current: str, target: str, cost: CostSettings) -
     facts = sig.facts
     price = price_of(facts, cost)
     cur, tgt = facts.engines.get(current), facts.engines.get(target)
+    # Missing facts first (each would make a rebuild estimate below None): no replicas are
+    # counted for an estimate that cannot be made.
     if (price is None or cur is None or tgt is None or cur.capacity_rps is None
-            or tgt.capacity_rps is None or sig.rps_current is None):
+            or tgt.capacity_rps is None or sig.rps_current is None
+            or cur.cold_start_s is None or tgt.cold_start_s is None):
         return None
     usd_per_replica_h = facts.gpus_per_replica * price
     means = []

@@ -73,6 +73,7 @@ class ModelFacts:
     gpu_model: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
     price_per_gpu_hour: float | None = None
+    price_source: str = ""  # where the live loop found the price ("none": nowhere); cited
     # Where the figures above came from (capacity sources, notes, bands), as decision
     # inputs: every decision on the model cites them.
     citations: Mapping[str, SignalValue] = field(default_factory=dict)

@@ -82,7 +82,7 @@ def _loop(store: Store, *, fleet_price: float | None = None, policy_price: float
 def _price(loop: PolicyLoop) -> tuple[float | None, object]:
     facts = loop.model_facts("m", loop.active()[1])  # type: ignore[index]
     assert facts is not None
-    return facts.price_per_gpu_hour, facts.citations["price_source"]
+    return facts.price_per_gpu_hour, facts.price_source
 
 
 def test_the_fleet_price_prices_the_default_policy_s_moves(store: Store) -> None:
