@@ -191,10 +191,6 @@ class Signals:
     # The traffic forecast made at or before `now` (None: none was made, e.g. a
     # backtest on the header's facts).
     forecast: Forecast | None = field(default=None, compare=False, repr=False)
-    # (capacity, headroom, min_replicas) -> replicas needed per sample over the longest
-    # window asked for (a live tick asks for each engine over both windows).
-    _needed: dict[tuple[float, float, int], FloatArray] = field(
-        default_factory=dict, compare=False, repr=False)
 
     @property
     def forecast_unused(self) -> str | None:
@@ -271,27 +267,17 @@ class Signals:
         n = min(samples, self._end)
         if n <= 0:
             return None
-        if scale != 1.0:
+        if scale != 1.0 or not self._history.replay:
+            # A live tick asks once or twice per capacity: the window directly, not a prefix
+            # over the whole series. Replica counts are whole numbers, so their sums are
+            # exact either way and the mean is the same to the last bit.
             import numpy as np
 
-            rates = self._history.rps[self._end - n:self._end] * scale
+            rates = self._history.rps[self._end - n:self._end]
+            if scale != 1.0:
+                rates = rates * scale
             need = np.maximum(min_replicas, np.ceil(rates * (1 + headroom) / capacity_rps - 1e-9))
-            return float(need.mean())
-        if not self._history.replay:
-            # A live tick asks for a few windows per capacity, all ending now: the replicas
-            # of the longest one, summed over each window's tail, not a prefix over the
-            # whole series. Replica counts are whole numbers, so their sums are exact either
-            # way and the mean is the same to the last bit.
-            key = (capacity_rps, headroom, min_replicas)
-            needed = self._needed.get(key)
-            if needed is None or needed.size < n:
-                import numpy as np
-
-                longest = min(self._end, max(n, self.long_window_samples, self.window_samples))
-                rates = self._history.rps[self._end - longest:self._end]
-                needed = self._needed[key] = np.maximum(
-                    min_replicas, np.ceil(rates * (1 + headroom) / capacity_rps - 1e-9))
-            return float(needed[needed.size - n:].sum()) / n
+            return float(need.sum()) / n if scale == 1.0 else float(need.mean())
         prefix = self._history.prefix_replicas(capacity_rps, headroom, min_replicas)
         return (prefix[self._end] - prefix[self._end - n]) / n
 
