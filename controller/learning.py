@@ -10,10 +10,12 @@ for the decision core, by the rule shared with the blind backtest
 or the default ratio, each cited with where it came from and why.
 
 Forecasts are refitted at most every `FORECAST_REFIT_S` per model, because a fit
-costs a fraction of a second, and a policy tick spends at most
-`FORECAST_TICK_BUDGET_S` fitting them, stalest first (`Forecaster.refresh`): a
-large fleet's forecasts are refreshed over several ticks and decisions cite the
-age of the one they used. The policy loop asks for the policy's horizon and
+costs a fraction of a second. The live controller fits them on a worker thread
+(`ForecastWorker`, at most `FORECAST_WORKER_CPU_SHARE` of a core), stalest first, from
+what each tick hands off; without one (tests, tools) a policy tick spends at most
+`FORECAST_TICK_BUDGET_S` fitting them (`Forecaster.refresh`). Either way a large
+fleet's forecasts are refreshed over several ticks and decisions cite the age of the
+one they used. Capacity estimates are cached until their model is observed again. The policy loop asks for the policy's horizon and
 sustained quantile, and the forecast enters the savings estimate of its decisions.
 """
 
