@@ -104,11 +104,12 @@ def estimate_move(sig: Signals, current: str, target: str, cost: CostSettings) -
     usd_per_replica_h = facts.gpus_per_replica * price
     means = []
     for samples, scale in ((sig.window_samples, sig.traffic_scale), (sig.long_window_samples, 1.0)):
-        pair = sig.mean_replicas_pair((cur.capacity_rps, tgt.capacity_rps), facts.headroom,
-                                      facts.min_replicas, samples, scale)
-        if pair is None:
+        on_cur = sig.mean_replicas(cur.capacity_rps, facts.headroom, facts.min_replicas, samples,
+                                   scale)
+        on_tgt = sig.mean_replicas(tgt.capacity_rps, facts.headroom, facts.min_replicas, samples,
+                                   scale)
+        if on_cur is None or on_tgt is None:
             return None
-        on_cur, on_tgt = pair
         means.append((on_cur - on_tgt) * usd_per_replica_h)
     s_short, s_long = means
     basis = "short window" if s_short <= s_long else "long window"

@@ -260,33 +260,6 @@ class Signals:
             return None
         return self.rps_peak / self.rps_mean if self.rps_mean > 0 else 1.0
 
-    def mean_replicas_pair(self, capacities: tuple[float, float], headroom: float,
-                           min_replicas: int, samples: int,
-                           scale: float = 1.0) -> tuple[float, float] | None:
-        """`mean_replicas` of two capacities (an estimate's current and target engines);
-        a live window's rates are read once for both. Each figure is `mean_replicas`'s to
-        the last bit: the same operations on each rate, and whole numbers summed."""
-        n = min(samples, self._end)
-        if n <= 0:
-            return None
-        if self._history.replay:
-            a = self.mean_replicas(capacities[0], headroom, min_replicas, samples, scale)
-            b = self.mean_replicas(capacities[1], headroom, min_replicas, samples, scale)
-            assert a is not None and b is not None
-            return a, b
-        import numpy as np
-
-        rates = self._history.rps[self._end - n:self._end]
-        if scale != 1.0:
-            rates = rates * scale
-        need = np.maximum(min_replicas, np.ceil(
-            (rates * (1 + headroom))[:, None] / np.array(capacities) - 1e-9))
-        if scale != 1.0:
-            means = need.mean(axis=0)
-            return float(means[0]), float(means[1])
-        sums = need.sum(axis=0)
-        return float(sums[0]) / n, float(sums[1]) / n
-
     def mean_replicas(self, capacity_rps: float, headroom: float, min_replicas: int,
                       samples: int, scale: float = 1.0) -> float | None:
         """Mean replicas an engine would have needed over the last `samples` samples,
