@@ -29,8 +29,12 @@ by the whole fleet (`rss_mb`: over the process before the fleet was built, both
 after a collection and malloc_trim, so that the set-up's freed garbage is not
 counted).
 Targets: tick_s <= 1 s and rss_mb <= 300 MB at 10,000 models. Prints one JSON
-object: models, tick_s, tick_cpu_s, per_model_us, rss_mb, decisions, setup_s,
-and the targets.
+object: models, tick_s, tick_cpu_s, per_model_us, rss_mb, decisions, the price and
+priors it ran with, what the forecast worker (as the controller runs it, on its own
+thread after the tick) fitted in the WORKER_SAMPLE_S after the tick (forecast_fits,
+forecast_fit_cpu_s a fit, forecast_cycle_h: the hours in which it refits every model
+at its CPU share), setup_s, and the targets. scikit-learn (the forecast's code) is
+imported before the first memory reading: code, not fleet.
 """
 
 from __future__ import annotations
