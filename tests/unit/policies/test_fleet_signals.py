@@ -78,8 +78,8 @@ def test_a_forecast_made_after_now_is_refused() -> None:
 @given(seed=st.integers(0, 10_000), steps=st.integers(1, 600))
 def test_live_mean_replicas_are_the_replay_prefix_sums_to_the_last_bit(seed: int,
                                                                        steps: int) -> None:
-    """A live tick counts a window's replicas directly (the longest window's, reused for
-    the shorter); a replay reads prefix sums over the whole series: the same figures."""
+    """A live tick counts a window's replicas directly; a replay reads prefix sums over
+    the whole series: the same figures."""
     rng = np.random.default_rng(seed)
     step_s, now = 300.0, 1_800_000_000.0
     ts = now - step_s * np.arange(steps, 0, -1)
