@@ -12,6 +12,9 @@ The fleet is built the way a running controller holds it:
   settings, read back by `CapacityLearner.load`, as at start-up);
 - agents' hellos and reports in `FleetState`: hosts of 8 GPUs with one ready
   deployment per model (vLLM and TensorRT-LLM alternately), with metrics and p99s;
+- the fleet's GPU price (`--gpu-price-per-hour`, default 4 USD, as the controller's
+  flag gives it; 0: none), so that the tick estimates the cost of every move as a
+  live controller with a priced fleet does;
 - the rate history of the controller keeps (`--history-days`, default 8: its retention) at
   `--resolution-s` (default 300 s), a daily cycle with noise per model, loaded into the
   controller's `RateHistory` in bulk (`RateHistory.extend`, as seeding does).
@@ -26,8 +29,12 @@ by the whole fleet (`rss_mb`: over the process before the fleet was built, both
 after a collection and malloc_trim, so that the set-up's freed garbage is not
 counted).
 Targets: tick_s <= 1 s and rss_mb <= 300 MB at 10,000 models. Prints one JSON
-object: models, tick_s, tick_cpu_s, per_model_us, rss_mb, decisions, setup_s,
-and the targets.
+object: models, tick_s, tick_cpu_s, per_model_us, rss_mb, decisions, the price and
+priors it ran with, what the forecast worker (as the controller runs it, on its own
+thread after the tick) fitted in the WORKER_SAMPLE_S after the tick (forecast_fits,
+forecast_fit_cpu_s a fit, forecast_cycle_h: the hours in which it refits every model
+at its CPU share), setup_s, and the targets. scikit-learn (the forecast's code) is
+imported before the first memory reading: code, not fleet.
 """
 
 from __future__ import annotations
@@ -53,6 +60,30 @@ DEFAULT_POLICY = ROOT / "policies" / "examples" / "default.yaml"
 TARGET_TICK_S = 1.0
 TARGET_RSS_MB = 300.0
 GPUS_PER_HOST = 8
+DEFAULT_GPU_PRICE_PER_HOUR = 4.0  # USD: the fleet's price, as `--gpu-price-per-hour` gives it
+# Appended to the policy (`--priors`): what an operator adds to the default policy so that
+# its cost rule can price moves (without them no model has a capacity and a cold start
+# on both engines, and nothing is estimated): each engine's cold start and build (a
+# move's switch cost), and either each engine's capacity (`capacity`) or an SLA to
+# measure capacity at (`sla`: the learner's estimates from the stored observations, a
+# bootstrap of the latency curve per model, cached until the model is observed again).
+PRIORS = {
+    "capacity": "vllm: {coldStart: 210s, capacityRps: 10}\n"
+                "        tensorrt-llm: {coldStart: 240s, build: 30m, capacityRps: 11.6}",
+    "sla": "vllm: {coldStart: 210s}\n"
+           "        tensorrt-llm: {coldStart: 240s, build: 30m}",
+}
+SLA_LINE = "      slaTtftP99Ms: 1000\n"
+
+
+def _policy_text(path: Path, priors: str) -> str:
+    if priors == "none":
+        return path.read_text()
+    return (path.read_text() + '\n  models:\n    "*":\n' + (SLA_LINE if priors == "sla" else "")
+            + "      engines:\n        " + PRIORS[priors] + "\n")
+
+
+WORKER_SAMPLE_S = 5.0  # after the tick: how long the forecast worker is watched
 CAPACITY_POINTS = 120  # stored capacity observations per model (load bins x newest)
 
 
@@ -159,12 +190,17 @@ def _live_rss(proc: psutil.Process) -> int:
     return int(proc.memory_info().rss)
 
 
-def run(models: int, days: float, resolution_s: float, policy_path: Path) -> dict[str, Any]:
+def run(models: int, days: float, resolution_s: float, policy_path: Path,
+        gpu_price_per_hour: float | None, priors: str = "capacity") -> dict[str, Any]:
     from gearshift.controller.gc_policy import GcPolicy
-    from gearshift.controller.learning import CapacityLearner, Forecaster
+    from gearshift.controller.learning import (
+        FORECAST_WORKER_CPU_SHARE,
+        CapacityLearner,
+        Forecaster,
+    )
     from gearshift.controller.policy_loop import PolicyLoop
     from gearshift.controller.store import Store, default_sqlite_url
-    from gearshift.policies import forecast  # noqa: F401  (scikit-learn: code, not fleet)
+    from gearshift.policies import forecast, quantile_gbm  # noqa: F401  (scikit-learn: code)
 
     proc = psutil.Process()
     rss0 = _live_rss(proc)  # the code is imported: what follows is the fleet's
@@ -185,22 +221,35 @@ def run(models: int, days: float, resolution_s: float, policy_path: Path) -> dic
             history = _history(models, levels, now, days, resolution_s)
             fleet = _fleet(models, levels, now)
             loop = PolicyLoop(store, fleet, history, paused=lambda: False, clock=lambda: now)
-            loop.apply(policy_path.read_text(), str(policy_path), "bench", "")
+            loop.apply(_policy_text(policy_path, priors), str(policy_path), "bench", "")
+            loop.gpu_price_per_hour = gpu_price_per_hour  # --gpu-price-per-hour
             loop.learner = CapacityLearner(store)
             loop.learner.load()
-            loop.forecaster = Forecaster(history.arrays, resolution_s, clock=lambda: now)
+            # As the controller runs it: forecasts fitted on a worker thread, the tick
+            # reading the latest (controller.learning.ForecastWorker).
+            loop.forecaster = Forecaster(history.arrays, resolution_s, clock=lambda: now,
+                                         background=True)
             fleet.started = now - days * 86400  # the models have been on their engines all along
             setup_s = time.perf_counter() - t0
             w0, c0 = time.perf_counter(), time.process_time()
             decisions = loop.evaluate(now)
             tick_s, tick_cpu_s = time.perf_counter() - w0, time.process_time() - c0
             rss_mb = (_live_rss(proc) - rss0) / 1e6
+            time.sleep(WORKER_SAMPLE_S)  # the worker fits what the tick handed off
+            fits, fit_cpu_s = loop.forecaster.worker_stats()
+            loop.forecaster.close()
         finally:
             store.close()
             gc_policy.uninstall()
     return {"models": models, "tick_s": round(tick_s, 3), "tick_cpu_s": round(tick_cpu_s, 3),
             "per_model_us": round(tick_s / models * 1e6, 1), "rss_mb": round(rss_mb, 1),
-            "decisions": len(decisions), "history_days": days, "resolution_s": resolution_s,
+            "decisions": len(decisions), "gpu_price_per_hour": gpu_price_per_hour,
+            "forecast_fits": fits, "forecast_fit_cpu_s": round(fit_cpu_s / max(fits, 1), 3),
+            # Every model refitted once in this many hours, at the worker's CPU share.
+            "forecast_cycle_h": round(models * fit_cpu_s / max(fits, 1)
+                                      / FORECAST_WORKER_CPU_SHARE / 3600, 1),
+            "priors": priors,
+            "history_days": days, "resolution_s": resolution_s,
             "setup_s": round(setup_s, 1), "target_tick_s": TARGET_TICK_S,
             "target_rss_mb": TARGET_RSS_MB,
             "meets_target": tick_s <= TARGET_TICK_S and rss_mb <= TARGET_RSS_MB}
@@ -212,10 +261,17 @@ def main() -> int:
     p.add_argument("--history-days", type=float, default=8.0)
     p.add_argument("--resolution-s", type=float, default=300.0)
     p.add_argument("--policy", type=Path, default=DEFAULT_POLICY)
+    p.add_argument("--gpu-price-per-hour", type=float, default=DEFAULT_GPU_PRICE_PER_HOUR,
+                   help="the fleet's price (the controller's flag); 0: none, so no move is "
+                   "priced")
+    p.add_argument("--priors", choices=("capacity", "sla", "none"), default="capacity",
+                   help="what is appended to the policy's spec.models (PRIORS); none: as is")
     args = p.parse_args()
     if args.models < 1 or args.history_days <= 0 or not 1 <= args.resolution_s <= 3600:
         p.error("--models and --history-days must be positive, --resolution-s in 1..3600")
-    print(json.dumps(run(args.models, args.history_days, args.resolution_s, args.policy)))
+    price = args.gpu_price_per_hour if args.gpu_price_per_hour > 0 else None
+    print(json.dumps(run(args.models, args.history_days, args.resolution_s, args.policy, price,
+                         args.priors)))
     return 0
 
 

@@ -30,6 +30,11 @@ def setup_logging(level: str) -> None:
               help="seconds between agent reports")
 @click.option("--history-resolution", "history_resolution_s", type=float, default=60.0,
               show_default=True, help="seconds between the request-rate samples the policy sees")
+@click.option("--gpu-price-per-hour", "gpu_price_per_hour", type=float, default=None,
+              envvar="GEARSHIFT_GPU_PRICE_PER_HOUR", metavar="USD",
+              help="the fleet's price of a GPU-hour, for policies that set no "
+              "spec.cost.pricePerGpuHour (a host's label gearshift.dev/gpu-price-per-hour "
+              "overrides it); without any price no move can be priced")
 @click.option("--canary-steps", default="0.1,0.25,0.5", show_default=True,
               help="traffic shares of the canary steps of a migration")
 @click.option("--analysis-intervals", type=int, default=3, show_default=True,
@@ -64,8 +69,9 @@ def setup_logging(level: str) -> None:
 @click.option("--log-level", default="info", show_default=True)
 @click.pass_context
 def controller(ctx: click.Context, listen: str, db_url: str, data_dir: Path,
-               metrics_port: int | None, metrics_listen: str, report_interval_s: float, history_resolution_s: float,
-               canary_steps: str, analysis_intervals: int, tls_cert: Path | None,
+               metrics_port: int | None, metrics_listen: str, report_interval_s: float,
+               history_resolution_s: float, gpu_price_per_hour: float | None, canary_steps: str,
+               analysis_intervals: int, tls_cert: Path | None,
                tls_key: Path | None, tls_ca: Path | None, tokens_file: Path | None,
                advertise: str, lease_ttl_s: float, enrol_listen: str, ca_key: Path | None,
                enrolled_cert_ttl_s: float, controller_id: str, ready_file: Path | None,
@@ -89,7 +95,8 @@ def controller(ctx: click.Context, listen: str, db_url: str, data_dir: Path,
         cfg = ControllerConfig(listen=listen, db_url=db_url, data_dir=data_dir,
                                metrics_port=metrics_port, metrics_listen=metrics_listen,
                                report_interval_s=report_interval_s,
-                               history_resolution_s=history_resolution_s, canary_steps=steps,
+                               history_resolution_s=history_resolution_s,
+                               gpu_price_per_hour=gpu_price_per_hour, canary_steps=steps,
                                analysis_intervals=analysis_intervals, tls_cert=tls_cert,
                                tls_key=tls_key, tls_ca=tls_ca, tokens_file=tokens_file,
                                advertise=advertise, lease_ttl_s=lease_ttl_s,

@@ -292,7 +292,9 @@ def decision_report(d: control_pb2.Decision) -> str:
     provenance = _provenance(d, inputs)
     if provenance:
         lines += ["", "Where the figures come from", *provenance]
-    lines += ["", "Expected effect", *_expected_lines(expected)]
+    no_price = inputs.get("price_note")
+    lines += ["", "Expected effect",
+              *_expected_lines(expected, no_price if isinstance(no_price, str) else None)]
     lines += ["", "Alternatives rejected"]
     lines += [_alternative_line(d, o, w) for o, w in alts] or ["  none recorded"]
     reversals = _reversals(d, inputs, conditions) or [GENERIC_REVERSAL]
@@ -310,7 +312,8 @@ def _alternative_line(d: control_pb2.Decision, option: str, why: str) -> str:
     return f"  {option}: {why}" if why else f"  {option}"
 
 
-def _expected_lines(e: Mapping[str, Any]) -> list[str]:
+def _expected_lines(e: Mapping[str, Any], no_price: str | None = None) -> list[str]:
+    """The expected effect; `no_price`: why nothing is priced (no GPU price known)."""
     out: list[str] = []
     day = e.get("cost_usd_per_day")
     if isinstance(day, int | float):
@@ -339,9 +342,17 @@ def _expected_lines(e: Mapping[str, Any]) -> list[str]:
         if e[k] is not None:
             out.append(f"  {k:<16}  {fmt_value(k, e[k])}")
     unknown = sorted(k for k in shown & set(e) if e[k] is None)
+    if no_price is not None:  # the money figures are unknown for want of a price
+        unpriced = [k for k in unknown if k in _PRICED]
+        if unpriced:
+            out.append(f"  unknown: {', '.join(unpriced)} ({no_price})")
+        unknown = [k for k in unknown if k not in _PRICED]
     if unknown:
         out.append(f"  unknown: {', '.join(unknown)} (facts not measured yet)")
-    return out or ["  not estimated (facts not measured yet)"]
+    return out or [f"  not estimated ({no_price or 'facts not measured yet'})"]
+
+
+_PRICED = frozenset({"cost_usd_per_day", "net_savings_usd", "switch_cost_usd"})
 
 
 def expected_saving_per_day(d: control_pb2.Decision) -> str:

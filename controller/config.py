@@ -6,6 +6,7 @@ The CLI (`gearshift controller run`) fills a `ControllerConfig` from its flags;
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ class ControllerConfig:
                                            # wins over metrics_port
     report_interval_s: float = DEFAULT_REPORT_INTERVAL_S
     history_resolution_s: float = 60.0     # request-rate samples kept for the policy
+    gpu_price_per_hour: float | None = None  # USD, the fleet's: for policies that set none
     canary_steps: tuple[float, ...] = (0.1, 0.25, 0.5)
     analysis_intervals: int = 3            # good report intervals per canary step
     tls_cert: Path | None = None           # server certificate (PEM); None: plaintext, loopback only
@@ -67,6 +69,10 @@ class ControllerConfig:
         if not (0.1 <= self.history_resolution_s <= 3600):
             raise ConfigError(
                 f"--history-resolution: expected 0.1..3600 seconds, found {self.history_resolution_s}")
+        if self.gpu_price_per_hour is not None and not (
+                math.isfinite(self.gpu_price_per_hour) and self.gpu_price_per_hour > 0):
+            raise ConfigError(f"--gpu-price-per-hour: expected a positive number of USD per "
+                              f"GPU-hour, found {self.gpu_price_per_hour}")
         if not self.canary_steps or any(not (0 < s < 1) for s in self.canary_steps) \
                 or list(self.canary_steps) != sorted(self.canary_steps):
             raise ConfigError(

@@ -10,10 +10,12 @@ for the decision core, by the rule shared with the blind backtest
 or the default ratio, each cited with where it came from and why.
 
 Forecasts are refitted at most every `FORECAST_REFIT_S` per model, because a fit
-costs a fraction of a second, and a policy tick spends at most
-`FORECAST_TICK_BUDGET_S` fitting them, stalest first (`Forecaster.refresh`): a
-large fleet's forecasts are refreshed over several ticks and decisions cite the
-age of the one they used. The policy loop asks for the policy's horizon and
+costs a fraction of a second. The live controller fits them on a worker thread
+(`ForecastWorker`, at most `FORECAST_WORKER_CPU_SHARE` of a core), stalest first, from
+what each tick hands off; without one (tests, tools) a policy tick spends at most
+`FORECAST_TICK_BUDGET_S` fitting them (`Forecaster.refresh`). Either way a large
+fleet's forecasts are refreshed over several ticks and decisions cite the age of the
+one they used. Capacity estimates are cached until their model is observed again. The policy loop asks for the policy's horizon and
 sustained quantile, and the forecast enters the savings estimate of its decisions.
 """
 
@@ -21,9 +23,10 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from gearshift.common.engines import ENGINE_NAMES
@@ -54,6 +57,9 @@ log = logging.getLogger(__name__)
 SETTING_PREFIX = "capacity/"
 FORECAST_REFIT_S = 900.0
 FORECAST_TICK_BUDGET_S = 0.25  # wall time a policy tick may spend fitting forecasts
+# The live controller fits forecasts on a worker thread (`Forecaster(background=True)`),
+# not in the tick; it spends at most this share of a core's time (it sleeps between fits).
+FORECAST_WORKER_CPU_SHARE = 0.1
 FORECAST_HORIZON_S = 24 * 3600.0  # when the caller names none (the policy loop names its own)
 FORECAST_QUANTILE = 0.1
 FORECAST_MIN_STEP_S = 300.0  # the forecast works on 5-minute bins (or the history's, if coarser)
@@ -74,6 +80,12 @@ class CapacityLearner:
         # tick, and a scan of the whole fleet's keys made the tick quadratic.
         self._index: dict[tuple[str, str], list[CapacityModel]] = {}
         self._indexed = 0  # len(self.models) when the index was built
+        # (key, SLAs) -> (the model's `accepted` count, its estimate without the bootstrap
+        # draws): an estimate bootstraps hundreds of fits, and a tick asks again for every
+        # model whether or not anything was observed since. An observation kept raises
+        # `accepted`, so a changed model is estimated afresh.
+        self._estimates: dict[tuple[CapacityKey, float | None, float | None],
+                              tuple[int, LearnedCapacity]] = {}
 
     def load(self) -> None:
         for key, data in self.store.iter_settings_with_prefix(SETTING_PREFIX):
@@ -127,7 +139,13 @@ class CapacityLearner:
         if not candidates or (sla_ttft_p99_s is None and sla_itl_p99_s is None):
             return None
         chosen = max(candidates, key=len)
-        return LearnedCapacity(chosen.key, chosen.estimate(sla_ttft_p99_s, sla_itl_p99_s))
+        cache_key = (chosen.key, sla_ttft_p99_s, sla_itl_p99_s)
+        found = self._estimates.get(cache_key)
+        if found is None or found[0] != chosen.accepted:
+            estimate = replace(chosen.estimate(sla_ttft_p99_s, sla_itl_p99_s), draws=())
+            found = self._estimates[cache_key] = (chosen.accepted, LearnedCapacity(chosen.key,
+                                                                                   estimate))
+        return found[1]
 
 
 def measurement(learned: LearnedCapacity | None, engine: str, sla_given: bool) -> Measurement:
@@ -173,11 +191,16 @@ class Forecaster:
     """
 
     def __init__(self, history: Callable[[str], tuple[ArrayLike, ArrayLike]],
-                 step_s: float, clock: Callable[[], float] = time.time) -> None:
-        self._history = history
+                 step_s: float, clock: Callable[[], float] = time.time, *,
+                 background: bool = False,
+                 worker_cpu_share: float = FORECAST_WORKER_CPU_SHARE) -> None:
+        self._history = history  # with `background`, called from the worker thread too
         self._step_s = step_s
         self._clock = clock
         self._cache: dict[str, tuple[float, float, float, Forecast]] = {}
+        self.background = background
+        self._worker: ForecastWorker | None = None
+        self._worker_cpu_share = worker_cpu_share
 
     def forecast(self, model: str, now: float | None = None, *,
                  horizon_s: float = FORECAST_HORIZON_S,
@@ -203,6 +226,35 @@ class Forecaster:
             fitted += 1
         return fitted
 
+    def hand_off(self, models: Iterable[str], now: float, *, horizon_s: float,
+                 quantile: float) -> int:
+        """Give the worker thread (started on the first call) the models due for a refit,
+        stalest first, to fit from the samples before `now` within its CPU share, while
+        the ticks read what is `cached`; a later hand-off replaces what is left of this
+        one (the policy loop hands off at the end of each tick). Returns how many were due."""
+        due = [m for m in models if self._fresh(m, now, horizon_s, quantile, FORECAST_REFIT_S) is None]
+        due.sort(key=lambda m: self._cache[m][0] if m in self._cache else -math.inf)
+        if self._worker is None:
+            self._worker = ForecastWorker(self._fit, self._worker_cpu_share)
+        self._worker.give(due, now, horizon_s, quantile)
+        return len(due)
+
+    def hold(self) -> None:
+        """Keep the worker from starting another fit until the next `hand_off` (a tick
+        runs: the two would share the interpreter)."""
+        if self._worker is not None:
+            self._worker.hold()
+
+    def close(self) -> None:
+        """Stop the worker thread, if one runs (its fit in progress ends first)."""
+        if self._worker is not None:
+            self._worker.stop()
+            self._worker = None
+
+    def worker_stats(self) -> tuple[int, float]:
+        """(forecasts the worker fitted, the CPU seconds they took) so far."""
+        return (0, 0.0) if self._worker is None else (self._worker.fits, self._worker.fit_cpu_s)
+
     def cached(self, model: str, now: float, *, horizon_s: float,
                quantile: float) -> Forecast | None:
         """The latest forecast of `model` made at or before `now` for this horizon and
@@ -227,3 +279,60 @@ class Forecaster:
                                step_s=max(self._step_s, FORECAST_MIN_STEP_S), quantile=quantile)
         self._cache[model] = (now, horizon_s, quantile, fc)
         return fc
+
+
+class ForecastWorker:
+    """A thread that fits the forecasts a tick handed off (`Forecaster.hand_off`), one at
+    a time, sleeping after each fit so that it uses at most `cpu_share` of a core. A
+    forecast is stored whole when fitted (one dictionary assignment), so a tick reads
+    either the previous forecast or the new one."""
+
+    def __init__(self, fit: Callable[[str, float, float, float], object],
+                 cpu_share: float) -> None:
+        self._fit = fit
+        self._idle_factor = 1.0 / cpu_share - 1.0
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._held = threading.Event()  # a tick runs: no new fit until the next job
+        self._job: tuple[list[str], float, float, float] | None = None
+        self.fits = 0
+        self.fit_cpu_s = 0.0
+        self._thread = threading.Thread(target=self._run, name="gearshift-forecasts", daemon=True)
+        self._thread.start()
+
+    def give(self, models: list[str], now: float, horizon_s: float, quantile: float) -> None:
+        with self._lock:
+            self._job = (models, now, horizon_s, quantile)
+        self._held.clear()
+        self._wake.set()
+
+    def hold(self) -> None:
+        self._held.set()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+        self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            self._wake.wait()
+            self._wake.clear()
+            with self._lock:
+                job, self._job = self._job, None
+            if job is None:
+                continue
+            models, now, horizon_s, quantile = job
+            for model in models:
+                if self._stopping.is_set() or self._wake.is_set() or self._held.is_set():
+                    break  # stopped, a newer job, or a tick runs (its hand-off resumes)
+                start = time.thread_time()
+                try:
+                    self._fit(model, now, horizon_s, quantile)
+                except Exception:  # one model's bad history must not stop the others
+                    log.exception("forecast of %s failed", model)
+                spent = time.thread_time() - start
+                self.fits += 1
+                self.fit_cpu_s += spent
+                self._stopping.wait(spent * self._idle_factor)

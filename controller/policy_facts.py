@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from gearshift.common.engines import ENGINE_NAMES
 from gearshift.controller.fleet import FleetState
+from gearshift.controller.gpu_price import host_price, model_price
 from gearshift.controller.learning import live_capacities
 from gearshift.policies.loader import Policy
 from gearshift.policies.priors import EngineCapacity, priors_for
@@ -43,12 +44,16 @@ class FactsCache:
     """What one tick's facts share between models, so that it is worked out once: the
     priors of each model under the policy, each host's GPU models and labels, and the
     capacities of models with no latency SLA (those depend on their priors alone: the
-    learner measures capacity at an SLA). Build one per tick (hosts may change between
-    ticks) from the tick's policy."""
+    learner measures capacity at an SLA), and each host's GPU price (`controller.gpu_price`:
+    its label, else `gpu_price_per_hour`, the fleet's). Build one per tick (hosts may change
+    between ticks) from the tick's policy."""
 
-    def __init__(self, policy: Policy, learner: CapacityLearner | None) -> None:
+    def __init__(self, policy: Policy, learner: CapacityLearner | None,
+                 gpu_price_per_hour: float | None = None) -> None:
         self.policy = policy
         self.learner = learner
+        self.gpu_price_per_hour = gpu_price_per_hour
+        self._prices: dict[str, tuple[float | None, str]] = {}
         self._priors: dict[str, ModelPriors] = {}
         self._hosts: dict[str, tuple[list[str], Mapping[str, str]]] = {}
         self._engines: dict[tuple[str, float | None, int], tuple[ModelPriors, EngineFacts]] = {}
@@ -70,6 +75,14 @@ class FactsCache:
             found = self._hosts[host_id] = ([g.model for g in entry.gpus], entry.hello.labels)
         return found
 
+    def price(self, fleet: FleetState, host_id: str) -> tuple[float | None, str]:
+        """(USD per GPU-hour, its source) on a host (`controller.gpu_price.host_price`)."""
+        found = self._prices.get(host_id)
+        if found is None:
+            found = self._prices[host_id] = host_price(self.host(fleet, host_id)[1],
+                                                       self.gpu_price_per_hour)
+        return found
+
     def unmeasured_engine(self, engine: str, capacity_rps: float | None, priors: ModelPriors,
                           prior: EnginePriors | None) -> EngineFacts:
         """The facts of an engine nothing was measured on (no latency, no SLA signal): the
@@ -83,14 +96,14 @@ class FactsCache:
 
     def capacities(self, model: str, gpu_model: str | None, priors: ModelPriors
                    ) -> tuple[dict[str, EngineCapacity], dict[str, SignalValue]]:
-        """`live_capacities` (the citations a copy the caller may change)."""
+        """`live_capacities` (the citations shared between models: not to be changed)."""
         if priors.sla_ttft_p99_ms or priors.sla_itl_p99_ms:
             return live_capacities(self.learner, model, gpu_model, priors)
         found = self._unmeasured.get(id(priors))
         if found is None or found[0] is not priors:
             caps, cite = live_capacities(self.learner, model, gpu_model, priors)
             found = self._unmeasured[id(priors)] = (priors, caps, cite)
-        return found[1], dict(found[2])
+        return found[1], found[2]
 
 
 def model_facts(fleet: FleetState, ready: list[tuple[str, agent_pb2.DeploymentReport]],
@@ -111,7 +124,8 @@ def model_facts(fleet: FleetState, ready: list[tuple[str, agent_pb2.DeploymentRe
         if d.itl.present:
             measured_itl[d.engine] = max(measured_itl.get(d.engine, 0.0), d.itl.p99_s * 1000)
     sla = sla_signals(ready)
-    caps, cite = cache.capacities(model, gpu_models[0] if gpu_models else None, priors)
+    caps, shared_cite = cache.capacities(model, gpu_models[0] if gpu_models else None, priors)
+    cite: dict[str, SignalValue] = {}  # the model's own citations, after the shared ones
     overheads = policy.doc.spec.cost.build_overhead_usd
     engines = {}
     for e in ENGINES:
@@ -137,11 +151,15 @@ def model_facts(fleet: FleetState, ready: list[tuple[str, agent_pb2.DeploymentRe
     labels: dict[str, str] = {}
     for h, _ in ready:  # in their order: a later host's label wins
         labels.update(cache.host(fleet, h)[1])
+    price, price_source = model_price([cache.price(fleet, h) for h, _ in ready])
+    # Most models add nothing: they share the one dictionary (memory for a large fleet).
+    cite = {**shared_cite, **cite} if cite else shared_cite
     return ModelFacts(
         gpus_per_replica=gpus_per_replica, min_replicas=priors.min_replicas, headroom=priors.headroom,
         sla_ttft_p99_ms=priors.sla_ttft_p99_ms, sla_itl_p99_ms=priors.sla_itl_p99_ms, engines=engines,
         nvidia=any(m.upper().startswith("NVIDIA") for m in gpu_models) if gpu_models else None,
-        gpu_model=gpu_models[0] if gpu_models else None, labels=labels, citations=cite)
+        gpu_model=gpu_models[0] if gpu_models else None, labels=labels,
+        price_per_gpu_hour=price, price_source=price_source, citations=cite)
 
 
 def _figures(capacity_rps: float | None, prior: EnginePriors | None,
@@ -219,8 +237,24 @@ def rate_forecast(forecaster: Forecaster | None, model: str, policy: Policy,
 
 def refresh_forecasts(forecaster: Forecaster | None, models: Iterable[str], policy: Policy,
                       now: float) -> None:
-    """Refit the stalest forecasts within the tick's budget (`Forecaster.refresh`)."""
-    if forecaster is not None:
+    """At the start of a tick: refit the stalest forecasts within the tick's budget
+    (`Forecaster.refresh`); a forecaster with a worker thread is held instead (the tick
+    does not wait for fits, nor share the interpreter with them)."""
+    if forecaster is None:
+        return
+    if forecaster.background:
+        forecaster.hold()
+        return
+    spec = policy.doc.spec
+    forecaster.refresh(models, now, horizon_s=spec.cost.horizon,
+                       quantile=spec.signals.sustained_quantile)
+
+
+def hand_off_forecasts(forecaster: Forecaster | None, models: Iterable[str], policy: Policy,
+                       now: float) -> None:
+    """At the end of a tick: the forecasts due for a refit go to the forecaster's worker
+    thread, when it has one (`Forecaster.hand_off`)."""
+    if forecaster is not None and forecaster.background:
         spec = policy.doc.spec
-        forecaster.refresh(models, now, horizon_s=spec.cost.horizon,
-                           quantile=spec.signals.sustained_quantile)
+        forecaster.hand_off(models, now, horizon_s=spec.cost.horizon,
+                            quantile=spec.signals.sustained_quantile)

@@ -34,10 +34,12 @@ from gearshift.common.errors import FailedPrecondition, InvalidArgument, NotFoun
 from gearshift.controller.canary import Sla
 from gearshift.controller.decision_reconcile import reconcile_decisions
 from gearshift.controller.fleet import FleetState
+from gearshift.controller.gpu_price import price_warning
 from gearshift.controller.migration_machine import MigrationKind
 from gearshift.controller.migration_store import MigrationRepository, MigrationRow
 from gearshift.controller.policy_facts import (
     FactsCache,
+    hand_off_forecasts,
     model_facts,
     rate_forecast,
     refresh_forecasts,
@@ -130,6 +132,9 @@ class PolicyLoop:
         self._unloadable: int | None = None  # stored active version that no longer loads
         self.learner: CapacityLearner | None = None
         self.forecaster: Forecaster | None = None
+        # The fleet's USD per GPU-hour (`--gpu-price-per-hour`), for policies that set
+        # none; a host's label overrides it (`controller.gpu_price`).
+        self.gpu_price_per_hour: float | None = None
         # Observes every status a decision enters, with its rule (the decision metrics);
         # called after the store accepted the change.
         self.on_decision: Callable[[str, DecisionStatus], None] | None = None
@@ -166,6 +171,8 @@ class PolicyLoop:
     def _with_fleet_warnings(self, policy: Policy, strict: bool) -> Policy:
         known = {m.model for m in self.fleet.models()}
         extra = selector_warnings(policy.doc, known, policy.source)
+        if unpriced := price_warning(policy, self.gpu_price_per_hour, self.fleet):
+            extra.append(unpriced)
         if extra and strict:
             raise PolicyError(extra)
         return replace(policy, warnings=(*policy.warnings, *extra)) if extra else policy
@@ -241,7 +248,8 @@ class PolicyLoop:
             return None
         reads = reads or self._reads([model])
         return model_facts(self.fleet, ready, model, priors_for(policy.doc.spec.models, model),
-                           policy, self.learner, reads.trial_result)
+                           policy, self.learner, reads.trial_result,
+                           FactsCache(policy, self.learner, self.gpu_price_per_hour))
 
     def model_state(self, model: str, now: float, reads: TickReads | None = None) -> ModelState | None:
         """Where `model` stands, by the rules of `policies.model_state`; the time on its
@@ -314,8 +322,15 @@ class PolicyLoop:
         self._retry_approved()
         models = sorted(set(self.history.models()) | self.fleet.model_names())
         refresh_forecasts(self.forecaster, models, policy, now)
+        try:
+            return self._evaluate(models, version, policy, now)
+        finally:
+            hand_off_forecasts(self.forecaster, models, policy, now)
+
+    def _evaluate(self, models: list[str], version: int, policy: Policy,
+                  now: float) -> list[DecisionRow]:
         reads = self._reads(models)
-        cache = FactsCache(policy, self.learner)
+        cache = FactsCache(policy, self.learner, self.gpu_price_per_hour)
         wanted: dict[str, FleetModel] = {}
         states: dict[str, ModelState] = {}
         ready_of = self._ready_by_model()

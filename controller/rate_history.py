@@ -20,6 +20,7 @@ The retention counts columns: a model keeps its samples of the newest
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 
@@ -49,6 +50,8 @@ class RateHistory:
         self._row: dict[str, int] = {}  # model -> its row
         self._newest: dict[str, float] = {}  # model -> time of its newest sample
         self._last_sample = 0.0
+        # Writes and `arrays` hold it: the forecast worker reads rows from its own thread.
+        self._lock = threading.Lock()
 
     # -- writing ------------------------------------------------------------------
 
@@ -58,6 +61,10 @@ class RateHistory:
     def sample(self, now: float, rates: Mapping[str, float]) -> None:
         """One sample per model of `rates` at `now`; a model's sample under half a step
         after its previous one is skipped, and so is one older than the newest column."""
+        with self._lock:
+            self._sample(now, rates)
+
+    def _sample(self, now: float, rates: Mapping[str, float]) -> None:
         self._last_sample = now
         half = self.resolution_s * 0.5
         taken = {m: r for m, r in rates.items()
@@ -90,6 +97,10 @@ class RateHistory:
 
     def extend_many(self, samples: Mapping[str, tuple[npt.ArrayLike, npt.ArrayLike]]) -> None:
         """`extend` of several models, with the time axis merged once."""
+        with self._lock:
+            self._extend_many(samples)
+
+    def _extend_many(self, samples: Mapping[str, tuple[npt.ArrayLike, npt.ArrayLike]]) -> None:
         found: dict[str, tuple[FloatArray, FloatArray]] = {}
         for model, (ts, rps) in samples.items():
             times = np.asarray(ts, dtype=np.float64).ravel()
@@ -191,13 +202,15 @@ class RateHistory:
         return sorted(self._row)
 
     def arrays(self, model: str) -> tuple[FloatArray, FloatArray]:
-        """(sample times, rates) of `model`, oldest first (copies)."""
-        r = self._row.get(model)
-        if r is None:
-            return np.empty(0), np.empty(0)
-        row = self._blocks[r // ROWS_PER_BLOCK][r % ROWS_PER_BLOCK, self._lo:self._hi]
-        have = ~np.isnan(row)
-        return self._ts[self._lo:self._hi][have], row[have]
+        """(sample times, rates) of `model`, oldest first (copies). Safe from another
+        thread (the forecast worker's) while the event loop samples."""
+        with self._lock:
+            r = self._row.get(model)
+            if r is None:
+                return np.empty(0), np.empty(0)
+            row = self._blocks[r // ROWS_PER_BLOCK][r % ROWS_PER_BLOCK, self._lo:self._hi]
+            have = ~np.isnan(row)
+            return self._ts[self._lo:self._hi][have], row[have]
 
     def axis(self) -> FloatArray:
         """The sample times of the fleet, oldest first: a read-only view, valid until the

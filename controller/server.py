@@ -160,6 +160,9 @@ class Controller:
         """The policy loop, orchestrator and learner, read afresh from the store (at
         start and at every new term, since another controller may have led meanwhile)."""
         config, store = self.config, self.persistence.store
+        previous: PolicyLoop | None = getattr(self, "policy_loop", None)
+        if previous is not None and previous.forecaster is not None:
+            previous.forecaster.close()  # the previous term's worker thread
         self.history = RateHistory(config.history_resolution_s)
         self.history.seed(store, time.time())
         self.policy_loop = PolicyLoop(store, self.fleet, self.history,
@@ -178,7 +181,10 @@ class Controller:
         self.learner = CapacityLearner(store)
         self.learner.load()
         self.policy_loop.learner = self.learner
-        self.policy_loop.forecaster = Forecaster(self.history.arrays, config.history_resolution_s)
+        # Forecasts are fitted on a worker thread: a tick only reads them (controller.learning).
+        self.policy_loop.forecaster = Forecaster(self.history.arrays, config.history_resolution_s,
+                                                 background=True)
+        self.policy_loop.gpu_price_per_hour = config.gpu_price_per_hour
         self.policy_loop.on_policy_change = lambda _p: self._schedule_policy()
         self.policy_loop.prepare = _policy_trigger
         recent = time.time() - RECENT_HOST_S
@@ -436,6 +442,8 @@ class Controller:
                 await asyncio.wait_for(self._elector_task, grace_s + 5.0)
         if self.scheduler is not None:
             self.scheduler.shutdown(wait=False)
+        if self.policy_loop.forecaster is not None:
+            self.policy_loop.forecaster.close()
         for t in self._tasks + self._leader_tasks:
             t.cancel()
         for conn in list(self.agents.connections.values()):

@@ -13,14 +13,20 @@ from __future__ import annotations
 
 import fnmatch
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
 from gearshift.common.engines import ENGINE_NAMES, engine_entry
-from gearshift.policies.economics import CostSettings, MoveEstimate, estimate_move
+from gearshift.policies.economics import (
+    NO_PRICE_NOTE,
+    CostSettings,
+    MoveEstimate,
+    estimate_move,
+    price_of,
+)
 from gearshift.policies.loader import Policy
 from gearshift.policies.model_state import trial_share
 from gearshift.policies.rules import (
@@ -97,8 +103,13 @@ class Decision:
 
 @dataclass
 class _Plan:
-    decision: Decision
+    """A move the policy wants: what ranks it, and how to write it up (only the moves
+    within the migration budget are written up: a large fleet may want hundreds)."""
+
+    model: str
+    urgent: bool
     net_usd: float
+    write_up: Callable[[], Decision]
 
 
 @dataclass
@@ -249,7 +260,9 @@ def _plan_model(policy: Policy, model: str, sig: Signals, st: ModelState, now: f
         best = max((e for e in candidates.values() if e is not None), default=None,
                    key=lambda e: e.net_usd)
         view = SignalView(sig, st.engine, now - st.since, None if best is None else best.net_usd)
-        ev = _evaluate(policy, RuleContext(view, candidates, _engine_order(policy, sig)), refused,
+        ctx = RuleContext(view, candidates, _engine_order(policy, sig),
+                          price_known=price_of(sig.facts, cost) is not None)
+        ev = _evaluate(policy, ctx, refused,
                        kinds=BREACH_RULE_KINDS if young else None)
         if ev.outcome is None or ev.outcome.target in (None, st.engine):
             return None
@@ -257,6 +270,15 @@ def _plan_model(policy: Policy, model: str, sig: Signals, st: ModelState, now: f
             return None
         if not ev.outcome.urgent and _guardrail(policy, st, now) is not None:
             return None
+    outcome = ev.outcome
+    assert outcome is not None and outcome.target is not None
+    return _Plan(model, outcome.urgent, outcome.estimate.net_usd if outcome.estimate else 0.0,
+                 lambda: _decision(policy, model, sig, st, now, cost, ev))
+
+
+def _decision(policy: Policy, model: str, sig: Signals, st: ModelState, now: float,
+              cost: CostSettings, ev: _Evaluation) -> Decision:
+    """The decision of a planned move, with its inputs, expected effect and alternatives."""
     outcome = ev.outcome
     assert outcome is not None and outcome.target is not None
     inputs: dict[str, SignalValue] = {
@@ -271,6 +293,13 @@ def _plan_model(policy: Policy, model: str, sig: Signals, st: ModelState, now: f
         inputs[f"capacity_rps.{engine}"] = facts.capacity_rps
         inputs[f"ttft_p99_ms.{engine}"] = facts.ttft_p99_ms
     inputs.update(sig.facts.citations)
+    price = price_of(sig.facts, cost)
+    if sig.facts.price_source:  # the live loop's facts say where the fleet's price came from
+        inputs["price_per_gpu_hour"] = price
+        inputs["price_source"] = ("policy spec.cost.pricePerGpuHour"
+                                  if cost.price_per_gpu_hour is not None else sig.facts.price_source)
+    if price is None:
+        inputs["price_note"] = NO_PRICE_NOTE
     inputs.update(_traffic_inputs(sig))
     inputs.update(outcome.inputs)
     alternatives = list(ev.alternatives)
@@ -284,7 +313,7 @@ def _plan_model(policy: Policy, model: str, sig: Signals, st: ModelState, now: f
                                 sig.facts.citations.get(f"capacity_source.{outcome.target}"),
                                 st.trialled),
     )
-    return _Plan(decision, outcome.estimate.net_usd if outcome.estimate else 0.0)
+    return decision
 
 
 def decide(policy: Policy, signals: Mapping[str, Signals], state: Mapping[str, ModelState],
@@ -305,5 +334,5 @@ def decide(policy: Policy, signals: Mapping[str, Signals], state: Mapping[str, M
             plans.append(plan)
     in_flight = sum(1 for s in state.values() if s.migrating_to is not None)
     budget = max(0, policy.doc.spec.guardrails.max_concurrent_migrations - in_flight)
-    plans.sort(key=lambda p: (not p.decision.urgent, -p.net_usd, p.decision.model))
-    return [p.decision for p in plans[:budget]]
+    plans.sort(key=lambda p: (not p.urgent, -p.net_usd, p.model))
+    return [p.write_up() for p in plans[:budget]]

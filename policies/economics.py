@@ -37,6 +37,12 @@ from gearshift.policies.costmodel import SECONDS_PER_HOUR, replicas
 from gearshift.policies.signals import ModelFacts, Signals
 
 HOURS_PER_WEEK = 168.0
+PRICE_LABEL = "gearshift.dev/gpu-price-per-hour"  # host label: USD per GPU-hour on that host
+# What a decision, a rule's reason and a policy warning say when no price is known: no
+# move can be priced, so the savings rules never move a model.
+NO_PRICE_NOTE = (f"no GPU price: set spec.cost.pricePerGpuHour in the policy, the controller's "
+                 f"--gpu-price-per-hour ($GEARSHIFT_GPU_PRICE_PER_HOUR) or the host label "
+                 f"{PRICE_LABEL}; until then no move can be priced")
 
 
 @dataclass(frozen=True)
@@ -66,7 +72,8 @@ class MoveEstimate:
         return self.net_usd > self.margin_usd
 
 
-def _price(facts: ModelFacts, cost: CostSettings) -> float | None:
+def price_of(facts: ModelFacts, cost: CostSettings) -> float | None:
+    """USD per GPU-hour: the policy's, else the fleet's (the facts'); None: not known."""
     return cost.price_per_gpu_hour if cost.price_per_gpu_hour is not None else facts.price_per_gpu_hour
 
 
@@ -86,10 +93,13 @@ def rebuild_estimate_usd(facts: ModelFacts, engine: str, rps: float, price: floa
 def estimate_move(sig: Signals, current: str, target: str, cost: CostSettings) -> MoveEstimate | None:
     """Expected net savings of moving `current` -> `target`; None when facts are missing."""
     facts = sig.facts
-    price = _price(facts, cost)
+    price = price_of(facts, cost)
     cur, tgt = facts.engines.get(current), facts.engines.get(target)
+    # Missing facts first (each would make a rebuild estimate below None): no replicas are
+    # counted for an estimate that cannot be made.
     if (price is None or cur is None or tgt is None or cur.capacity_rps is None
-            or tgt.capacity_rps is None or sig.rps_current is None):
+            or tgt.capacity_rps is None or sig.rps_current is None
+            or cur.cold_start_s is None or tgt.cold_start_s is None):
         return None
     usd_per_replica_h = facts.gpus_per_replica * price
     means = []

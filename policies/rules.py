@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gearshift.policies.economics import MoveEstimate
+from gearshift.policies.economics import NO_PRICE_NOTE, MoveEstimate
 from gearshift.policies.schema import Condition, Rule
 from gearshift.policies.signals import (
     SIGNALS,
@@ -34,6 +34,7 @@ class RuleContext:
     view: SignalView
     candidates: Mapping[str, MoveEstimate | None]  # engines the model may move to
     order: tuple[str, ...]  # preference order, for ties
+    price_known: bool = True  # a GPU price is known (else no move can be estimated)
 
 
 @dataclass(frozen=True)
@@ -248,6 +249,8 @@ def _savings(rule: Rule, params: SavingsParams, ctx: RuleContext) -> RuleOutcome
     view = ctx.view
     known = {e: est for e, est in ctx.candidates.items() if est is not None}
     if not known:
+        if not ctx.price_known:
+            return RuleOutcome(None, NO_PRICE_NOTE)
         return RuleOutcome(None, "no engine to compare with (capacity or traffic not measured)")
     best = max(known.values(), key=lambda est: (est.net_usd, -ctx.order.index(est.target)))
     inputs: dict[str, SignalValue] = {

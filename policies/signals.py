@@ -73,6 +73,7 @@ class ModelFacts:
     gpu_model: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
     price_per_gpu_hour: float | None = None
+    price_source: str = ""  # where the live loop found the price ("none": nowhere); cited
     # Where the figures above came from (capacity sources, notes, bands), as decision
     # inputs: every decision on the model cites them.
     citations: Mapping[str, SignalValue] = field(default_factory=dict)
@@ -266,12 +267,17 @@ class Signals:
         n = min(samples, self._end)
         if n <= 0:
             return None
-        if scale != 1.0:
+        if scale != 1.0 or not self._history.replay:
+            # A live tick asks once or twice per capacity: the window directly, not a prefix
+            # over the whole series. Replica counts are whole numbers, so their sums are
+            # exact either way and the mean is the same to the last bit.
             import numpy as np
 
-            rates = self._history.rps[self._end - n:self._end] * scale
+            rates = self._history.rps[self._end - n:self._end]
+            if scale != 1.0:
+                rates = rates * scale
             need = np.maximum(min_replicas, np.ceil(rates * (1 + headroom) / capacity_rps - 1e-9))
-            return float(need.mean())
+            return float(need.sum()) / n if scale == 1.0 else float(need.mean())
         prefix = self._history.prefix_replicas(capacity_rps, headroom, min_replicas)
         return (prefix[self._end] - prefix[self._end - n]) / n
 

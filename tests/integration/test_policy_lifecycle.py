@@ -111,3 +111,29 @@ async def test_people_review_decisions_and_pause_stops_the_loop(ctl) -> None:
     assert now.message.startswith("paused") and not now.decisions
     await stub.SetPaused(control_pb2.SetPausedRequest(paused=False))
     assert not (await stub.FleetStatus(control_pb2.FleetStatusRequest())).paused
+
+
+async def test_the_default_policy_warns_when_the_fleet_has_no_gpu_price(tmp_path: Path) -> None:
+    """The default policy leaves pricePerGpuHour to the fleet: a controller without
+    --gpu-price-per-hour (nor priced hosts) says that its cost rule can never move a model;
+    with one, the warning is gone."""
+    for price, warned in ((None, True), (3.5, False)):
+        controller = Controller(ControllerConfig(listen="127.0.0.1:0", data_dir=tmp_path / str(price),
+                                                 gpu_price_per_hour=price))
+        await controller.start()
+        channel = aio.insecure_channel(f"127.0.0.1:{controller.port}")
+        try:
+            stub = control_pb2_grpc.ControlServiceStub(channel)
+            check = await stub.ValidatePolicy(control_pb2.ValidatePolicyRequest(
+                yaml_text=GOOD, source="default.yaml"))
+            assert check.valid
+            unpriced = [w for w in check.warnings if "can never move a model" in w]
+            assert bool(unpriced) is warned, check.warnings
+            if warned:
+                assert "--gpu-price-per-hour" in unpriced[0] and "rule cost" in unpriced[0]
+            applied = await stub.ApplyPolicy(control_pb2.ApplyPolicyRequest(
+                yaml_text=GOOD, source="default.yaml"))
+            assert bool([w for w in applied.warnings if "never move" in w]) is warned
+        finally:
+            await channel.close()
+            await controller.stop(0.1)

@@ -72,3 +72,24 @@ def test_a_forecast_made_after_now_is_refused() -> None:
     with pytest.raises(ValueError, match="after now"):
         compute_fleet_signals(history.axis(), history.blocks(), {"m0": FleetModel(FACTS, [], fc)},
                               T0 + 10 * STEP_S, SETTINGS, STEP_S)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), steps=st.integers(1, 600))
+def test_live_mean_replicas_are_the_replay_prefix_sums_to_the_last_bit(seed: int,
+                                                                       steps: int) -> None:
+    """A live tick counts a window's replicas directly; a replay reads prefix sums over
+    the whole series: the same figures."""
+    rng = np.random.default_rng(seed)
+    step_s, now = 300.0, 1_800_000_000.0
+    ts = now - step_s * np.arange(steps, 0, -1)
+    rps = rng.lognormal(1.0, 1.5, steps)
+    settings_ = SignalSettings(window_s=step_s * 50, long_window_s=step_s * 300)
+    facts = ModelFacts(gpus_per_replica=1)
+    live = compute_signals("m", ModelHistory.of(ts, rps, [], step_s), facts, now, settings_)
+    replay = compute_signals("m", ModelHistory.of(ts, rps, [], step_s, replay=True), facts, now,
+                             settings_)
+    for capacity in (0.7, 3.0, 11.6):
+        for samples in (live.long_window_samples, live.window_samples, 7, 1):
+            assert live.mean_replicas(capacity, 0.2, 1, samples) == \
+                replay.mean_replicas(capacity, 0.2, 1, samples)
