@@ -113,10 +113,10 @@ class Persistence:
 
     def host_seen(self, entry: HostEntry) -> None:
         self.writer.submit_host(self._host_row(entry))
-        self._hosts_saved_at[entry.hello.host_id] = entry.last_report_ts
+        self._hosts_saved_at[entry.host_id] = entry.last_report_ts
 
     def report(self, host_id: str, entry: HostEntry, report: agent_pb2.Report, ts: float) -> None:
-        gpu_model = entry.gpus[0].model if entry.gpus else ""
+        gpu_model = entry.gpu_model
         add = self.rollups.add
         known = self._deployment_keys
         changed: list[dict[str, Any]] = []
@@ -154,12 +154,12 @@ class Persistence:
     def save_hosts(self, fleet: FleetState) -> None:
         due = [e for hid, e in fleet.hosts.items()
                if e.last_report_ts - self._hosts_saved_at.get(hid, 0.0) >= HOST_SAVE_INTERVAL_S]
-        due.sort(key=lambda e: self._hosts_saved_at.get(e.hello.host_id, 0.0))
+        due.sort(key=lambda e: self._hosts_saved_at.get(e.host_id, 0.0))
         due = due[:HOSTS_SAVED_PER_TICK]
         if due:
             for e in due:
                 self.writer.submit_host(self._host_row(e))
-                self._hosts_saved_at[e.hello.host_id] = e.last_report_ts
+                self._hosts_saved_at[e.host_id] = e.last_report_ts
 
     def prune_hosts(self, fleet: FleetState, now: float, *,
                     hello_only_s: float = HELLO_ONLY_RETENTION_S,
