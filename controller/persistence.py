@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from sys import intern
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -130,7 +131,9 @@ class Persistence:
 
     def _deployment_changed(self, host_id: str, dep: agent_pb2.DeploymentReport,
                             key: tuple[str, str, str, int], ts: float) -> dict[str, Any]:
-        self._deployment_keys[dep.deployment_id] = key
+        # Kept, so interned: one string with the fleet's copies (see fleet._kept_shape).
+        self._deployment_keys[intern(dep.deployment_id)] = (
+            key[0], intern(key[1]), intern(key[2]), key[3])
         if dep.revision and (dep.model, dep.revision) not in self._revisions:
             # A revision an agent reports counts toward the model's churn.
             self._revisions.add((dep.model, dep.revision))
