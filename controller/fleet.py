@@ -81,7 +81,7 @@ class Deployments(Mapping[str, agent_pb2.DeploymentReport]):
         return len(self._raw)
 
 
-@dataclass
+@dataclass(slots=True)
 class HostEntry:
     """What the controller knows about one agent's host.
 
