@@ -131,8 +131,8 @@ class AgentConnection:
         """The stream is over (its handler returned): nothing more is written."""
         self.closed = True
         self.outbox.clear()
-        if self._flusher is not None:
-            self._flusher.cancel()
+        if self._flusher is not None and not self._aborted:
+            self._flusher.cancel()  # a write that can only fail now (an abort completes)
 
     def _start_flusher(self) -> None:
         if not self._writing:
