@@ -14,7 +14,8 @@ machine's CPU goes to the controller being measured.
 
 Prints one JSON object:
   agents, interval_s, reports_per_s, ack_p50_ms, ack_p99_ms,
-  controller_cpu_s_per_1k_reports, controller_cores, controller_rss_mb, lost_reports,
+  controller_cpu_s_per_1k_reports, controller_cores, controller_rss_mb,
+  controller_peak_rss_mb, lost_reports,
   streams_failed, stream_errors, connect_p50_ms, connect_max_ms, all_connected_s, report_bytes,
   agent_processes, agent_cores,
   controller_fds, controller_fd_limit,
@@ -38,7 +39,8 @@ measured window (`--duration-s`) opens one interval after every agent is
 connected, so acks and CPU describe the fleet in steady state and the start-up
 burst shows in the connect figures only. `report_bytes` is one report's
 serialized size. `lost_reports` counts reports sent in the measured window that
-were never acked.
+were never acked. `controller_rss_mb` is the controller's RSS at the window's end,
+`controller_peak_rss_mb` its largest so far (VmHWM: the connect burst's, usually).
 """
 
 from __future__ import annotations
@@ -266,6 +268,16 @@ def _thread_cpu(pid: int) -> dict[str, float]:
     return out
 
 
+def _peak_rss_mb(pid: int) -> float:
+    """The process's largest RSS so far (VmHWM; the connect burst's, usually), in MB."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0.0
+    found = re.search(r"^VmHWM:\s+(\d+) kB", text, re.M)
+    return int(found.group(1)) * 1024 / 1e6 if found else 0.0
+
+
 def _scrape(metrics_port: int) -> dict[str, float]:
     """The controller's metrics that the bench reads, as {sample: value} (empty: none)."""
     if not metrics_port:
@@ -366,6 +378,7 @@ def main() -> int:
             split1 = _thread_cpu(pid) if ctl_ps else {}
             m1 = _scrape(fleet.metrics_port if ctl else 0)
             rss_mb = ctl_ps.memory_info().rss / 1e6 if ctl_ps else 0.0
+            peak_rss_mb = _peak_rss_mb(pid) if ctl_ps else 0.0
             fds = ctl_ps.num_fds() if ctl_ps else 0
             fd_limit = ctl_ps.rlimit(psutil.RLIMIT_NOFILE)[0] if ctl_ps else 0
             stats = [q.get(timeout=args.interval_s + ACK_GRACE_S + 120) for _ in procs]
@@ -392,6 +405,7 @@ def main() -> int:
         "controller_cpu_s_per_1k_reports": round((cpu1 - cpu0) / max(1, sent) * 1000, 3),
         "controller_cores": round((cpu1 - cpu0) / args.duration_s, 3),
         "controller_rss_mb": round(rss_mb, 1),
+        "controller_peak_rss_mb": round(peak_rss_mb, 1),
         "lost_reports": sum(s["lost"] for s in stats),
     }
     errors: Counter[str] = Counter()

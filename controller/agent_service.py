@@ -5,6 +5,12 @@ and then acknowledges every `Report`. Commands for the agent are queued on its
 `AgentConnection` and written on the same stream. A message that fails
 validation ends that agent's stream with a clear status; other agents are not
 disturbed.
+
+`Connect` is a plain coroutine that reads with `context.read()` and writes with
+`context.write()` (gRPC's reader-writer API), not an async generator with a reader
+task beside it: at 10,000 streams every task, future and generator frame held per
+stream is tens of MB, and every hand-over between them an event-loop wake-up per
+report.
 """
 
 from __future__ import annotations
@@ -14,7 +20,6 @@ import hmac
 import logging
 import secrets
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 
 import grpc
@@ -35,21 +40,36 @@ OUTBOX_LIMIT = 1024
 
 
 class AgentConnection:
-    """The controller's side of one agent's stream.
+    """The controller's side of one agent's stream, and its one writer.
 
-    Its outbox is a deque and a future made only while the stream's writer waits:
-    a fleet holds one per agent, and an `asyncio.Queue` (with its own deques of
-    getters and putters) weighed about 3 KB each.
+    Messages for the agent (acks, commands) go through the outbox and are written one
+    at a time, in order, by whoever finds no write under way: the stream's handler
+    writes the ack of the report it just handled itself, and a message queued from
+    elsewhere (a command, a close) while the handler waits for the next report starts
+    a short task that writes it. An idle stream so holds no task, future or generator
+    of its own: a fleet holds one per agent, and a writer task per stream weighed
+    several KB and an extra event-loop wake-up per report.
+
+    Once closed, the writer writes what is queued and then ends the stream with the
+    controller's status, if it gave one (`context.abort`: the handler's pending read
+    then raises the same `AbortError` and the stream ends there).
     """
 
-    __slots__ = ("_waiter", "closed", "end_message", "end_status", "endpoints_ok", "host_id",
-                 "outbox", "peer", "peer_addr", "token")
+    __slots__ = ("_aborted", "_context", "_flusher", "_idle", "_writing", "closed",
+                 "end_message", "end_status", "endpoints_ok", "host_id", "outbox", "peer",
+                 "peer_addr", "token")
 
-    def __init__(self, host_id: str, *, peer: str = "",
+    def __init__(self, host_id: str, context: aio.ServicerContext, *, peer: str = "",
                  peer_addr: IPAddress | None = None) -> None:
         self.host_id = host_id
-        self.outbox: deque[agent_pb2.ControllerMessage | None] = deque()
-        self._waiter: asyncio.Future[None] | None = None
+        # A list, not a deque: it rarely holds more than one message, and an empty deque
+        # is 0.6 KB (one 64-slot block), 6 MB over a fleet of 10,000.
+        self.outbox: list[agent_pb2.ControllerMessage] = []
+        self._context = context
+        self._writing = False  # a write is under way (by the handler or `_flusher`)
+        self._flusher: asyncio.Task[None] | None = None  # held: the loop keeps weak refs
+        self._idle: asyncio.Future[None] | None = None  # made only while `end` waits
+        self._aborted = False
         self.closed = False
         # Given in the Welcome; a second stream for this host must present it.
         self.token = secrets.token_urlsafe(24)
@@ -60,39 +80,88 @@ class AgentConnection:
         self.end_status: grpc.StatusCode | None = None
         self.end_message = ""
 
-    def send(self, msg: agent_pb2.ControllerMessage) -> bool:
+    def _queue(self, msg: agent_pb2.ControllerMessage) -> bool:
         if self.closed:
             return False
         if len(self.outbox) >= OUTBOX_LIMIT:
             log.warning("outbox of %s is full; dropping a message", self.host_id)
             return False
         self.outbox.append(msg)
-        self._wake()
         return True
 
+    def send(self, msg: agent_pb2.ControllerMessage) -> bool:
+        """Queue a message from outside the stream's handler (written by a short task)."""
+        if not self._queue(msg):
+            return False
+        self._start_flusher()
+        return True
+
+    async def write(self, msg: agent_pb2.ControllerMessage) -> None:
+        """Queue a message from the stream's handler and write it now, unless a write is
+        under way (which then writes it)."""
+        if self._queue(msg) and not self._writing:
+            self._writing = True
+            await self._drain()
+
     def close(self, status: grpc.StatusCode | None = None, message: str = "") -> None:
-        """End the stream; a controller-side reason ends it with that status."""
+        """End the stream (from outside its handler); a controller-side reason ends it
+        with that status, after what is queued."""
         if status is not None and self.end_status is None:
             self.end_status, self.end_message = status, message
         if not self.closed:
             self.closed = True
-            self.outbox.append(None)  # after what is queued: the writer ends there
-            self._wake()
+            self._start_flusher()
 
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def next_message(self) -> agent_pb2.ControllerMessage | None:
-        """The next message to write; None once the stream is to end."""
-        while not self.outbox:
-            self._waiter = asyncio.get_running_loop().create_future()
+    async def end(self, status: grpc.StatusCode | None = None, message: str = "") -> None:
+        """End the stream from its handler: wait for a write under way, write what is
+        queued, then abort with the controller's status if any (raises `AbortError`)."""
+        if status is not None and self.end_status is None:
+            self.end_status, self.end_message = status, message
+        self.closed = True
+        while self._writing:
+            self._idle = asyncio.get_running_loop().create_future()
             try:
-                await self._waiter
+                await self._idle
             finally:
-                self._waiter = None
-        return self.outbox.popleft()
+                self._idle = None
+        self._writing = True
+        await self._drain()
+
+    def stop(self) -> None:
+        """The stream is over (its handler returned): nothing more is written."""
+        self.closed = True
+        self.outbox.clear()
+        if self._flusher is not None and not self._aborted:
+            self._flusher.cancel()  # a write that can only fail now (an abort completes)
+
+    def _start_flusher(self) -> None:
+        if not self._writing:
+            self._writing = True  # here, not in the task: a second send starts no second task
+            self._flusher = asyncio.get_running_loop().create_task(self._flush())
+
+    async def _flush(self) -> None:
+        try:
+            await self._drain()
+        except aio.AbortError:
+            pass  # the stream ended with the controller's status; its handler's read sees it
+        except Exception as exc:  # the stream broke; its handler's next read ends it
+            log.debug("writing to %s failed: %r", self.host_id, exc)
+        finally:
+            self._flusher = None
+
+    async def _drain(self) -> None:
+        """Write the outbox (`_writing` is set by the caller), then end if closed."""
+        try:
+            while self.outbox:
+                await self._context.write(self.outbox.pop(0))
+            if self.closed and self.end_status is not None and not self._aborted:
+                self._aborted = True
+                await self._context.abort(self.end_status, self.end_message)
+        finally:
+            self._writing = False
+            idle = self._idle
+            if idle is not None and not idle.done():
+                idle.set_result(None)
 
 
 ReportHook = Callable[[str, HostEntry, agent_pb2.Report, float], None]
@@ -131,7 +200,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         self,
         request_iterator: AsyncIterator[agent_pb2.AgentMessage],
         context: aio.ServicerContext,
-    ) -> AsyncIterator[agent_pb2.ControllerMessage]:
+    ) -> None:
         # Messages are read with `context.read()`, not through `request_iterator`: gRPC's
         # iterator keeps the last message it yielded while it awaits the next, a whole
         # report interval, and a parsed report holds its protobuf arena (about 11 KB for
@@ -179,71 +248,66 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             log.info("host %s reconnected; closing its previous stream", host_id)
             previous.close(grpc.StatusCode.ABORTED,
                            f"host {host_id!r} reconnected on a new stream; this one is closed")
-        conn = AgentConnection(host_id, peer=context.peer(), peer_addr=peer_ip(context.peer()))
+        conn = AgentConnection(host_id, context, peer=context.peer(),
+                               peer_addr=peer_ip(context.peer()))
         self.connections[host_id] = conn
         entry = self.fleet.hello(first.hello, self.report_interval_s)
         self.metrics.agents_connected.inc()
         log.info("agent %s connected (%d GPUs, %s)", host_id, len(first.hello.gpus),
                  ", ".join(f"{e.engine} {e.version}" for e in first.hello.engines) or "no engines")
+        del first  # the fleet keeps the hello as bytes; its parsed message is not held
         if self._on_hello is not None:
             self._on_hello(entry)
-        yield agent_pb2.ControllerMessage(welcome=agent_pb2.Welcome(
-            report_interval_s=self.report_interval_s, controller_epoch=self.epoch,
-            controller_id=self.controller_id, session_token=conn.token))
-
-        reader = asyncio.create_task(self._read(context, host_id, entry, conn))
         try:
-            while True:
-                msg = await conn.next_message()
-                if msg is None:
-                    break
-                yield msg
-                del msg  # gRPC's writer keeps the last one it wrote; this frame need not
-            failure = reader.exception() if reader.done() else None
-            if isinstance(failure, GearshiftError):
-                await context.abort(grpc_status(failure), failure.message)
-            elif failure is not None:  # a bug: still end with a status and a message
-                await context.abort(grpc.StatusCode.INTERNAL,
-                                    f"the controller failed on this agent's message: "
-                                    f"{type(failure).__name__}")
-            elif conn.end_status is not None:
-                await context.abort(conn.end_status, conn.end_message)
+            await conn.write(agent_pb2.ControllerMessage(welcome=agent_pb2.Welcome(
+                report_interval_s=self.report_interval_s, controller_epoch=self.epoch,
+                controller_id=self.controller_id, session_token=conn.token)))
+            # One coroutine reads, handles and acknowledges (see `AgentConnection`). An
+            # `AbortError` out of `read` or `write` is the stream ended by the controller
+            # (revoked, replaced, leadership lost) and goes on to gRPC, which expects it.
+            while (msg := await context.read()) is not aio.EOF:
+                try:
+                    ack = self._handle(host_id, entry, msg, conn)
+                except GearshiftError as exc:
+                    log.warning("agent %s: %s; closing its stream", host_id, exc.message)
+                    await conn.end(grpc_status(exc), exc.message)
+                    return
+                except Exception as exc:  # a bug: still end with a status and a message
+                    log.exception("agent %s: handling its message failed", host_id)
+                    await conn.end(grpc.StatusCode.INTERNAL,
+                                   f"the controller failed on this agent's message: "
+                                   f"{type(exc).__name__}")
+                    return
+                del msg  # not kept while the next one is awaited (see above)
+                if ack is not None:
+                    await conn.write(ack)
+            await conn.end()  # the agent ended its side: what is queued, then OK
         finally:
-            reader.cancel()
-            conn.closed = True
+            conn.stop()
             if self.connections.get(host_id) is conn:
                 del self.connections[host_id]
                 self.fleet.disconnected(host_id, entry)
             self.metrics.agents_connected.dec()
             log.info("agent %s stream closed", host_id)
 
-    async def _read(self, context: aio.ServicerContext, host_id: str,
-                    entry: HostEntry, conn: AgentConnection) -> None:
-        try:
-            while (msg := await context.read()) is not aio.EOF:
-                kind = msg.WhichOneof("body")
-                if kind == "report":
-                    self._handle_report(host_id, entry, msg.report, conn)
-                elif kind == "command_result":
-                    if self._on_result is not None:
-                        self._on_result(host_id, msg.command_result)
-                elif kind == "hello":
-                    self.metrics.rejected.labels("second_hello").inc()
-                    raise InvalidArgument("a second hello on the same stream; reconnect instead")
-                else:
-                    self.metrics.rejected.labels("empty").inc()
-                    raise InvalidArgument("empty agent message (no body set)")
-                del msg  # not kept while the next one is awaited (see Connect)
-        except GearshiftError as exc:
-            log.warning("agent %s: %s; closing its stream", host_id, exc.message)
-            raise
-        except (grpc.RpcError, asyncio.CancelledError):
-            pass
-        finally:
-            conn.close()
+    def _handle(self, host_id: str, entry: HostEntry, msg: agent_pb2.AgentMessage,
+                conn: AgentConnection) -> agent_pb2.ControllerMessage | None:
+        """Apply one message of an open stream; returns the ack to write, if any."""
+        kind = msg.WhichOneof("body")
+        if kind == "report":
+            return self._handle_report(host_id, entry, msg.report, conn)
+        if kind == "command_result":
+            if self._on_result is not None:
+                self._on_result(host_id, msg.command_result)
+            return None
+        if kind == "hello":
+            self.metrics.rejected.labels("second_hello").inc()
+            raise InvalidArgument("a second hello on the same stream; reconnect instead")
+        self.metrics.rejected.labels("empty").inc()
+        raise InvalidArgument("empty agent message (no body set)")
 
     def _handle_report(self, host_id: str, entry: HostEntry, report: agent_pb2.Report,
-                       conn: AgentConnection) -> None:
+                       conn: AgentConnection) -> agent_pb2.ControllerMessage:
         t0 = time.perf_counter()
         try:
             check_report(report, host_id, conn.peer_addr, conn.endpoints_ok)
@@ -258,8 +322,8 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 self._on_report(host_id, entry, report, self.fleet.now())
         ack = agent_pb2.ControllerMessage()
         ack.ack.seq = report.seq
-        conn.send(ack)
         self.metrics.report_seconds.observe(time.perf_counter() - t0)
+        return ack
 
     def send_command(self, host_id: str, command: agent_pb2.Command) -> bool:
         conn = self.connections.get(host_id)

@@ -22,6 +22,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from sys import intern
 
 from gearshift.controller.engine_restarts import RestartTracker
 from gearshift.v1 import agent_pb2, control_pb2
@@ -42,6 +43,15 @@ DeploymentShape = tuple[str, str, int, str, str, str]
 def _shape(deps: Iterable[agent_pb2.DeploymentReport]) -> tuple[DeploymentShape, ...]:
     return tuple((d.deployment_id, d.endpoint, d.phase, d.model, d.engine, d.served_model_name)
                  for d in deps)
+
+
+def _kept_shape(shape: tuple[DeploymentShape, ...]) -> tuple[DeploymentShape, ...]:
+    """A shape to keep, its strings interned: each protobuf read makes a new string, and
+    a deployment's id and endpoint are also kept by the routes, the rollups and the
+    store's bookkeeping (one copy each instead of up to six), its model, engine and
+    served name by every other host (about 3 KB per host of 8 deployments in all)."""
+    return tuple((intern(s[0]), intern(s[1]), s[2], intern(s[3]), intern(s[4]), intern(s[5]))
+                 for s in shape)
 
 
 class Deployments(Mapping[str, agent_pb2.DeploymentReport]):
@@ -71,24 +81,61 @@ class Deployments(Mapping[str, agent_pb2.DeploymentReport]):
         return len(self._raw)
 
 
-@dataclass
+@dataclass(slots=True)
 class HostEntry:
-    """What the controller knows about one agent's host."""
+    """What the controller knows about one agent's host.
 
-    hello: agent_pb2.Hello
+    Its `Hello` is kept serialized, and its GPUs too once a report replaced them: a
+    parsed Hello holds the arena of the message it came in (about 4 KB for a host of 8
+    GPUs, against a third of a KB as bytes; 37 MB over a fleet of 10,000), and GPUs
+    taken from a report would hold that whole report. Readers (`hello`, `gpus`) parse
+    a fresh copy (a few microseconds); the per-report path reads `host_id` and
+    `gpu_model` only.
+    """
+
+    host_id: str
     interval_s: float
+    hello_bytes: bytes  # the Hello as received
+    gpu_model: str = ""  # of the host's first GPU ("" without GPUs): rollups carry it
     connected: bool = True
     last_report_ts: float = 0.0
     last_seq: int = 0
     reports: int = 0
     reported: bool = False  # a report arrived on the current stream
-    gpus: list[agent_pb2.GpuInfo] = field(default_factory=list)
+    # GPUs from the latest report that carried any, as a serialized Hello holding only
+    # them; None: the Hello's GPUs still stand.
+    gpus_bytes: bytes | None = None
     deployments: Deployments = field(default_factory=Deployments)
     deployments_at: float = 0.0  # when `deployments` were reported (all in one report)
     # route_key() of `deployments`, kept so a report compares against it without rebuilding it
     shape: tuple[DeploymentShape, ...] = ()
     # model -> request rate of its ready deployments that report metrics (`model_rates`)
     rates: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_hello(cls, hello: agent_pb2.Hello, interval_s: float,
+                   last_report_ts: float) -> HostEntry:
+        return cls(host_id=hello.host_id, interval_s=interval_s,
+                   hello_bytes=hello.SerializeToString(),
+                   gpu_model=hello.gpus[0].model if hello.gpus else "",
+                   last_report_ts=last_report_ts)
+
+    @property
+    def hello(self) -> agent_pb2.Hello:
+        """The host's Hello (a fresh copy: changing it changes nothing here)."""
+        return agent_pb2.Hello.FromString(self.hello_bytes)
+
+    @property
+    def gpus(self) -> list[agent_pb2.GpuInfo]:
+        """The host's GPUs as last reported (a fresh copy), else as its Hello gave them."""
+        raw = self.hello_bytes if self.gpus_bytes is None else self.gpus_bytes
+        return list(agent_pb2.Hello.FromString(raw).gpus)
+
+    def set_gpus(self, gpus: Iterable[agent_pb2.GpuInfo]) -> None:
+        held = agent_pb2.Hello()
+        held.gpus.extend(gpus)
+        self.gpus_bytes = held.SerializeToString()
+        self.gpu_model = held.gpus[0].model if held.gpus else ""
 
     @property
     def deployment_ts(self) -> dict[str, float]:
@@ -151,8 +198,7 @@ class FleetState:
 
     def hello(self, hello: agent_pb2.Hello, interval_s: float) -> HostEntry:
         prior = self.hosts.get(hello.host_id)
-        entry = HostEntry(hello=hello, interval_s=interval_s, last_report_ts=self._clock())
-        entry.gpus = list(hello.gpus)
+        entry = HostEntry.from_hello(hello, interval_s, self._clock())
         if prior is not None:
             # Keep the last known deployments until the first report replaces them.
             entry.deployments = prior.deployments
@@ -176,7 +222,7 @@ class FleetState:
         entry.reports += 1
         self.reports_total += 1
         if report.gpus:
-            entry.gpus = list(report.gpus)
+            entry.set_gpus(report.gpus)
         deps = report.deployments
         if any(d.restarts for d in deps):  # else there is no restart to count
             self.restarts.observe(host_id, entry.deployments,
@@ -186,11 +232,13 @@ class FleetState:
         rates: dict[str, float] = {}
         for d in deps:
             if d.phase == Ready and d.metrics_present:
-                rates[d.model] = rates.get(d.model, 0.0) + d.request_rate
+                model = intern(d.model)  # kept until the next report: one string per model
+                rates[model] = rates.get(model, 0.0) + d.request_rate
         entry.rates = rates
         shape = _shape(deps)
         if shape != entry.shape:
             # Rare (a deployment came, went or changed phase): the steady state skips all this.
+            shape = _kept_shape(shape)
             before, entry.shape = entry.shape, shape
             self._counts.subtract((s[4], s[2]) for s in before)
             self._counts.update((s[4], s[2]) for s in shape)
@@ -349,8 +397,8 @@ class FleetState:
         changed = False
         for model in dirty:
             eps = self._compute_model_routes(model)
-            key = tuple((e.deployment_id, e.endpoint, round(e.weight, 6), e.leaving,
-                         e.served_model_name) for e in eps)
+            key = tuple((intern(e.deployment_id), intern(e.endpoint), round(e.weight, 6),
+                         e.leaving, intern(e.served_model_name)) for e in eps)  # kept: shared
             if self._route_keys.get(model, ()) == key:  # () : not in the table
                 continue
             changed = True

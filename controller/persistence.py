@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from sys import intern
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -113,10 +114,10 @@ class Persistence:
 
     def host_seen(self, entry: HostEntry) -> None:
         self.writer.submit_host(self._host_row(entry))
-        self._hosts_saved_at[entry.hello.host_id] = entry.last_report_ts
+        self._hosts_saved_at[entry.host_id] = entry.last_report_ts
 
     def report(self, host_id: str, entry: HostEntry, report: agent_pb2.Report, ts: float) -> None:
-        gpu_model = entry.gpus[0].model if entry.gpus else ""
+        gpu_model = entry.gpu_model
         add = self.rollups.add
         known = self._deployment_keys
         changed: list[dict[str, Any]] = []
@@ -130,7 +131,9 @@ class Persistence:
 
     def _deployment_changed(self, host_id: str, dep: agent_pb2.DeploymentReport,
                             key: tuple[str, str, str, int], ts: float) -> dict[str, Any]:
-        self._deployment_keys[dep.deployment_id] = key
+        # Kept, so interned: one string with the fleet's copies (see fleet._kept_shape).
+        self._deployment_keys[intern(dep.deployment_id)] = (
+            key[0], intern(key[1]), intern(key[2]), key[3])
         if dep.revision and (dep.model, dep.revision) not in self._revisions:
             # A revision an agent reports counts toward the model's churn.
             self._revisions.add((dep.model, dep.revision))
@@ -154,12 +157,12 @@ class Persistence:
     def save_hosts(self, fleet: FleetState) -> None:
         due = [e for hid, e in fleet.hosts.items()
                if e.last_report_ts - self._hosts_saved_at.get(hid, 0.0) >= HOST_SAVE_INTERVAL_S]
-        due.sort(key=lambda e: self._hosts_saved_at.get(e.hello.host_id, 0.0))
+        due.sort(key=lambda e: self._hosts_saved_at.get(e.host_id, 0.0))
         due = due[:HOSTS_SAVED_PER_TICK]
         if due:
             for e in due:
                 self.writer.submit_host(self._host_row(e))
-                self._hosts_saved_at[e.hello.host_id] = e.last_report_ts
+                self._hosts_saved_at[e.host_id] = e.last_report_ts
 
     def prune_hosts(self, fleet: FleetState, now: float, *,
                     hello_only_s: float = HELLO_ONLY_RETENTION_S,

@@ -47,6 +47,7 @@ import math
 from array import array
 from collections.abc import Iterable
 from datetime import UTC, datetime
+from sys import intern
 from typing import TypeVar
 
 import numpy as np
@@ -212,6 +213,7 @@ class RollupAggregator:
         dep_id = report.deployment_id
         dep = bucket.deployments.get(dep_id)
         if dep is None:
+            dep_id = intern(dep_id)  # kept: one string with the fleet's (see fleet._kept_shape)
             dep = bucket.deployments[dep_id] = _Deployment()
         dep.n += 1
         dep.rate_sum += rate
@@ -239,7 +241,7 @@ class RollupAggregator:
         prev = baselines.get(dep_id)
         if prev is not None:
             bucket.errors += errors_total - prev[0] if errors_total >= prev[0] else errors_total
-        baselines[dep_id] = (errors_total, ts)
+        baselines[dep_id] = (errors_total, ts)  # a new key: interned when its bucket was made
 
     @staticmethod
     def _add_sla_signals(report: agent_pb2.DeploymentReport, bucket: _Bucket,

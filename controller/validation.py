@@ -11,6 +11,7 @@ import functools
 import ipaddress
 import math
 import re
+from sys import intern
 from urllib.parse import urlsplit
 
 from gearshift.common.engine_versions import VERSION_SOURCES, VERSION_TEXT_RE
@@ -287,7 +288,7 @@ def check_report(report: agent_pb2.Report, host_id: str = "",
         if d.endpoint and (endpoints_ok is None or d.endpoint not in endpoints_ok):
             check_endpoint(f"report.deployments[{i}].endpoint", d.endpoint, host_id, peer)
             if endpoints_ok is not None:
-                endpoints_ok.add(d.endpoint)
+                endpoints_ok.add(intern(d.endpoint))  # kept per stream: one string with the fleet's
         if _looks_valid(d):
             continue
         p = f"report.deployments[{i}]"

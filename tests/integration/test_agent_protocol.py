@@ -139,3 +139,28 @@ async def test_silent_host_becomes_unreachable_and_nothing_is_done(controller: C
         table = controller.fleet.routing_table()
         assert [e.deployment_id for m in table.models for e in m.endpoints] == ["d1"]
         call.cancel()
+
+
+async def test_commands_reach_an_idle_agent_in_order_before_a_controller_close(
+        controller: Controller) -> None:
+    # Commands queued while the agent sends nothing are written at once, in order, and a
+    # close by the controller ends the stream with its status only after them.
+    channel, call = await open_stream(controller)
+    async with channel:
+        await call.write(hello("h1"))
+        assert (await call.read()).HasField("welcome")
+        await call.write(report(1))
+        assert (await call.read()).ack.seq == 1
+        assert controller.agents.send_command("h1", agent_pb2.Command(command_id="c1"))
+        got = await asyncio.wait_for(call.read(), 5.0)
+        assert got.command.command_id == "c1"
+        conn = controller.agents.connections["h1"]
+        assert conn.send(agent_pb2.ControllerMessage(command=agent_pb2.Command(command_id="c2")))
+        assert conn.send(agent_pb2.ControllerMessage(command=agent_pb2.Command(command_id="c3")))
+        conn.close(grpc.StatusCode.PERMISSION_DENIED, "host h1 is revoked")
+        assert not conn.send(agent_pb2.ControllerMessage(command=agent_pb2.Command(command_id="c4")))
+        ids = [(await call.read()).command.command_id for _ in range(2)]
+        assert ids == ["c2", "c3"]
+        code, details = await asyncio.wait_for(expect_status(call), 5.0)
+    assert code == grpc.StatusCode.PERMISSION_DENIED and details == "host h1 is revoked"
+    assert "h1" not in controller.agents.connections

@@ -190,3 +190,30 @@ def test_kept_deployments_read_back_as_reported_and_cannot_be_changed_through_a_
     assert list(entry.deployments) == ["d2"]
     assert entry.deployment_ts == {"d2": 1010.0}
     assert fleet.restarts.take() == {("vllm", "m2"): 2}  # counted against the kept report
+
+
+def test_a_host_keeps_its_hello_and_the_latest_reported_gpus() -> None:
+    fleet = FleetState(clock=lambda: 100.0)
+    hello = agent_pb2.Hello(host_id="h1", agent_version="1.2", labels={"zone": "a"},
+                            protocol_version=agent_pb2.PROTOCOL_VERSION_1)
+    hello.gpus.add(index=0, model="NVIDIA H100", memory_total_bytes=80 << 30)
+    entry = fleet.hello(hello, 1.0)
+    hello.labels["zone"] = "changed"  # the caller's message is not held
+    assert (entry.host_id, entry.hello.agent_version, dict(entry.hello.labels)) == (
+        "h1", "1.2", {"zone": "a"})
+    assert [(g.index, g.model) for g in entry.gpus] == [(0, "NVIDIA H100")]
+    assert entry.gpu_model == "NVIDIA H100"
+    entry.hello.labels["zone"] = "b"  # a reader's copy: changing it changes nothing
+    assert entry.hello.labels["zone"] == "a"
+
+    r = agent_pb2.Report(seq=1)
+    fleet.report("h1", r)  # no GPUs in this report: the hello's stand
+    assert [g.model for g in entry.gpus] == ["NVIDIA H100"]
+    r = agent_pb2.Report(seq=2)
+    r.gpus.add(index=0, model="NVIDIA H200", utilization=0.5)
+    r.gpus.add(index=1, model="NVIDIA H200")
+    fleet.report("h1", r)
+    assert [(g.index, g.model, g.utilization) for g in entry.gpus] == [
+        (0, "NVIDIA H200", 0.5), (1, "NVIDIA H200", 0.0)]
+    assert entry.gpu_model == "NVIDIA H200"
+    assert [g.model for g in entry.hello.gpus] == ["NVIDIA H100"]  # the hello as received

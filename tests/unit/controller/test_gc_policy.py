@@ -56,6 +56,26 @@ async def test_run_collects_everything_on_schedule(registry: CollectorRegistry) 
         policy.uninstall()
 
 
+async def test_run_trims_the_heap_on_schedule(registry: CollectorRegistry) -> None:
+    trims: list[int] = []
+
+    def trim(pad: int) -> int:
+        trims.append(pad)
+        return 1
+
+    policy = GcPolicy(registry, trim_interval_s=0.01, trim=trim)
+    task = asyncio.create_task(policy.run())
+    try:
+        async with asyncio.timeout(WAIT_LIMIT_S):
+            while len(trims) < 2:
+                await asyncio.sleep(0.01)
+    finally:
+        task.cancel()
+    assert trims[:2] == [0, 0] and _pauses(registry, 2) == 0  # trims, no full collections
+
+
 def test_bad_interval_is_refused() -> None:
     with pytest.raises(ValueError, match="full_interval_s must be > 0, got 0"):
         GcPolicy(full_interval_s=0)
+    with pytest.raises(ValueError, match="trim_interval_s must be > 0, got -1"):
+        GcPolicy(trim_interval_s=-1)
