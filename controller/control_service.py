@@ -66,13 +66,14 @@ class ControlService(ActionRpcs, EnrolmentRpcs, control_pb2_grpc.ControlServiceS
         resp = control_pb2.ListHostsResponse()
         for host_id in sorted(self.fleet.hosts):
             e = self.fleet.hosts[host_id]
+            hello = e.hello  # parsed from the kept bytes at each read: once per host
             h = resp.hosts.add(
-                host_id=host_id, agent_version=e.hello.agent_version, state=e.state(now),
-                deployments=len(e.deployments), emulated_gpus=e.hello.emulated_gpus,
+                host_id=host_id, agent_version=hello.agent_version, state=e.state(now),
+                deployments=len(e.deployments), emulated_gpus=hello.emulated_gpus,
                 reports=e.reports)
-            h.labels.update(e.hello.labels)
+            h.labels.update(hello.labels)
             h.gpus.extend(e.gpus)
-            h.engines.extend(e.hello.engines)
+            h.engines.extend(hello.engines)
             h.last_report.FromNanoseconds(int(e.last_report_ts * 1e9))
         return resp
 
