@@ -62,15 +62,16 @@ decision core with the signals: its sustained rate is the traffic level of the
 savings estimate (`policies.economics`) and every decision cites it, as live.
 Each forecast predicts with the trees of the previous one (`kept`), refitted only
 when due by the rule the controller's forecasts follow too
-(`policies.forecast_model`: a week old, or the training rows doubled), and
+(`policies.forecast_model`: a week old, the training rows doubled, or the trees no
+longer fit the last day), and
 fits its peak model only when a decision cites the peak (`defer_peak`).
 
 Cost: per (model, engine) the capacity estimate is refitted only when the
 observations grew by REFIT_GROWTH or REFIT_EVERY_S of serving, and the resolved
 capacities are reused while no engine's measurement can have changed (the same
 estimate, the same count while under MIN_MEASURED_S). On the 30-model, 28-day
-fleet of `bench/blind.py` the forecasts fit 150 tree pairs (5 a model) instead of
-630 and predict from kept trees the other 480 days (docs/cost-model.md has the
+fleet of `bench/blind.py` the forecasts fit 151 low models (about 5 a model)
+instead of 630 and predict from kept trees the other days (docs/cost-model.md has the
 runtime).
 """
 

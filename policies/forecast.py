@@ -28,9 +28,10 @@ and `FIT_LEAVES`, take ~25 ms on 28 days of 5-minute bins where the former 60
 rounds of 15 leaves took ~70 ms), and predicting from fitted trees ~2 ms. So a
 forecast keeps its fitted trees (`Forecast.model`, a `forecast_model.SeasonalModel`)
 and the next forecast of the same series (`kept=`) predicts from the current
-history's features with them, refitting only when they are due (a week old, or the
-training rows doubled since: `policies.forecast_model` has the rule, which the blind
-backtest and the controller share). Columns that cannot change a tree (constant,
+history's features with them, refitting only when they are due (a week old, the
+training rows doubled since, or the trees no longer fit the last day:
+`policies.forecast_model` has the rule, which the blind backtest and the
+controller share). Columns that cannot change a tree (constant,
 or a copy of an earlier one: with a horizon of whole weeks the day and week lags
 coincide) are dropped before fitting (`policies.forecast_features` builds the grid
 and the features); `defer_peak=True` (the blind backtest, which reads the peak
@@ -69,7 +70,7 @@ from gearshift.policies.forecast_features import (
     no_day_lag_rows,
     split_columns,
 )
-from gearshift.policies.forecast_model import ModelKey, SeasonalModel
+from gearshift.policies.forecast_model import DRIFT_WINDOW_S, ModelKey, SeasonalModel
 
 TRAIN_WINDOW_S = 28 * SECONDS_PER_DAY      # history the seasonal model reads
 MAX_TRAIN_ROWS = 9000                      # bins; coarser bins beyond this
@@ -255,7 +256,9 @@ def _seasonal(times: FloatArray, rates: FloatArray, now: float, key: ModelKey,
                                 known[-1] if known.size else float(np.log1p(np.mean(rates))))
     train_rows = int(train.sum())
     model = kept
-    if model is None or model.due(key, now, train_rows):
+    recent = train & (bin_ts[:past_bins] >= now - DRIFT_WINDOW_S)
+    if (model is None or model.due(key, now, train_rows)
+            or model.drifted(x[:past_bins][recent], target[:past_bins][recent])):
         x_train = x[:past_bins][train]
         columns = split_columns(x_train)
         model = SeasonalModel.fit(key, now, columns, x_train[:, columns],

@@ -6,12 +6,17 @@ log ratio, so a fitted pair applies to the features of a later history as well
 as to those it was trained on. A forecast therefore keeps its fitted model
 (`SeasonalModel`) and the next forecast of the same model (the blind backtest's
 daily one, the controller's forecast worker) predicts from the fresh features of
-the current history with it, refitting only when `SeasonalModel.due` says so:
-after MODEL_REFIT_S, once the training rows (bins with a known day lag) grew by
-MODEL_REFIT_GROWTH times those it was fitted on (a young model's first fits see
-half a day, then one, two, four days...), for another horizon, quantile or bin
-size, or for an origin before the fit (which could have seen later samples). A
-fit costs tens of milliseconds, a prediction from kept trees about one.
+the current history with it, refitting only when due (`SeasonalModel.due`, `drifted`): after MODEL_REFIT_S;
+once the training rows (bins with a known day lag) grew MODEL_REFIT_GROWTH times
+those it was fitted on (a young model's fits see one day, then two, four,
+eight...); when the trees no longer fit the last DRIFT_WINDOW_S of known targets
+(the share of them below the low model strays from its quantile by more than
+DRIFT_TOLERANCE: a ramp that stopped, a drop); for another horizon, quantile or
+bin size; or for an origin before the fit (which could have seen later samples).
+Without the drift check a ramp's trees kept forecasting growth for days after it
+stopped (`bench/forecast.py` on ramp-70b: improvement 0.11 instead of 0.49 with
+a fit at every origin; 0.45 with it). A fit costs tens of milliseconds, a
+prediction from kept trees a millisecond or two.
 
 The trees are held as flat arrays (`FlatTrees`: an int8 feature, a float64 and
 three int16 child indices per node; a few KB per quantile model) rather
@@ -44,7 +49,9 @@ FIT_LEAVES = 7                # leaves per tree
 FIT_LEARNING_RATE = 0.3
 FIT_MIN_SAMPLES_LEAF = 40
 MODEL_REFIT_S = 7 * SECONDS_PER_DAY  # kept trees are refitted at least this often ...
-MODEL_REFIT_GROWTH = 2.0             # ... and when the training rows grew this many times
+MODEL_REFIT_GROWTH = 2.0             # ... and when the training rows grew this many times,
+DRIFT_WINDOW_S = SECONDS_PER_DAY     # ... or when over this last stretch of known targets
+DRIFT_TOLERANCE = 0.15               # the share below the low model strays this far from its quantile
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +174,15 @@ class SeasonalModel:
         """Whether a forecast at `now` with `train_rows` training rows must refit."""
         return (key != self.key or not 0.0 <= now - self.fitted_at < MODEL_REFIT_S
                 or train_rows >= MODEL_REFIT_GROWTH * self.train_rows)
+
+    def drifted(self, x_recent: FloatArray, y_recent: FloatArray) -> bool:
+        """Whether the low model no longer fits the latest known targets: the share of
+        them below its prediction strays from its quantile by more than DRIFT_TOLERANCE
+        (a trend that stopped, a level shift the ratios did not foresee)."""
+        if not y_recent.size:
+            return False
+        below = float(np.mean(y_recent < self.low.predict(x_recent[:, self.columns])))
+        return abs(below - self.key.quantile) > DRIFT_TOLERANCE
 
     @property
     def nbytes(self) -> int:

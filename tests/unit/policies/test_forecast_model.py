@@ -70,12 +70,29 @@ def test_trees_are_refitted_when_due_and_not_before() -> None:
     assert model_at(29.5, quantile=0.2) is not first.model
 
 
+def test_trees_that_no_longer_fit_the_latest_day_are_refitted() -> None:
+    """A drop the ratios did not foresee (the rate falls to a third): most of the next
+    day's rates fall below the kept low model, so it is refitted before it is due; the
+    same history without the drop keeps it."""
+    ts, rps = seasonal(16)
+    fitted = forecast_rate(ts, rps, _at(12), HORIZON_S, step_s=STEP_S)
+    dropped = np.where(ts >= _at(12.5), rps / 3, rps)
+    later = forecast_rate(ts, dropped, _at(13.5), HORIZON_S, step_s=STEP_S, kept=fitted.model)
+    assert later.model is not None and later.model.fitted_at == _at(13.5)
+    same = forecast_rate(ts, rps, _at(13.5), HORIZON_S, step_s=STEP_S, kept=fitted.model)
+    assert same.model is fitted.model
+
+
 def test_a_young_model_is_refitted_as_its_training_rows_double() -> None:
     """The seasonal model starts at 2 days of history, with a day of rows with a known
     day lag; its trees are refitted once those rows have grown MODEL_REFIT_GROWTH
     (2) times, not at every forecast."""
     assert MODEL_REFIT_GROWTH == 2.0
-    ts, rps = seasonal(10)
+    ts, _ = seasonal(10)
+    # The same cycle every day, little noise: trees fitted on one day fit the next
+    # (no drift), so only the growth refits them.
+    rps = 100 * (1 + 0.5 * np.sin(2 * np.pi * (ts % SECONDS_PER_DAY) / SECONDS_PER_DAY))
+    rps *= np.random.default_rng(1).lognormal(0, 0.03, ts.size)
     kept, fitted_at = None, []
     for hours in range(36, 10 * 24, 6):
         fc = forecast_rate(ts, rps, _at(hours / 24), HORIZON_S, step_s=STEP_S, kept=kept)
