@@ -216,8 +216,7 @@ def forecast_rate(ts: npt.ArrayLike, rps: npt.ArrayLike, now: float, horizon_s: 
     else:
         return _seasonal(times, rates, now, ModelKey(horizon_s, bin_s, quantile, peak_quantile),
                          path_ts, points, notes, defer_peak, kept)
-    low = float(np.quantile(recent, quantile))
-    high = float(np.quantile(recent, peak_quantile))
+    low, high = (float(v) for v in np.quantile(recent, [quantile, peak_quantile]))
     return Forecast("ok", "recent-quantile", low, high, horizon_s, quantile, "; ".join(notes),
                     points, tuple(path_ts.tolist()), (low,) * future_bins, (high,) * future_bins)
 
@@ -242,7 +241,7 @@ def _seasonal(times: FloatArray, rates: FloatArray, now: float, key: ModelKey,
     if train is None or int(train.sum()) < max(MIN_POINTS, round(SECONDS_PER_DAY / bin_s) // 2):
         notes.insert(0, "too few samples with a known day-lag to train the seasonal model")
         recent = rates[times >= now - RECENT_WINDOW_S]
-        low, high = (float(np.quantile(recent, q)) for q in (quantile, key.peak_quantile))
+        low, high = (float(v) for v in np.quantile(recent, [quantile, key.peak_quantile]))
         return Forecast("ok", "recent-quantile", low, high, horizon_s, quantile,
                         "; ".join(notes), points, tuple(path_ts.tolist()),
                         (low,) * future_bins, (high,) * future_bins)
