@@ -23,9 +23,11 @@ and on a daily cycle it sits near the trough, like the `rps_sustained` signal of
 a window), `peak_rps` is the highest value of the high path.
 
 Cost: fitting the trees is most of a forecast's time (scikit-learn's tree grower
-spends Python time per node: 20 rounds of 7 leaves, `forecast_model.FIT_ROUNDS`
-and `FIT_LEAVES`, take ~25 ms on 28 days of 5-minute bins where the former 60
-rounds of 15 leaves took ~70 ms), and predicting from fitted trees ~2 ms. So a
+spends Python time per node). On 28 days of 5-minute bins and a 7-day horizon, on a
+loaded 2-core machine, a forecast that fits its low model took 36 ms of CPU with 20
+rounds of 7 leaves (`forecast_model.FIT_ROUNDS`, `FIT_LEAVES`) and 136 ms with the
+former 60 rounds of 15 leaves; one from kept trees 7 ms (grid, features, the
+drift check and the prediction). So a
 forecast keeps its fitted trees (`Forecast.model`, a `forecast_model.SeasonalModel`)
 and the next forecast of the same series (`kept=`) predicts from the current
 history's features with them, refitting only when they are due (a week old, the

@@ -6,8 +6,8 @@ log ratio, so a fitted pair applies to the features of a later history as well
 as to those it was trained on. A forecast therefore keeps its fitted model
 (`SeasonalModel`) and the next forecast of the same model (the blind backtest's
 daily one, the controller's forecast worker) predicts from the fresh features of
-the current history with it, refitting only when due (`SeasonalModel.due`, `drifted`): after MODEL_REFIT_S;
-once the training rows (bins with a known day lag) grew MODEL_REFIT_GROWTH times
+the current history with it, refitting only when due (`SeasonalModel.due`,
+`drifted`): after MODEL_REFIT_S; once the training rows (bins with a known day lag) grew MODEL_REFIT_GROWTH times
 those it was fitted on (a young model's fits see one day, then two, four,
 eight...); when the trees no longer fit the last DRIFT_WINDOW_S of known targets
 (the share of them below the low model strays from its quantile by more than
@@ -15,14 +15,15 @@ DRIFT_TOLERANCE: a ramp that stopped, a drop); for another horizon, quantile or
 bin size; or for an origin before the fit (which could have seen later samples).
 Without the drift check a ramp's trees kept forecasting growth for days after it
 stopped (`bench/forecast.py` on ramp-70b: improvement 0.11 instead of 0.49 with
-a fit at every origin; 0.45 with it). A fit costs tens of milliseconds, a
-prediction from kept trees a millisecond or two.
+a fit at every origin; 0.45 with it). A forecast that fits costs tens of
+milliseconds, one from kept trees a few (`policies.forecast` has the figures).
 
 The trees are held as flat arrays (`FlatTrees`: an int8 feature, a float64 and
-three int16 child indices per node; a few KB per quantile model) rather
-than as scikit-learn's estimator (its bin mapper and per-tree objects take
-~100 KB), so that a controller keeps one per model of a 10,000-model fleet; the
-flat prediction takes every split and every sum in scikit-learn's order, so its
+three int16 child indices per node: 4 KB for 20 trees of 7 leaves; about 10 KB a
+model with both quantiles and the Python objects) rather than as scikit-learn's
+estimator (26 KB pickled for the same trees, 114 KB for 60 trees of 15 leaves),
+so that a controller keeps them for every model of a 10,000-model fleet; the flat
+prediction takes every split and every sum in scikit-learn's order, so its
 figures are the estimator's to the last bit (tests compare them).
 
 `FIT_ROUNDS` x `FIT_LEAVES` at `FIT_LEARNING_RATE` set the cost of a fit:
