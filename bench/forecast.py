@@ -8,6 +8,11 @@ step of the next `--horizon-h` hours. Each step's forecast is scored with the
 pinball loss at q against the realised rate of that step. The baseline predicts
 each step with the realised rate of the same step one week earlier.
 
+As the decision paths do (the blind backtest, the controller's forecasts), each
+forecast of a model hands its fitted trees to the next origin's, which predicts
+with them until a refit is due (`policies.forecast_model`); `--fresh` fits at every
+origin instead. Each model's `fits` counts the fits.
+
 Scores are means over all (origin, step) pairs of a model; a trace's score is the
 mean over its models of the model's score divided by the model's mean rate (so a
 large model does not drown the others); `improvement` = 1 - model / baseline.
