@@ -12,10 +12,9 @@ or the default ratio, each cited with where it came from and why.
 Forecasts are made again at most every `FORECAST_REFIT_S` per model. Each predicts
 from the current history with the trees of the model's previous forecast, refitted
 only when due (a week old, the training rows doubled, or the trees no longer fit
-the last day: `policies.forecast_model`,
-the rule the blind backtest follows too), so most forecasts cost a prediction
-(milliseconds) and few a fit (tens of milliseconds); the kept trees are a few KB
-a model. The live controller makes them on a worker thread
+the last day: `policies.forecast_model`, the rule the blind backtest follows too),
+so most forecasts cost milliseconds and few a fit (tens of milliseconds); the kept
+trees are about 10 KB a model. The live controller makes them on a worker thread
 (`ForecastWorker`, at most `FORECAST_WORKER_CPU_SHARE` of a core), stalest first, from
 what each tick hands off; without one (tests, tools) a policy tick spends at most
 `FORECAST_TICK_BUDGET_S` fitting them (`Forecaster.refresh`). Either way a large
