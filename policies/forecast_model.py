@@ -152,8 +152,12 @@ class SeasonalModel:
                  peak: FlatTrees | Callable[[], FlatTrees]) -> None:
         self.key, self.fitted_at, self.train_rows = key, fitted_at, train_rows
         self.columns, self.low = columns, low
-        self._peak: FlatTrees | None = peak if isinstance(peak, FlatTrees) else None
-        self._fit_peak: Callable[[], FlatTrees] | None = None if self._peak else peak  # type: ignore[assignment]
+        self._peak: FlatTrees | None = None
+        self._fit_peak: Callable[[], FlatTrees] | None = None
+        if isinstance(peak, FlatTrees):
+            self._peak = peak
+        else:
+            self._fit_peak = peak
 
     @classmethod
     def fit(cls, key: ModelKey, fitted_at: float, columns: npt.NDArray[np.bool_],

@@ -35,6 +35,8 @@ def test_kept_trees_give_the_fresh_fit_when_the_history_has_not_changed() -> Non
     assert fresh.method == "seasonal-gbm" and fresh.model is not None
     assert again.model is fresh.model  # not refitted
     assert asdict(again) == asdict(fresh)
+    # Small enough for a controller to keep one per model of a 10,000-model fleet.
+    assert fresh.model.nbytes < 10_000
 
 
 def test_kept_trees_predict_from_the_current_history() -> None:
