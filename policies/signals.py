@@ -273,17 +273,11 @@ class Signals:
             # exact either way and the mean is the same to the last bit.
             import numpy as np
 
-            # In place, in the order of `ceil(rate * scale * (1 + headroom) / capacity - 1e-9)`
-            # (a blind backtest asks four times per model and step); the sum of whole
-            # numbers over n is numpy's mean to the last bit.
             rates = self._history.rps[self._end - n:self._end]
-            need = rates * scale if scale != 1.0 else rates.astype(np.float64)
-            need *= 1 + headroom
-            need /= capacity_rps
-            need -= 1e-9
-            np.ceil(need, out=need)
-            np.maximum(need, min_replicas, out=need)
-            return float(need.sum()) / n
+            if scale != 1.0:
+                rates = rates * scale
+            need = np.maximum(min_replicas, np.ceil(rates * (1 + headroom) / capacity_rps - 1e-9))
+            return float(need.sum()) / n if scale == 1.0 else float(need.mean())
         prefix = self._history.prefix_replicas(capacity_rps, headroom, min_replicas)
         return (prefix[self._end] - prefix[self._end - n]) / n
 
