@@ -8,6 +8,11 @@ step of the next `--horizon-h` hours. Each step's forecast is scored with the
 pinball loss at q against the realised rate of that step. The baseline predicts
 each step with the realised rate of the same step one week earlier.
 
+As the decision paths do (the blind backtest, the controller's forecasts), each
+forecast of a model hands its fitted trees to the next origin's, which predicts
+with them until a refit is due (`policies.forecast_model`); `--fresh` fits at every
+origin instead. Each model's `fits` counts the fits.
+
 Scores are means over all (origin, step) pairs of a model; a trace's score is the
 mean over its models of the model's score divided by the model's mean rate (so a
 large model does not drown the others); `improvement` = 1 - model / baseline.
@@ -32,6 +37,7 @@ from typing import IO, Any
 import numpy as np
 
 from gearshift.policies.forecast import SECONDS_PER_WEEK, forecast_rate, pinball_loss
+from gearshift.policies.forecast_model import SeasonalModel
 
 DEFAULT_TRACES = Path("/work/shared/traces")
 QUANTILE = 0.1
@@ -68,7 +74,7 @@ def read_trace(path: Path) -> tuple[dict[str, Any], dict[str, tuple[np.ndarray, 
 
 
 def score_model(ts: np.ndarray, rps: np.ndarray, step_s: float, horizon_s: float,
-                every_s: float) -> dict[str, Any]:
+                every_s: float, fresh: bool = False) -> dict[str, Any]:
     """Pinball losses of the model and of the last-week baseline over all origins."""
     order = np.argsort(ts)
     ts, rps = ts[order], rps[order]
@@ -79,6 +85,8 @@ def score_model(ts: np.ndarray, rps: np.ndarray, step_s: float, horizon_s: float
     base_losses: list[float] = []
     methods: dict[str, int] = {}
     fit_s = 0.0
+    kept: SeasonalModel | None = None
+    fits = 0
     origin = start + SECONDS_PER_WEEK
     while origin + horizon_s <= ts[-1] + step_s:
         first = int(np.searchsorted(ts, origin))
@@ -87,8 +95,11 @@ def score_model(ts: np.ndarray, rps: np.ndarray, step_s: float, horizon_s: float
         earlier = slice(first - week, first - week + steps)
         if actual.size == steps and first - week >= 0:
             began = time.perf_counter()
-            fc = forecast_rate(ts, rps, origin, horizon_s, step_s=step_s, quantile=QUANTILE)
+            fc = forecast_rate(ts, rps, origin, horizon_s, step_s=step_s, quantile=QUANTILE,
+                               defer_peak=True, kept=None if fresh else kept)
             fit_s += time.perf_counter() - began
+            kept = fc.model
+            fits += int(kept is not None and kept.fitted_at == origin)
             methods[fc.method] = methods.get(fc.method, 0) + 1
             if fc.path_low:
                 # path_ts are bin starts; a sample belongs to the bin it falls in.
@@ -106,7 +117,7 @@ def score_model(ts: np.ndarray, rps: np.ndarray, step_s: float, horizon_s: float
     return {"origins": len(model_losses), "pinball_model": round(model, 4),
             "pinball_baseline": round(base, 4), "improvement": round(1 - model / base, 4),
             "mean_rps": round(float(np.mean(rps)), 3), "methods": methods,
-            "fit_s_per_origin": round(fit_s / max(1, len(model_losses)), 4)}
+            "fits": fits, "fit_s_per_origin": round(fit_s / max(1, len(model_losses)), 4)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("traces", nargs="*", type=Path, default=[DEFAULT_TRACES])
     parser.add_argument("--horizon-h", type=float, default=24.0)
     parser.add_argument("--every-h", type=float, default=6.0)
+    parser.add_argument("--fresh", action="store_true",
+                        help="fit the trees afresh at every origin (default: keep them between "
+                             "origins and refit when due, as the decision paths do)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="worker processes (one model at a time each)")
     args = parser.parse_args(argv)
@@ -121,13 +135,14 @@ def main(argv: list[str] | None = None) -> int:
     for entry in args.traces:
         files.extend(sorted(entry.glob("*.jsonl*")) if entry.is_dir() else [entry])
     result: dict[str, Any] = {"quantile": QUANTILE, "horizon_h": args.horizon_h,
-                              "every_h": args.every_h, "target_improvement": TARGET_IMPROVEMENT,
+                              "every_h": args.every_h, "fresh": args.fresh,
+                              "target_improvement": TARGET_IMPROVEMENT,
                               "traces": {}}
     began = time.perf_counter()
     loaded = [read_trace(path) for path in files]
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         futures = [{m: pool.submit(score_model, ts, rps, float(header["step_s"]),
-                                   args.horizon_h * 3600, args.every_h * 3600)
+                                   args.horizon_h * 3600, args.every_h * 3600, args.fresh)
                     for m, (ts, rps) in series.items()} for header, series in loaded]
         scores = [{m: f.result() for m, f in per_trace.items()} for per_trace in futures]
     for (path, (header, series)), per_model in zip(zip(files, loaded, strict=True), scores,

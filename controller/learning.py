@@ -9,8 +9,12 @@ for the decision core, by the rule shared with the blind backtest
 (`gearshift.policies.priors`): measured figures first, else the policy's priors
 or the default ratio, each cited with where it came from and why.
 
-Forecasts are refitted at most every `FORECAST_REFIT_S` per model, because a fit
-costs a fraction of a second. The live controller fits them on a worker thread
+Forecasts are made again at most every `FORECAST_REFIT_S` per model. Each predicts
+from the current history with the trees of the model's previous forecast, refitted
+only when due (a week old, the training rows doubled, or the trees no longer fit
+the last day: `policies.forecast_model`, the rule the blind backtest follows too),
+so most forecasts cost milliseconds and few a fit (tens of milliseconds); the kept
+trees are about 10 KB a model. The live controller makes them on a worker thread
 (`ForecastWorker`, at most `FORECAST_WORKER_CPU_SHARE` of a core), stalest first, from
 what each tick hands off; without one (tests, tools) a policy tick spends at most
 `FORECAST_TICK_BUDGET_S` fitting them (`Forecaster.refresh`). Either way a large
@@ -182,8 +186,9 @@ def live_capacities(learner: CapacityLearner | None, model: str, gpu_model: str 
 class Forecaster:
     """Rate forecasts per model, fitted from the history and cached.
 
-    A fit costs a tenth of a second or more, so a policy tick never fits every model
-    of a large fleet: `refresh` fits the models whose forecast is missing or older than
+    A forecast costs milliseconds, tens of them when its trees are due for a refit, so
+    a policy tick never forecasts every model of a large fleet: `refresh` forecasts
+    the models whose forecast is missing or older than
     FORECAST_REFIT_S — never-forecast ones first, then the oldest — until
     FORECAST_TICK_BUDGET_S has been spent, and `cached` reads the latest forecast
     without fitting (its age is cited by the decision). A small fleet is refitted
@@ -275,8 +280,10 @@ class Forecaster:
         from gearshift.policies.forecast import decision_forecast
 
         ts, rps = self._history(model)
+        cached = self._cache.get(model)
         fc = decision_forecast(ts, rps, now, horizon_s,
-                               step_s=max(self._step_s, FORECAST_MIN_STEP_S), quantile=quantile)
+                               step_s=max(self._step_s, FORECAST_MIN_STEP_S), quantile=quantile,
+                               kept=None if cached is None else cached[3].model)
         self._cache[model] = (now, horizon_s, quantile, fc)
         return fc
 

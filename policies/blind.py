@@ -55,18 +55,24 @@ Lower bounds of both engines come from the same sizing rule, so their ratio is
 the engines' ratio.
 
 The rate forecast (`decision_forecast`: sustained q = sustainedQuantile over the
-policy horizon) is refitted once per FORECAST_REFIT_S (FORECAST_RETRY_S while
+policy horizon) is made once per FORECAST_EVERY_S (FORECAST_RETRY_S while
 history is too short for the seasonal model and the forecast is a cheap
-fallback), from the samples before the refit time only, and handed to the
+fallback), from the samples before that time only, and handed to the
 decision core with the signals: its sustained rate is the traffic level of the
 savings estimate (`policies.economics`) and every decision cites it, as live.
-Its peak model is fitted only when a decision cites the peak (`defer_peak`).
+Each forecast predicts with the trees of the previous one (`kept`), refitted only
+when due by the rule the controller's forecasts follow too
+(`policies.forecast_model`: a week old, the training rows doubled, or the trees no
+longer fit the last day), and
+fits its peak model only when a decision cites the peak (`defer_peak`).
 
 Cost: per (model, engine) the capacity estimate is refitted only when the
 observations grew by REFIT_GROWTH or REFIT_EVERY_S of serving, and the resolved
 capacities are reused while no engine's measurement can have changed (the same
-estimate, the same count while under MIN_MEASURED_S). The daily forecast fits
-remain most of a blind run's time.
+estimate, the same count while under MIN_MEASURED_S). On the 30-model, 28-day
+fleet of `bench/blind.py` the forecasts fit 151 low models (about 5 a model)
+instead of 630 and predict from kept trees the other days (docs/cost-model.md has the
+runtime).
 """
 
 from __future__ import annotations
@@ -118,7 +124,7 @@ REFIT_GROWTH = 0.25           # re-estimate when observations grew by this share
 REFIT_EVERY_S = 24 * 3600.0   # ... or when this much new serving time was observed
 ESTIMATE_DRAWS = 50           # bootstrap draws per capacity estimate
 PER_BIN = 12                  # observations kept per load bin (CapacityModel)
-FORECAST_REFIT_S = 24 * 3600.0  # refit a forecast this often ...
+FORECAST_EVERY_S = 24 * 3600.0  # forecast again this often ...
 FORECAST_RETRY_S = 3600.0       # ... or this often while it is a fallback (too little history)
 BLIND_ENGINE_VERSION = "blind-backtest"
 BLIND_GPU_MODEL = "simulated"
@@ -335,17 +341,19 @@ class BlindLearner:
                           price_per_gpu_hour=v.price_per_gpu_hour, citations=cite)
 
     def forecast(self, model: str, history: ModelHistory, now: float) -> Forecast:
-        """The rate forecast, refitted from the samples before `now` when the last one is
-        FORECAST_REFIT_S old (FORECAST_RETRY_S when it was a fallback)."""
+        """The rate forecast, made again from the samples before `now` when the last one is
+        FORECAST_EVERY_S old (FORECAST_RETRY_S when it was a fallback), with the last
+        one's trees unless they are due for a refit."""
         made = self._forecasts.get(model)
         if made is not None and made[0] <= now:
             age = now - made[0]
-            if age < (FORECAST_REFIT_S if made[1].method == "seasonal-gbm" else FORECAST_RETRY_S):
+            if age < (FORECAST_EVERY_S if made[1].method == "seasonal-gbm" else FORECAST_RETRY_S):
                 return made[1]
         end = history.index_before(now)
         spec = self._policy.doc.spec
         fc = decision_forecast(history.sample_ts[:end], history.rps[:end], now, spec.cost.horizon,
                                step_s=history.sample_period_s,
-                               quantile=spec.signals.sustained_quantile, defer_peak=True)
+                               quantile=spec.signals.sustained_quantile, defer_peak=True,
+                               kept=None if made is None else made[1].model)
         self._forecasts[model] = (now, fc)
         return fc

@@ -22,12 +22,22 @@ the horizon of the low path (so on a flat series it is the rate's low quantile,
 and on a daily cycle it sits near the trough, like the `rps_sustained` signal of
 a window), `peak_rps` is the highest value of the high path.
 
-Cost: the two fits are most of a forecast's time (about 0.1 s each over 28 days of
-5-minute bins). Columns that cannot change a tree (constant, or a copy of an
-earlier one: with a horizon of whole weeks the day and week lags coincide) are
-dropped before fitting (`policies.forecast_features` builds the grid and the
-features); `defer_peak=True` (the blind backtest, which reads the
-peak only when a decision cites it) fits the peak model on first read of
+Cost: fitting the trees is most of a forecast's time (scikit-learn's tree grower
+spends Python time per node). On 28 days of 5-minute bins and a 7-day horizon, on a
+loaded 2-core machine, a forecast that fits its low model took 36 ms of CPU with 20
+rounds of 7 leaves (`forecast_model.FIT_ROUNDS`, `FIT_LEAVES`) and 136 ms with the
+former 60 rounds of 15 leaves; one from kept trees 7 ms (grid, features, the
+drift check and the prediction). So a
+forecast keeps its fitted trees (`Forecast.model`, a `forecast_model.SeasonalModel`)
+and the next forecast of the same series (`kept=`) predicts from the current
+history's features with them, refitting only when they are due (a week old, the
+training rows doubled since, or the trees no longer fit the last day:
+`policies.forecast_model` has the rule, which the blind backtest and the
+controller share). Columns that cannot change a tree (constant,
+or a copy of an earlier one: with a horizon of whole weeks the day and week lags
+coincide) are dropped before fitting (`policies.forecast_features` builds the grid
+and the features); `defer_peak=True` (the blind backtest, which reads the peak
+only when a decision cites it) fits the peak model on first read of
 `peak_rps`/`path_high` (`DeferredPeakForecast`, same figures); scikit-learn is
 imported with the first fit, so a caller that never fits never loads it.
 
@@ -45,7 +55,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -62,9 +72,7 @@ from gearshift.policies.forecast_features import (
     no_day_lag_rows,
     split_columns,
 )
-
-if TYPE_CHECKING:
-    from threadpoolctl import ThreadpoolController
+from gearshift.policies.forecast_model import DRIFT_WINDOW_S, ModelKey, SeasonalModel
 
 TRAIN_WINDOW_S = 28 * SECONDS_PER_DAY      # history the seasonal model reads
 MAX_TRAIN_ROWS = 9000                      # bins; coarser bins beyond this
@@ -74,7 +82,6 @@ RECENT_WINDOW_S = SECONDS_PER_DAY          # window of the recent-quantile fallb
 MIN_STALE_S = SECONDS_PER_HOUR             # no sample for max(this, 6 steps): no forecast
 OUTLIER_MADS = 25.0                        # robust z above which a rate is an outlier
 DEFAULT_PEAK_QUANTILE = 0.9
-FIT_ITERATIONS = 60                        # boosting rounds per quantile model
 QUANTILE_MIN, QUANTILE_MAX = 0.01, 0.99    # the sustained quantile a decision forecast uses
 
 Status = Literal["ok", "insufficient_data"]
@@ -96,6 +103,9 @@ class Forecast:
     path_ts: tuple[float, ...] = ()    # start of each forecast bin (epoch s)
     path_low: tuple[float, ...] = ()   # per-bin `quantile` forecast
     path_high: tuple[float, ...] = ()  # per-bin `peak_quantile` forecast
+    # The fitted trees of a seasonal forecast, for the next forecast of the same series
+    # to reuse (`forecast_rate(kept=...)`). Not a field: never compared or serialised.
+    model: ClassVar[SeasonalModel | None] = None
 
 
 class DeferredPeakForecast(Forecast):
@@ -107,11 +117,11 @@ class DeferredPeakForecast(Forecast):
     def __init__(self, fit_peak: Callable[[], tuple[float, tuple[float, ...]]], *,
                  status: Status, method: Method, sustained_rps: float | None, horizon_s: float,
                  quantile: float, reason: str, points: int, path_ts: tuple[float, ...],
-                 path_low: tuple[float, ...]) -> None:
+                 path_low: tuple[float, ...], model: SeasonalModel | None) -> None:
         for name, value in (("status", status), ("method", method),
                             ("sustained_rps", sustained_rps), ("horizon_s", horizon_s),
                             ("quantile", quantile), ("reason", reason), ("points", points),
-                            ("path_ts", path_ts), ("path_low", path_low),
+                            ("path_ts", path_ts), ("path_low", path_low), ("model", model),
                             ("_fit_peak", fit_peak), ("_peak", None)):
             object.__setattr__(self, name, value)
 
@@ -155,14 +165,16 @@ def _none(reason: str, horizon_s: float, quantile: float, points: int) -> Foreca
 def forecast_rate(ts: npt.ArrayLike, rps: npt.ArrayLike, now: float, horizon_s: float, *,
                   step_s: float = 300.0, quantile: float = 0.1,
                   peak_quantile: float = DEFAULT_PEAK_QUANTILE,
-                  defer_peak: bool = False) -> Forecast:
+                  defer_peak: bool = False, kept: SeasonalModel | None = None) -> Forecast:
     """Forecast the rate over (now, now + horizon_s] from the samples with ts < now.
 
     `ts` are epoch seconds (any order), `rps` the request rate of each sample,
     `step_s` the sampling period. Bad data gives a fallback or an
     "insufficient_data" result with the reason; only bad arguments raise
     `InvalidArgument`. `defer_peak`: a seasonal forecast fits its peak model only
-    when the peak is first read (`DeferredPeakForecast`; same figures).
+    when the peak is first read (`DeferredPeakForecast`; same figures). `kept`: the
+    `model` of an earlier forecast of the same series; its trees predict from the
+    current history's features unless `SeasonalModel.due` says they must be refitted.
     """
     _check_args(now, horizon_s, step_s, quantile, peak_quantile)
     times = np.asarray(ts, dtype=np.float64).ravel()
@@ -204,47 +216,17 @@ def forecast_rate(ts: npt.ArrayLike, rps: npt.ArrayLike, now: float, horizon_s: 
         notes.insert(0, f"only {span_s / 3600:.1f} h of history; the seasonal model needs "
                         f"{MIN_SEASONAL_HISTORY_S / 3600:.0f} h")
     else:
-        return _seasonal(times, rates, now, horizon_s, bin_s, path_ts, quantile, peak_quantile,
-                         points, notes, defer_peak)
-    low = float(np.quantile(recent, quantile))
-    high = float(np.quantile(recent, peak_quantile))
+        return _seasonal(times, rates, now, ModelKey(horizon_s, bin_s, quantile, peak_quantile),
+                         path_ts, points, notes, defer_peak, kept)
+    low, high = (float(v) for v in np.quantile(recent, [quantile, peak_quantile]))
     return Forecast("ok", "recent-quantile", low, high, horizon_s, quantile, "; ".join(notes),
                     points, tuple(path_ts.tolist()), (low,) * future_bins, (high,) * future_bins)
 
 
-_threadpools: list[ThreadpoolController] = []  # the one controller (a scan of the loaded libraries)
-
-
-def _one_openmp_thread() -> Any:
-    """A context limiting OpenMP to one thread. The libraries are found once (scikit-learn's
-    are loaded with the first fit): scanning them costs more than a small fit."""
-    if not _threadpools:
-        from threadpoolctl import ThreadpoolController
-
-        _threadpools.append(ThreadpoolController())
-    return _threadpools[0].limit(limits=1, user_api="openmp")
-
-
-def _fit_predict(x_train: FloatArray, y_train: FloatArray, x_pred: FloatArray,
-                 q: float) -> FloatArray:
-    # scikit-learn (and SciPy's statistics with it) on the first fit, not at import: a
-    # backtest on the header's facts, or a controller before its first forecast, never
-    # needs them (seconds of start-up, a hundred MB).
-    from gearshift.policies.quantile_gbm import quantile_regressor
-
-    model = quantile_regressor(quantile=q, max_iter=FIT_ITERATIONS, learning_rate=0.1,
-                               max_leaf_nodes=15, min_samples_leaf=40, early_stopping=False,
-                               random_state=0)
-    # One thread: the fits are small, and OpenMP threads contending on a busy host
-    # (the controller, a backtest) make them several times slower.
-    with _one_openmp_thread():
-        model.fit(x_train, y_train)
-        return np.asarray(model.predict(x_pred), dtype=np.float64)
-
-
-def _seasonal(times: FloatArray, rates: FloatArray, now: float, horizon_s: float, bin_s: float,
-              path_ts: FloatArray, quantile: float, peak_quantile: float, points: int,
-              notes: list[str], defer_peak: bool = False) -> Forecast:
+def _seasonal(times: FloatArray, rates: FloatArray, now: float, key: ModelKey,
+              path_ts: FloatArray, points: int, notes: list[str], defer_peak: bool,
+              kept: SeasonalModel | None) -> Forecast:
+    horizon_s, bin_s, quantile = key.horizon_s, key.bin_s, key.quantile
     past_bins = math.ceil(TRAIN_WINDOW_S / bin_s)
     future_bins = path_ts.size
     day_lag = max(1, round(SECONDS_PER_DAY * math.ceil(horizon_s / SECONDS_PER_DAY - 1e-9) / bin_s))
@@ -261,31 +243,33 @@ def _seasonal(times: FloatArray, rates: FloatArray, now: float, horizon_s: float
     if train is None or int(train.sum()) < max(MIN_POINTS, round(SECONDS_PER_DAY / bin_s) // 2):
         notes.insert(0, "too few samples with a known day-lag to train the seasonal model")
         recent = rates[times >= now - RECENT_WINDOW_S]
-        low, high = (float(np.quantile(recent, q)) for q in (quantile, peak_quantile))
+        low, high = (float(v) for v in np.quantile(recent, [quantile, key.peak_quantile]))
         return Forecast("ok", "recent-quantile", low, high, horizon_s, quantile,
                         "; ".join(notes), points, tuple(path_ts.tolist()),
                         (low,) * future_bins, (high,) * future_bins)
     bin_ts = now + bin_s * np.arange(-past_bins, future_bins, dtype=np.float64)
     x = features(grid, bin_ts, bin_s, day_mean, level, day_lag, week_lag)
-    x_future = x[past_bins:]
     future_level = level[past_bins:]
     if not np.all(np.isfinite(future_level)):
         # Gap a day before: fall back to the latest known daily level.
         known = level[:past_bins][np.isfinite(level[:past_bins])]
         future_level = np.where(np.isfinite(future_level), future_level,
                                 known[-1] if known.size else float(np.log1p(np.mean(rates))))
-    x_train = x[:past_bins][train]
-    columns = split_columns(x_train)
-    x_train, x_future = x_train[:, columns], x_future[:, columns]
-    y_train = target[:past_bins][train]
-
-    def path(q: float) -> FloatArray:
-        return np.maximum(0.0, np.expm1(_fit_predict(x_train, y_train, x_future, q) + future_level))
-
-    low_path = path(quantile)
+    train_rows = int(train.sum())
+    model = kept
+    recent = train & (bin_ts[:past_bins] >= now - DRIFT_WINDOW_S)
+    if (model is None or model.due(key, now, train_rows)
+            or model.drifted(x[:past_bins][recent], target[:past_bins][recent])):
+        x_train = x[:past_bins][train]
+        columns = split_columns(x_train)
+        model = SeasonalModel.fit(key, now, columns, x_train[:, columns],
+                                  target[:past_bins][train], defer_peak=defer_peak)
+    x_future = x[past_bins:][:, model.columns]
+    low_path = np.maximum(0.0, np.expm1(model.low.predict(x_future) + future_level))
 
     def fit_peak() -> tuple[float, tuple[float, ...]]:
-        high_path = np.maximum(path(peak_quantile), low_path)
+        high_path = np.maximum(0.0, np.expm1(model.peak().predict(x_future) + future_level))
+        high_path = np.maximum(high_path, low_path)
         return float(np.max(high_path)), tuple(high_path.tolist())
 
     sustained = float(np.quantile(low_path, quantile))
@@ -295,14 +279,17 @@ def _seasonal(times: FloatArray, rates: FloatArray, now: float, horizon_s: float
         return DeferredPeakForecast(fit_peak, status="ok", method="seasonal-gbm",
                                     sustained_rps=sustained, horizon_s=horizon_s,
                                     quantile=quantile, reason=reason, points=points,
-                                    path_ts=bins_ts, path_low=low_bins)
+                                    path_ts=bins_ts, path_low=low_bins, model=model)
     peak, high_bins = fit_peak()
-    return Forecast("ok", "seasonal-gbm", sustained, peak, horizon_s, quantile, reason, points,
-                    bins_ts, low_bins, high_bins)
+    fc = Forecast("ok", "seasonal-gbm", sustained, peak, horizon_s, quantile, reason, points,
+                  bins_ts, low_bins, high_bins)
+    object.__setattr__(fc, "model", model)
+    return fc
 
 
 def decision_forecast(ts: npt.ArrayLike, rps: npt.ArrayLike, now: float, horizon_s: float, *,
-                      step_s: float, quantile: float, defer_peak: bool = False) -> Forecast:
+                      step_s: float, quantile: float, defer_peak: bool = False,
+                      kept: SeasonalModel | None = None) -> Forecast:
     """`forecast_rate` as the decision paths (live loop, blind backtest) call it: the
     policy's sustained quantile clamped into [QUANTILE_MIN, QUANTILE_MAX] (a policy may
     say 0 or 1), and a bad argument (a horizon too long for the step, …) turned into
@@ -310,7 +297,7 @@ def decision_forecast(ts: npt.ArrayLike, rps: npt.ArrayLike, now: float, horizon
     q = min(max(quantile, QUANTILE_MIN), QUANTILE_MAX)
     try:
         return forecast_rate(ts, rps, now, horizon_s, step_s=step_s, quantile=q,
-                             defer_peak=defer_peak)
+                             defer_peak=defer_peak, kept=kept)
     except InvalidArgument as exc:
         return Forecast("insufficient_data", "none", None, None, horizon_s, q,
                         f"forecast failed: {exc.message}", 0)

@@ -14,6 +14,10 @@ NaN go to scikit-learn's code unchanged.
 The hook is scikit-learn's loss factory (`_get_loss`), a private method; when a
 scikit-learn release no longer has it, `quantile_regressor` returns the plain
 estimator, slower but the same.
+
+`flat_trees` copies a fitted estimator's trees (its private `_predictors` and
+`_baseline_prediction`) into the compact `forecast_model.FlatTrees` that a
+forecast keeps between fits; a test checks its predictions against the estimator's.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from sklearn.ensemble import HistGradientBoostingRegressor
+
+from gearshift.policies.forecast_model import FlatTrees
 
 try:
     from sklearn._loss.loss import PinballLoss
@@ -68,3 +74,29 @@ def quantile_regressor(**params: Any) -> HistGradientBoostingRegressor:
     if PinballLoss is None or not hasattr(HistGradientBoostingRegressor, "_get_loss"):
         return HistGradientBoostingRegressor(**params)
     return QuantileGBM(**params)
+
+
+def flat_trees(model: HistGradientBoostingRegressor) -> FlatTrees:
+    """A fitted single-output regressor's trees as `FlatTrees` (the same predictions: a
+    test compares them with `model.predict`)."""
+    nodes = [predictors[0].nodes for predictors in model._predictors]
+    sizes = np.array([n.size for n in nodes])
+    if sizes.sum() > np.iinfo(np.int16).max:
+        raise ValueError(f"{sizes.sum()} nodes do not fit FlatTrees' int16 indices")
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    every = np.concatenate(nodes)
+    base = np.repeat(offsets, sizes)
+    leaf = every["is_leaf"].astype(bool)
+    if every["is_categorical"].any():
+        raise ValueError("FlatTrees has no categorical splits")
+    index = np.arange(every.size)
+    left = np.where(leaf, index, every["left"] + base)
+    right = np.where(leaf, index, every["right"] + base)
+    return FlatTrees(
+        baseline=float(np.asarray(model._baseline_prediction).ravel()[0]),
+        roots=offsets.astype(np.intp),
+        feature=np.where(leaf, 0, every["feature_idx"]).astype(np.int8),
+        value=np.where(leaf, every["value"], every["num_threshold"]),
+        left=left.astype(np.int16), right=right.astype(np.int16),
+        missing=np.where(every["missing_go_to_left"].astype(bool), left, right).astype(np.int16),
+        depth=int(every["depth"].max()))
