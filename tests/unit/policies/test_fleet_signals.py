@@ -56,10 +56,10 @@ def test_the_same_signals_as_model_by_model(seed: int, models: int, steps: int,
         mine = fleet[model]
         assert mine == one  # every figure, to the last bit
         assert (mine.rps_peak, mine.rps_sustained) == (one.rps_peak, one.rps_sustained)
-        for samples in (one.window_samples, one.long_window_samples):
-            assert mine.mean_replicas(3.0, 0.2, 1, samples) == one.mean_replicas(3.0, 0.2, 1, samples)
-            assert (mine.mean_replicas(3.0, 0.2, 1, samples, 1.5)
-                    == one.mean_replicas(3.0, 0.2, 1, samples, 1.5))
+        windows = ((one.window_samples, 1.0), (one.long_window_samples, 1.0),
+                   (one.window_samples, 1.5), (one.long_window_samples, 1.5))
+        assert (mine.replica_means((3.0, 0.7), 0.2, 1, windows)
+                == one.replica_means((3.0, 0.7), 0.2, 1, windows))
 
 
 def test_a_forecast_made_after_now_is_refused() -> None:
@@ -89,7 +89,6 @@ def test_live_mean_replicas_are_the_replay_prefix_sums_to_the_last_bit(seed: int
     live = compute_signals("m", ModelHistory.of(ts, rps, [], step_s), facts, now, settings_)
     replay = compute_signals("m", ModelHistory.of(ts, rps, [], step_s, replay=True), facts, now,
                              settings_)
-    for capacity in (0.7, 3.0, 11.6):
-        for samples in (live.long_window_samples, live.window_samples, 7, 1):
-            assert live.mean_replicas(capacity, 0.2, 1, samples) == \
-                replay.mean_replicas(capacity, 0.2, 1, samples)
+    windows = [(n, 1.0) for n in (live.long_window_samples, live.window_samples, 7, 1)]
+    assert live.replica_means((0.7, 3.0, 11.6), 0.2, 1, windows) == \
+        replay.replica_means((0.7, 3.0, 11.6), 0.2, 1, windows)
