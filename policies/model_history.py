@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
     FloatArray = npt.NDArray[np.float64]
+    # Rates: float64, or float32 as the live history keeps them (computed on in float64).
+    RateArray = npt.NDArray[np.float64] | npt.NDArray[np.float32]
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,7 @@ class ModelHistory:
     """
 
     sample_ts: FloatArray  # sorted, one per sample period
-    rps: FloatArray
+    rps: RateArray
     revision_ts: FloatArray  # sorted
     sample_period_s: float
     replay: bool = False  # cache rolling statistics over the whole series (backtests)

@@ -92,3 +92,32 @@ def test_live_mean_replicas_are_the_replay_prefix_sums_to_the_last_bit(seed: int
     windows = [(n, 1.0) for n in (live.long_window_samples, live.window_samples, 7, 1)]
     assert live.replica_means((0.7, 3.0, 11.6), 0.2, 1, windows) == \
         replay.replica_means((0.7, 3.0, 11.6), 0.2, 1, windows)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), steps=st.integers(1, 260), at=st.floats(1.0, 270.0))
+def test_signals_of_the_stored_rates_are_within_a_float32_of_the_reported_ones(
+        seed: int, steps: int, at: float) -> None:
+    """The live history keeps rates as float32: each rate figure is within 2**-24
+    (relative, the float32's rounding) of the one computed from the reported float64
+    rates, and the window sample counts are the same."""
+    rng = np.random.default_rng(seed)
+    rates = rng.lognormal(1.0, 1.5, (3, steps))
+    ts = T0 + STEP_S * np.arange(steps)
+    history = RateHistory(STEP_S, retention_s=300 * STEP_S)
+    history.extend_many({f"m{i}": (ts, rates[i]) for i in range(3)})
+    now = T0 + at * STEP_S
+    wanted = {f"m{i}": FleetModel(FACTS, []) for i in range(3)}
+    fleet = compute_fleet_signals(history.axis(), history.blocks(), wanted, now, SETTINGS, STEP_S)
+    tolerance = 2.0**-24 * (1 + 1e-9)  # and float64 rounding of the sums
+    for i in range(3):
+        exact = compute_signals(f"m{i}", ModelHistory.of(ts, rates[i], [], STEP_S), FACTS, now,
+                                SETTINGS)
+        mine = fleet[f"m{i}"]
+        assert (mine.window_samples, mine.long_window_samples) == (
+            exact.window_samples, exact.long_window_samples)
+        for name in ("rps_current", "rps_mean", "rps_peak", "rps_sustained"):
+            got, want = getattr(mine, name), getattr(exact, name)
+            assert (got is None) == (want is None)
+            if want is not None:
+                assert abs(got - want) <= tolerance * want, name
