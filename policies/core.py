@@ -35,6 +35,7 @@ from gearshift.policies.rules import (
     ConditionResult,
     RuleContext,
     RuleOutcome,
+    WriteUp,
 )
 from gearshift.policies.signals import (
     Signals,
@@ -116,7 +117,9 @@ class _Plan:
 class _Evaluation:
     outcome: RuleOutcome | None = None
     rule: str = ""
-    alternatives: list[tuple[str, str]] = field(default_factory=list)
+    # (engine or rule, why it was rejected): a rule with no opinion gives its outcome, whose
+    # reason is written only if the move is (`RuleOutcome.write_up`).
+    alternatives: list[tuple[str, str | RuleOutcome]] = field(default_factory=list)
 
 
 def _matches(patterns: Mapping[str, str] | list[str], model: str) -> str | None:
@@ -186,7 +189,7 @@ def _evaluate(policy: Policy, ctx: RuleContext, refused: list[tuple[str, str]],
             continue
         outcome = RULE_KINDS[rule.kind].evaluate(rule, params, ctx)
         if outcome.target is None:
-            ev.alternatives.append((f"rule {rule.name}", outcome.why))
+            ev.alternatives.append((f"rule {rule.name}", outcome))
             continue
         if outcome.target != current and outcome.target not in ctx.candidates:
             ev.alternatives.append((f"rule {rule.name}", f"wants {outcome.target}, which is refused"))
@@ -249,7 +252,8 @@ def _plan_model(policy: Policy, model: str, sig: Signals, st: ModelState, now: f
     if pin is not None:
         if pin == st.engine:
             return None
-        outcome = RuleOutcome(pin, f"pinned to {pin}", urgent=True, estimate=candidates.get(pin))
+        outcome = RuleOutcome(pin, lambda: WriteUp(f"pinned to {pin}"), urgent=True,
+                              estimate=candidates.get(pin))
         ev = _Evaluation(outcome=outcome, rule="pin")
     else:
         # Before minHistory only a measured SLA breach may move the model, at once: the
@@ -302,7 +306,7 @@ def _decision(policy: Policy, model: str, sig: Signals, st: ModelState, now: flo
         inputs["price_note"] = NO_PRICE_NOTE
     inputs.update(_traffic_inputs(sig))
     inputs.update(outcome.inputs)
-    alternatives = list(ev.alternatives)
+    alternatives = [(o, why if isinstance(why, str) else why.why) for o, why in ev.alternatives]
     alternatives.append((st.engine, f"stay: rule {ev.rule}: {outcome.why}"))
     decision = Decision(
         model=model, from_engine=st.engine, to_engine=outcome.target, rule=ev.rule, inputs=inputs,

@@ -138,7 +138,7 @@ class ModelHistory:
             import numpy as np
             from numpy.lib.stride_tricks import sliding_window_view
 
-            view = sliding_window_view(self.rps, width)
+            view = sliding_window_view(np.asarray(self.rps, dtype=np.float64), width)
             return view.max(axis=1), np.quantile(view, quantile, axis=1)
         return self._cached(("rolling", width, quantile), make)  # type: ignore[no-any-return]
 
