@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -131,14 +132,19 @@ def _matches(patterns: Mapping[str, str] | list[str], model: str) -> str | None:
 
 def selects(policy: Policy, model: str, labels: Mapping[str, str]) -> bool:
     sel = policy.doc.spec.selector
-    return _named(policy, model) and all(labels.get(k) == v for k, v in sel.labels.items())
+    return _names(policy)(model) and all(labels.get(k) == v for k, v in sel.labels.items())
 
 
-@functools.lru_cache(maxsize=65536)
-def _named(policy: Policy, model: str) -> bool:
+@functools.lru_cache(maxsize=16)
+def _names(policy: Policy) -> Callable[[str], bool]:
+    """Whether the policy's selector names a model: one of its names, or a match of one of
+    its globs (`fnmatch.fnmatchcase`), all globs compiled into one pattern."""
     sel = policy.doc.spec.selector
-    return (not sel.names and not sel.globs) or model in sel.names or any(
-        fnmatch.fnmatchcase(model, g) for g in sel.globs)
+    if not sel.names and not sel.globs:
+        return lambda model: True
+    names = frozenset(sel.names)
+    globs = re.compile("|".join(fnmatch.translate(g) for g in sel.globs)) if sel.globs else None
+    return lambda model: model in names or (globs is not None and globs.match(model) is not None)
 
 
 def cost_settings(policy: Policy) -> CostSettings:
