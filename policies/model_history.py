@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gearshift.policies.costmodel import REPLICA_EPSILON
+from gearshift.policies.costmodel import MAX_EXACT_COUNT, REPLICA_EPSILON
 
 if TYPE_CHECKING:
     import numpy as np
@@ -118,18 +118,33 @@ class ModelHistory:
                 continue
             longest = max(n for _, n in mine)
             rates = self.rps[end - longest:end]
+            # A rate the same number of replicas on an engine at both ends of the window's
+            # range needs as many everywhere in it (each step of the count is monotonic): no
+            # count per sample (most of a fleet's models sit at their minimum all week).
+            lo, hi = float(rates.min()), float(rates.max())
+            counted = []
+            for row, c in zip(out, capacities, strict=True):
+                fixed = _replicas(lo, scale, headroom, c, min_replicas)
+                if fixed is not None and fixed == _replicas(hi, scale, headroom, c, min_replicas):
+                    for w, _ in mine:
+                        row[w] = float(fixed)  # fixed * n / n, exactly
+                else:
+                    counted.append((row, c))
+            if not counted:
+                continue
             # float64 arithmetic, the operations of `costmodel.replicas` in its order, with
             # a row per capacity.
             if scale != 1.0:
                 rates = np.multiply(rates, scale, dtype=np.float64)
             need = np.multiply(rates, 1 + headroom, dtype=np.float64)
-            need = np.divide(need, np.array(capacities, dtype=np.float64)[:, None])
+            need = np.divide(need, np.array([c for _, c in counted], dtype=np.float64)[:, None])
             np.subtract(need, REPLICA_EPSILON, out=need)
             np.ceil(need, out=need)
             np.maximum(need, min_replicas, out=need)
-            for row, counts in zip(out, need, strict=True):
-                for w, n in mine:
-                    row[w] = float(counts[longest - n:].sum()) / n
+            for w, n in mine:
+                sums = np.add.reduce(need[:, longest - n:], axis=1).tolist()
+                for (row, _), total in zip(counted, sums, strict=True):
+                    row[w] = total / n
         return out
 
     def rolling(self, width: int, quantile: float) -> tuple[FloatArray, FloatArray]:
@@ -141,6 +156,21 @@ class ModelHistory:
             view = sliding_window_view(np.asarray(self.rps, dtype=np.float64), width)
             return view.max(axis=1), np.quantile(view, quantile, axis=1)
         return self._cached(("rolling", width, quantile), make)  # type: ignore[no-any-return]
+
+
+def _replicas(rate: float, scale: float, headroom: float, capacity: float,
+              min_replicas: int) -> int | None:
+    """`costmodel.replicas` of one rate times `scale`, by the steps of the arithmetic of
+    `ModelHistory.replica_means` (the same IEEE operations on the same values); None where
+    that is not a finite count."""
+    if not capacity > 0:
+        return None
+    if scale != 1.0:
+        rate = rate * scale
+    need = rate * (1 + headroom) / capacity - REPLICA_EPSILON
+    if not math.isfinite(need) or need > MAX_EXACT_COUNT:  # (a week of them: sums exact)
+        return None
+    return max(min_replicas, math.ceil(need))
 
 
 __all__ = ["ModelHistory"]
