@@ -161,13 +161,15 @@ def _engine_order(policy: Policy, sig: Signals) -> tuple[str, ...]:
     return (*order, *(e for e in ENGINE_NAMES if e not in order and e in sig.facts.engines))
 
 
-def _candidates(policy: Policy, sig: Signals, current: str,
-                cost: CostSettings) -> tuple[dict[str, MoveEstimate | None], list[tuple[str, str]]]:
-    """Engines the model may move to, with estimates; and those refused, with why."""
+def _candidates(policy: Policy, sig: Signals, current: str, cost: CostSettings,
+                order: tuple[str, ...]) -> tuple[dict[str, MoveEstimate | None],
+                                                 list[tuple[str, str]]]:
+    """Engines the model may move to (of `order`, `_engine_order`'s), with estimates; and
+    those refused, with why."""
     prefs = policy.doc.spec.preferences
     allowed: dict[str, MoveEstimate | None] = {}
     refused: list[tuple[str, str]] = []
-    for engine in _engine_order(policy, sig):
+    for engine in order:
         if engine == current:
             continue
         facts = sig.facts.engines.get(engine)
@@ -254,7 +256,8 @@ def _plan_model(policy: Policy, model: str, sig: Signals, st: ModelState, now: f
         return None
     pin_pattern = _matches(g.pins, model)
     pin = st.pinned or (g.pins[pin_pattern] if pin_pattern else None)
-    candidates, refused = _candidates(policy, sig, st.engine, cost)
+    order = _engine_order(policy, sig)
+    candidates, refused = _candidates(policy, sig, st.engine, cost, order)
     if pin is not None:
         if pin == st.engine:
             return None
@@ -270,7 +273,7 @@ def _plan_model(policy: Policy, model: str, sig: Signals, st: ModelState, now: f
         best = max((e for e in candidates.values() if e is not None), default=None,
                    key=lambda e: e.net_usd)
         view = SignalView(sig, st.engine, now - st.since, None if best is None else best.net_usd)
-        ctx = RuleContext(view, candidates, _engine_order(policy, sig),
+        ctx = RuleContext(view, candidates, order,
                           price_known=price_of(sig.facts, cost) is not None)
         ev = _evaluate(policy, ctx, refused,
                        kinds=BREACH_RULE_KINDS if young else None)
