@@ -138,10 +138,13 @@ class DecisionQueries:
         with self._session() as s:
             return s.get(ModelTenureRow, model)
 
-    def list_tenure(self) -> list[ModelTenureRow]:
-        """Every model's tenure (one query for the whole fleet: the policy tick reads it)."""
-        with self._session() as s:
-            return list(s.exec(select(ModelTenureRow)).all())
+    def tenures(self) -> dict[str, tuple[str, datetime]]:
+        """Every model's tenure, model -> (engine, since), as `set_tenures` takes them (one
+        query for the whole fleet, read as plain rows: the policy tick reads it)."""
+        table = ModelTenureRow.__table__  # type: ignore[attr-defined]
+        with self._engine.connect() as conn:
+            return {model: (engine, since) for model, engine, since in conn.execute(
+                sa.select(table.c.model, table.c.engine, table.c.since))}
 
     def set_tenure(self, model: str, engine: str, since: datetime) -> None:
         """Record that `model` has been on `engine` since `since` (replaces the old record)."""

@@ -99,6 +99,15 @@ class CapacityLearner:
                 log.warning("ignoring stored capacity model %s: %s", key, exc)
                 continue
             self.models[model.key] = model
+        # Indexed now, at start-up, not in the first tick (whose garbage it would
+        # interleave with: memory the allocator could not give back).
+        self._reindex()
+
+    def _reindex(self) -> None:
+        self._index = {}
+        for key, m in self.models.items():
+            self._index.setdefault((key.model, key.engine), []).append(m)
+        self._indexed = len(self.models)
 
     def observe(self, rows: Iterable[RollupRow]) -> int:
         """Feed completed rollup minutes; returns how many observations were kept."""
@@ -134,10 +143,7 @@ class CapacityLearner:
              sla_ttft_p99_s: float | None, sla_itl_p99_s: float | None) -> LearnedCapacity | None:
         """The estimate from the model with the most points for this engine (and GPU)."""
         if self._indexed != len(self.models):
-            self._index = {}
-            for key, m in self.models.items():
-                self._index.setdefault((key.model, key.engine), []).append(m)
-            self._indexed = len(self.models)
+            self._reindex()
         candidates = [m for m in self._index.get((model, engine), ())
                       if gpu_model is None or m.key.gpu_model == gpu_model]
         if not candidates or (sla_ttft_p99_s is None and sla_itl_p99_s is None):

@@ -299,8 +299,8 @@ class PolicyLoop:
             revisions=self.store.revision_times() if len(models) != 1 else
             {models[0]: [r.published_at for r in self.store.list_revisions(models[0])]},
             migrations=migrations,
-            tenure={t.model: Tenure(t.engine, t.since.timestamp())
-                    for t in self.store.list_tenure()})
+            tenure={model: Tenure(engine, since.timestamp())
+                    for model, (engine, since) in self.store.tenures().items()})
 
     def sample_rates(self, now: float) -> None:
         if not self.history.due(now):

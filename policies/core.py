@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -35,6 +36,7 @@ from gearshift.policies.rules import (
     ConditionResult,
     RuleContext,
     RuleOutcome,
+    WriteUp,
 )
 from gearshift.policies.signals import (
     Signals,
@@ -116,7 +118,9 @@ class _Plan:
 class _Evaluation:
     outcome: RuleOutcome | None = None
     rule: str = ""
-    alternatives: list[tuple[str, str]] = field(default_factory=list)
+    # (engine or rule, why it was rejected): a rule with no opinion gives its outcome, whose
+    # reason is written only if the move is (`RuleOutcome.write_up`).
+    alternatives: list[tuple[str, str | RuleOutcome]] = field(default_factory=list)
 
 
 def _matches(patterns: Mapping[str, str] | list[str], model: str) -> str | None:
@@ -128,14 +132,19 @@ def _matches(patterns: Mapping[str, str] | list[str], model: str) -> str | None:
 
 def selects(policy: Policy, model: str, labels: Mapping[str, str]) -> bool:
     sel = policy.doc.spec.selector
-    return _named(policy, model) and all(labels.get(k) == v for k, v in sel.labels.items())
+    return _names(policy)(model) and all(labels.get(k) == v for k, v in sel.labels.items())
 
 
-@functools.lru_cache(maxsize=65536)
-def _named(policy: Policy, model: str) -> bool:
+@functools.lru_cache(maxsize=16)
+def _names(policy: Policy) -> Callable[[str], bool]:
+    """Whether the policy's selector names a model: one of its names, or a match of one of
+    its globs (`fnmatch.fnmatchcase`), all globs compiled into one pattern."""
     sel = policy.doc.spec.selector
-    return (not sel.names and not sel.globs) or model in sel.names or any(
-        fnmatch.fnmatchcase(model, g) for g in sel.globs)
+    if not sel.names and not sel.globs:
+        return lambda model: True
+    names = frozenset(sel.names)
+    globs = re.compile("|".join(fnmatch.translate(g) for g in sel.globs)) if sel.globs else None
+    return lambda model: model in names or (globs is not None and globs.match(model) is not None)
 
 
 def cost_settings(policy: Policy) -> CostSettings:
@@ -152,13 +161,15 @@ def _engine_order(policy: Policy, sig: Signals) -> tuple[str, ...]:
     return (*order, *(e for e in ENGINE_NAMES if e not in order and e in sig.facts.engines))
 
 
-def _candidates(policy: Policy, sig: Signals, current: str,
-                cost: CostSettings) -> tuple[dict[str, MoveEstimate | None], list[tuple[str, str]]]:
-    """Engines the model may move to, with estimates; and those refused, with why."""
+def _candidates(policy: Policy, sig: Signals, current: str, cost: CostSettings,
+                order: tuple[str, ...]) -> tuple[dict[str, MoveEstimate | None],
+                                                 list[tuple[str, str]]]:
+    """Engines the model may move to (of `order`, `_engine_order`'s), with estimates; and
+    those refused, with why."""
     prefs = policy.doc.spec.preferences
     allowed: dict[str, MoveEstimate | None] = {}
     refused: list[tuple[str, str]] = []
-    for engine in _engine_order(policy, sig):
+    for engine in order:
         if engine == current:
             continue
         facts = sig.facts.engines.get(engine)
@@ -186,7 +197,7 @@ def _evaluate(policy: Policy, ctx: RuleContext, refused: list[tuple[str, str]],
             continue
         outcome = RULE_KINDS[rule.kind].evaluate(rule, params, ctx)
         if outcome.target is None:
-            ev.alternatives.append((f"rule {rule.name}", outcome.why))
+            ev.alternatives.append((f"rule {rule.name}", outcome))
             continue
         if outcome.target != current and outcome.target not in ctx.candidates:
             ev.alternatives.append((f"rule {rule.name}", f"wants {outcome.target}, which is refused"))
@@ -245,11 +256,13 @@ def _plan_model(policy: Policy, model: str, sig: Signals, st: ModelState, now: f
         return None
     pin_pattern = _matches(g.pins, model)
     pin = st.pinned or (g.pins[pin_pattern] if pin_pattern else None)
-    candidates, refused = _candidates(policy, sig, st.engine, cost)
+    order = _engine_order(policy, sig)
+    candidates, refused = _candidates(policy, sig, st.engine, cost, order)
     if pin is not None:
         if pin == st.engine:
             return None
-        outcome = RuleOutcome(pin, f"pinned to {pin}", urgent=True, estimate=candidates.get(pin))
+        outcome = RuleOutcome(pin, lambda: WriteUp(f"pinned to {pin}"), urgent=True,
+                              estimate=candidates.get(pin))
         ev = _Evaluation(outcome=outcome, rule="pin")
     else:
         # Before minHistory only a measured SLA breach may move the model, at once: the
@@ -260,7 +273,7 @@ def _plan_model(policy: Policy, model: str, sig: Signals, st: ModelState, now: f
         best = max((e for e in candidates.values() if e is not None), default=None,
                    key=lambda e: e.net_usd)
         view = SignalView(sig, st.engine, now - st.since, None if best is None else best.net_usd)
-        ctx = RuleContext(view, candidates, _engine_order(policy, sig),
+        ctx = RuleContext(view, candidates, order,
                           price_known=price_of(sig.facts, cost) is not None)
         ev = _evaluate(policy, ctx, refused,
                        kinds=BREACH_RULE_KINDS if young else None)
@@ -302,7 +315,7 @@ def _decision(policy: Policy, model: str, sig: Signals, st: ModelState, now: flo
         inputs["price_note"] = NO_PRICE_NOTE
     inputs.update(_traffic_inputs(sig))
     inputs.update(outcome.inputs)
-    alternatives = list(ev.alternatives)
+    alternatives = [(o, why if isinstance(why, str) else why.why) for o, why in ev.alternatives]
     alternatives.append((st.engine, f"stay: rule {ev.rule}: {outcome.why}"))
     decision = Decision(
         model=model, from_engine=st.engine, to_engine=outcome.target, rule=ev.rule, inputs=inputs,

@@ -102,20 +102,21 @@ def estimate_move(sig: Signals, current: str, target: str, cost: CostSettings) -
             or cur.cold_start_s is None or tgt.cold_start_s is None):
         return None
     usd_per_replica_h = facts.gpus_per_replica * price
-    means = []
-    for samples, scale in ((sig.window_samples, sig.traffic_scale), (sig.long_window_samples, 1.0)):
-        on_cur = sig.mean_replicas(cur.capacity_rps, facts.headroom, facts.min_replicas, samples,
-                                   scale)
-        on_tgt = sig.mean_replicas(tgt.capacity_rps, facts.headroom, facts.min_replicas, samples,
-                                   scale)
-        if on_cur is None or on_tgt is None:
-            return None
-        means.append((on_cur - on_tgt) * usd_per_replica_h)
+    # Replicas on each engine over the short window, at the horizon's traffic level, and
+    # the long one, as observed.
+    scale = sig.traffic_scale
+    found = sig.replica_means((cur.capacity_rps, tgt.capacity_rps), facts.headroom,
+                              facts.min_replicas, ((sig.window_samples, scale),
+                                                   (sig.long_window_samples, 1.0)))
+    if found is None:
+        return None
+    on_cur, on_tgt = found
+    means = [(c - t) * usd_per_replica_h for c, t in zip(on_cur, on_tgt, strict=True)]
     s_short, s_long = means
     basis = "short window" if s_short <= s_long else "long window"
     savings = min(s_short, s_long)
     rebuild_tgt = rebuild_estimate_usd(facts, target, sig.rps_current, price, cost)
-    horizon_rps = (sig.rps_mean or 0.0) * sig.traffic_scale  # revisions land over the horizon
+    horizon_rps = (sig.rps_mean or 0.0) * scale  # revisions land over the horizon
     rebuild_tgt_mean = rebuild_estimate_usd(facts, target, horizon_rps, price, cost)
     rebuild_cur_mean = rebuild_estimate_usd(facts, current, horizon_rps, price, cost)
     if rebuild_tgt is None or rebuild_tgt_mean is None or rebuild_cur_mean is None:

@@ -28,6 +28,7 @@ from gearshift.policies.signals import (
 
 if TYPE_CHECKING:
     from gearshift.policies.forecast import Forecast
+    from gearshift.policies.model_history import RateArray
     from gearshift.policies.signals import FloatArray
 
 
@@ -40,14 +41,14 @@ class FleetModel:
     forecast: Forecast | None = None
 
 
-def compute_fleet_signals(axis: FloatArray, blocks: Iterable[tuple[list[str], FloatArray]],
+def compute_fleet_signals(axis: FloatArray, blocks: Iterable[tuple[list[str], RateArray]],
                           wanted: Mapping[str, FleetModel], now: float,
                           settings: SignalSettings, sample_period_s: float) -> dict[str, Signals]:
     """`compute_signals` of each model of `wanted` (models missing from `blocks` get none).
 
     `axis` holds the sample times (ascending) and each block (models, rates) one row of
-    rates per model on it, NaN where the model had no sample; a model in no block has
-    no samples. The rows are read, not copied: the returned signals read them until the
+    rates per model on it (float64 or float32: the figures are computed in float64 on the
+    stored values), NaN where the model had no sample; a model in no block has no samples. The rows are read, not copied: the returned signals read them until the
     caller changes them."""
     import numpy as np
 
@@ -74,7 +75,8 @@ def compute_fleet_signals(axis: FloatArray, blocks: Iterable[tuple[list[str], Fl
             # (a cumulative sum adds in order along each row: the same figures).
             if buffer is None or buffer.shape[0] < rates.shape[0]:
                 buffer = np.empty((rates.shape[0], end))
-            csum = np.cumsum(rates[:, :end], axis=1, out=buffer[:rates.shape[0]])
+            csum = np.cumsum(rates[:, :end], axis=1, dtype=np.float64,
+                             out=buffer[:rates.shape[0]])
             upto_end = csum[:, end - 1].tolist()
             upto_start = csum[:, start - 1].tolist() if start else [0.0] * len(models)
             current = rates[:, end - 1].tolist()

@@ -3,10 +3,15 @@
 A rule looks at one model's signals and says which engine it wants (possibly the
 current one: "hold"), or has no opinion. The first rule with an opinion decides;
 the decision core applies guardrails afterwards.
+
+What a rule says of its outcome (its reason, the inputs it read, the tests it made:
+a `WriteUp`) is written on first read: a tick asks the rules of every model of the
+fleet, and only the moves it decides (with the rules they passed over) are written up.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,13 +67,36 @@ class ConditionResult:
 
 
 @dataclass(frozen=True)
+class WriteUp:
+    """What a rule says of its outcome, as a decision stores it."""
+
+    why: str  # the rule's own words
+    inputs: dict[str, SignalValue] = field(default_factory=dict)
+    conditions: tuple[ConditionResult, ...] = ()  # what the rule tested, with the values seen
+
+
+@dataclass(frozen=True)
 class RuleOutcome:
     target: str | None  # None: no opinion; the current engine: hold
-    why: str
+    write: Callable[[], WriteUp]  # called once, on the first read of the write-up
     urgent: bool = False  # bypasses dwell, cooldown and maintenance windows
-    inputs: dict[str, SignalValue] = field(default_factory=dict)
     estimate: MoveEstimate | None = None
-    conditions: tuple[ConditionResult, ...] = ()  # what the rule tested, with the values seen
+
+    @functools.cached_property
+    def write_up(self) -> WriteUp:
+        return self.write()
+
+    @property
+    def why(self) -> str:
+        return self.write_up.why
+
+    @property
+    def inputs(self) -> dict[str, SignalValue]:
+        return self.write_up.inputs
+
+    @property
+    def conditions(self) -> tuple[ConditionResult, ...]:
+        return self.write_up.conditions
 
 
 class _Params(BaseModel):
@@ -163,17 +191,18 @@ def _threshold(rule: Rule, _: NoParams, ctx: RuleContext) -> RuleOutcome:
     tested = tuple(r for _, r in all_ok + any_ok)
     failed = [c for c, r in all_ok if not r.held]
     if failed or (any_ok and not any(r.held for _, r in any_ok)):
-        why = ("not met: " + ", ".join(_describe(c, inputs) for c in failed) if failed
-               else "none of whenAny met: " + ", ".join(_describe(c, inputs) for c, _ in any_ok))
-        return RuleOutcome(None, why, inputs=inputs, conditions=tested)
+        return RuleOutcome(None, lambda: WriteUp(
+            "not met: " + ", ".join(_describe(c, inputs) for c in failed) if failed
+            else "none of whenAny met: " + ", ".join(_describe(c, inputs) for c, _ in any_ok),
+            inputs, tested))
     met = [c for c, _ in all_ok] + [c for c, r in any_ok if r.held]
-    why = "met: " + ", ".join(_describe(c, inputs) for c in met)
-    return RuleOutcome(rule.prefer, why, inputs=inputs, conditions=tested,
-                       estimate=ctx.candidates.get(rule.prefer or ""))
+    return RuleOutcome(rule.prefer, lambda: WriteUp(
+        "met: " + ", ".join(_describe(c, inputs) for c in met), inputs, tested),
+        estimate=ctx.candidates.get(rule.prefer or ""))
 
 
 def _static(rule: Rule, _: NoParams, ctx: RuleContext) -> RuleOutcome:
-    return RuleOutcome(rule.prefer, f"always {rule.prefer}",
+    return RuleOutcome(rule.prefer, lambda: WriteUp(f"always {rule.prefer}"),
                        estimate=ctx.candidates.get(rule.prefer or ""))
 
 
@@ -183,47 +212,56 @@ def _sla_guard(rule: Rule, params: SlaGuardParams, ctx: RuleContext) -> RuleOutc
     (saturation coming) moves, within the guardrails, to an engine with more capacity per
     replica that meets the SLA."""
     view = ctx.view
-    facts = view.signals.facts
-    ef = facts.engines.get(view.engine)
-    inputs: dict[str, SignalValue] = {
-        "ttft_p99_ms": None if ef is None else ef.ttft_p99_ms,
-        "sla_ttft_p99_ms": facts.sla_ttft_p99_ms,
-        "itl_p99_ms": None if ef is None else ef.itl_p99_ms,
-        "sla_itl_p99_ms": facts.sla_itl_p99_ms,
-    }
-    share = queue_share_of_ttft_sla(facts, view.engine)
-    if share is not None:
-        inputs["queue_p99_ms"] = None if ef is None else ef.queue_p99_ms
-        inputs["queue_share_of_ttft_sla"] = share
+    share = queue_share_of_ttft_sla(view.signals.facts, view.engine)
     ok = SIGNALS["sla_ok"].read(view)
-    inputs["sla_ok"] = ok
-    tests = tuple(
-        ConditionResult(name, "gt", target, measured, "ms", True, "test")
-        for name, measured, target in (("ttft_p99_ms", inputs["ttft_p99_ms"], inputs["sla_ttft_p99_ms"]),
-                                       ("itl_p99_ms", inputs["itl_p99_ms"], inputs["sla_itl_p99_ms"]))
-        if isinstance(measured, int | float) and isinstance(target, int | float)
-        and measured > target)
+
+    def inputs() -> dict[str, SignalValue]:
+        facts = view.signals.facts
+        ef = facts.engines.get(view.engine)
+        out: dict[str, SignalValue] = {
+            "ttft_p99_ms": None if ef is None else ef.ttft_p99_ms,
+            "sla_ttft_p99_ms": facts.sla_ttft_p99_ms,
+            "itl_p99_ms": None if ef is None else ef.itl_p99_ms,
+            "sla_itl_p99_ms": facts.sla_itl_p99_ms,
+        }
+        if share is not None:
+            out["queue_p99_ms"] = None if ef is None else ef.queue_p99_ms
+            out["queue_share_of_ttft_sla"] = share
+        out["sla_ok"] = ok
+        return out
+
+    def breach(why: str) -> WriteUp:
+        read = inputs()
+        return WriteUp(why, read, tuple(
+            ConditionResult(name, "gt", target, measured, "ms", True, "test")
+            for name, measured, target in (
+                ("ttft_p99_ms", read["ttft_p99_ms"], read["sla_ttft_p99_ms"]),
+                ("itl_p99_ms", read["itl_p99_ms"], read["sla_itl_p99_ms"]))
+            if isinstance(measured, int | float) and isinstance(target, int | float)
+            and measured > target))
+
     if ok is not False:
         limit = params.queue_share_of_ttft_sla
         if ok and share is not None and limit is not None and share >= limit:
             return _saturation(view, ctx, inputs, ConditionResult(
                 "queue_share_of_ttft_sla", "ge", limit, share, _unit("queue_share_of_ttft_sla"),
                 True, "test"))
-        return RuleOutcome(None, "SLA met" if ok else "SLA not measured yet", inputs=inputs)
+        return RuleOutcome(None, lambda: WriteUp("SLA met" if ok else "SLA not measured yet",
+                                                 inputs()))
     if not ctx.candidates:
-        return RuleOutcome(None, f"{view.engine} breaks the SLA but no other engine meets it",
-                           inputs=inputs, conditions=tests)
+        return RuleOutcome(None, lambda: breach(
+            f"{view.engine} breaks the SLA but no other engine meets it"))
 
     def rank(engine: str) -> tuple[float, int]:
         est = ctx.candidates[engine]
         return (-(est.savings_usd_per_h if est else float("-inf")), ctx.order.index(engine))
     target = min(ctx.candidates, key=rank)
-    return RuleOutcome(target, f"{view.engine} breaks the latency SLA; {target} meets it",
-                       urgent=True, inputs=inputs, estimate=ctx.candidates[target],
-                       conditions=tests)
+    return RuleOutcome(target, lambda: breach(f"{view.engine} breaks the latency SLA; {target} "
+                                              f"meets it"),
+                       urgent=True, estimate=ctx.candidates[target])
 
 
-def _saturation(view: SignalView, ctx: RuleContext, inputs: dict[str, SignalValue],
+def _saturation(view: SignalView, ctx: RuleContext, inputs: Callable[[], dict[str, SignalValue]],
                 test: ConditionResult) -> RuleOutcome:
     """The SLA holds but the queue says the engine is saturating: move (not urgent) to
     the candidate with the most capacity per replica, if it has more than this one."""
@@ -236,13 +274,13 @@ def _saturation(view: SignalView, ctx: RuleContext, inputs: dict[str, SignalValu
     seen = f"queue p99 at {test.observed:.0%} of the TTFT target" if is_number(
         test.observed) else "queue p99 high"
     if not more:
-        return RuleOutcome(None, f"{seen} (saturation coming) but no engine that meets the "
-                           f"SLA has more capacity per replica", inputs=inputs,
-                           conditions=(test,))
+        return RuleOutcome(None, lambda: WriteUp(
+            f"{seen} (saturation coming) but no engine that meets the SLA has more capacity "
+            f"per replica", inputs(), (test,)))
     target = max(more, key=lambda e: (more[e], -ctx.order.index(e)))
-    return RuleOutcome(target, f"{seen} on {view.engine} (saturation coming before TTFT "
-                       f"breaks); {target} has more capacity per replica",
-                       inputs=inputs, estimate=ctx.candidates[target], conditions=(test,))
+    return RuleOutcome(target, lambda: WriteUp(
+        f"{seen} on {view.engine} (saturation coming before TTFT breaks); {target} has more "
+        f"capacity per replica", inputs(), (test,)), estimate=ctx.candidates[target])
 
 
 def _savings(rule: Rule, params: SavingsParams, ctx: RuleContext) -> RuleOutcome:
@@ -250,28 +288,32 @@ def _savings(rule: Rule, params: SavingsParams, ctx: RuleContext) -> RuleOutcome
     known = {e: est for e, est in ctx.candidates.items() if est is not None}
     if not known:
         if not ctx.price_known:
-            return RuleOutcome(None, NO_PRICE_NOTE)
-        return RuleOutcome(None, "no engine to compare with (capacity or traffic not measured)")
+            return RuleOutcome(None, lambda: WriteUp(NO_PRICE_NOTE))
+        return RuleOutcome(None, lambda: WriteUp(
+            "no engine to compare with (capacity or traffic not measured)"))
     best = max(known.values(), key=lambda est: (est.net_usd, -ctx.order.index(est.target)))
-    inputs: dict[str, SignalValue] = {
-        "savings_usd_per_h": best.savings_usd_per_h, "switch_usd": best.switch_usd,
-        "churn_usd": best.churn_usd, "net_savings_usd": best.net_usd,
-        "margin_usd": best.margin_usd + params.min_net_savings_usd,
-        "savings_short_usd_per_h": best.savings_short_usd_per_h,
-        "savings_long_usd_per_h": best.savings_long_usd_per_h,
-        "savings_basis": best.savings_basis,
-    }
     margin = best.margin_usd + params.min_net_savings_usd
     pays = best.net_usd > margin
-    test = (ConditionResult("net_savings_usd", "gt", margin, best.net_usd, _unit("net_savings_usd"),
-                            pays, "test"),)
+
+    def write(why: str) -> WriteUp:
+        inputs: dict[str, SignalValue] = {
+            "savings_usd_per_h": best.savings_usd_per_h, "switch_usd": best.switch_usd,
+            "churn_usd": best.churn_usd, "net_savings_usd": best.net_usd, "margin_usd": margin,
+            "savings_short_usd_per_h": best.savings_short_usd_per_h,
+            "savings_long_usd_per_h": best.savings_long_usd_per_h,
+            "savings_basis": best.savings_basis,
+        }
+        return WriteUp(why, inputs, (ConditionResult(
+            "net_savings_usd", "gt", margin, best.net_usd, _unit("net_savings_usd"), pays,
+            "test"),))
+
     if pays:
-        return RuleOutcome(best.target, f"moving to {best.target} saves ${best.net_usd:,.2f} net over "
-                           f"the horizon (margin ${margin:,.2f})",
-                           inputs=inputs, estimate=best, conditions=test)
-    return RuleOutcome(view.engine, f"best move ({best.target}) nets ${best.net_usd:,.2f} over the "
-                       f"horizon, under the margin ${margin:,.2f}",
-                       inputs=inputs, estimate=best, conditions=test)
+        return RuleOutcome(best.target, lambda: write(
+            f"moving to {best.target} saves ${best.net_usd:,.2f} net over the horizon (margin "
+            f"${margin:,.2f})"), estimate=best)
+    return RuleOutcome(view.engine, lambda: write(
+        f"best move ({best.target}) nets ${best.net_usd:,.2f} over the horizon, under the "
+        f"margin ${margin:,.2f}"), estimate=best)
 
 
 # Kinds whose move answers a measured SLA breach: the only ones evaluated before minHistory.

@@ -2,9 +2,10 @@
 before `now` (docs/decisions.md), and the registry of signal names that policy conditions
 may use (checked when a policy loads).
 
-Rates are kept as numpy arrays: a 28-day backtest evaluates hundreds of thousands
-of windows, and the window statistics are vector operations. numpy is imported by
-the functions that compute: loading a policy needs only the registry of names.
+A model's rates are a `policies.model_history.ModelHistory` (numpy arrays: a 28-day
+backtest evaluates hundreds of thousands of windows, and the window statistics are
+vector operations). numpy is imported by the functions that compute: loading a policy
+needs only the registry of names.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from __future__ import annotations
 import functools
 import math
 from bisect import bisect_left
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from gearshift.common.engines import BASELINE_ENGINE, CATALOG
+from gearshift.policies.model_history import ModelHistory
 from gearshift.policies.trace import ENGINES
 
 if TYPE_CHECKING:
@@ -77,84 +79,6 @@ class ModelFacts:
     # Where the figures above came from (capacity sources, notes, bands), as decision
     # inputs: every decision on the model cites them.
     citations: Mapping[str, SignalValue] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ModelHistory:
-    """Observations of one model: request-rate samples and revision times (epoch s).
-
-    Arrays may extend past `now`; `compute_signals` only reads what lies before it.
-    Rolling statistics over the whole series are computed once and cached (the
-    arrays are immutable), so replaying a long trace costs O(1) per window.
-    """
-
-    sample_ts: FloatArray  # sorted, one per sample period
-    rps: FloatArray
-    revision_ts: FloatArray  # sorted
-    sample_period_s: float
-    replay: bool = False  # cache rolling statistics over the whole series (backtests)
-    _cache: dict[tuple[object, ...], Any] = field(default_factory=dict, compare=False, repr=False)
-
-    @staticmethod
-    def of(sample_ts: list[float] | FloatArray, rps: list[float] | FloatArray,
-           revision_ts: list[float] | FloatArray, sample_period_s: float, *,
-           replay: bool = False) -> ModelHistory:
-        import numpy as np
-
-        ts = np.array(sample_ts, dtype=np.float64)
-        values = np.array(rps, dtype=np.float64)
-        revisions = np.array(revision_ts, dtype=np.float64)
-        if ts.shape != values.shape:
-            raise ValueError(f"{ts.size} sample times but {values.size} rates")
-        if replay and ts.size > 1 and not np.allclose(np.diff(ts), sample_period_s):
-            raise ValueError("replay histories need one sample every sample_period_s")
-        for a in (ts, values, revisions):
-            a.setflags(write=False)
-        return ModelHistory(ts, values, revisions, float(sample_period_s), replay)
-
-    def _cached(self, key: tuple[object, ...], make: Callable[[], Any]) -> Any:
-        if key not in self._cache:
-            self._cache[key] = make()
-        return self._cache[key]
-
-    def index_before(self, t: float) -> int:
-        """Number of samples with timestamp < t."""
-        if self.replay:  # a regular grid: arithmetic instead of a search
-            if not self.sample_ts.size:
-                return 0
-            i = math.ceil((t - float(self.sample_ts[0])) / self.sample_period_s - 1e-9)
-            return min(max(i, 0), self.sample_ts.size)
-        return int(self.sample_ts.searchsorted(t, side="left"))
-
-    def revision_list(self) -> list[float]:
-        return self._cached(("revisions",), lambda: [float(t) for t in self.revision_ts])  # type: ignore[no-any-return]
-
-    def prefix_rps(self) -> list[float]:
-        """prefix[i] = sum of rps[:i]."""
-        import numpy as np
-
-        return self._cached(("rps",), lambda: np.concatenate(([0.0], np.cumsum(self.rps))).tolist())
-
-    def prefix_replicas(self, capacity_rps: float, headroom: float, min_replicas: int) -> list[float]:
-        """prefix[i] = replicas summed over samples [:i] (docs/cost-model.md `replicas`)."""
-        key = ("replicas", capacity_rps, headroom, min_replicas)
-        found = self._cache.get(key)
-        if found is None:
-            import numpy as np
-
-            n = np.maximum(min_replicas, np.ceil(self.rps * (1 + headroom) / capacity_rps - 1e-9))
-            found = self._cache[key] = np.concatenate(([0.0], np.cumsum(n))).tolist()
-        return found  # type: ignore[no-any-return]
-
-    def rolling(self, width: int, quantile: float) -> tuple[FloatArray, FloatArray]:
-        """(max, quantile) of every run of `width` samples; index i covers [i, i + width)."""
-        def make() -> tuple[FloatArray, FloatArray]:
-            import numpy as np
-            from numpy.lib.stride_tricks import sliding_window_view
-
-            view = sliding_window_view(self.rps, width)
-            return view.max(axis=1), np.quantile(view, quantile, axis=1)
-        return self._cached(("rolling", width, quantile), make)  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)
@@ -238,8 +162,8 @@ class Signals:
             return float(peaks[end - n]), float(quantiles[end - n])
         import numpy as np
 
-        window = h.rps[end - n:end]
-        return float(window.max()), float(np.quantile(window, q))
+        window = h.rps[end - n:end]  # float32 in the live history: the quantile in float64
+        return float(window.max()), float(np.quantile(window.astype(np.float64), q))
 
     @property
     def rps_peak(self) -> float | None:
@@ -260,26 +184,17 @@ class Signals:
             return None
         return self.rps_peak / self.rps_mean if self.rps_mean > 0 else 1.0
 
-    def mean_replicas(self, capacity_rps: float, headroom: float, min_replicas: int,
-                      samples: int, scale: float = 1.0) -> float | None:
-        """Mean replicas an engine would have needed over the last `samples` samples,
-        each rate multiplied by `scale`."""
-        n = min(samples, self._end)
-        if n <= 0:
+    def replica_means(self, capacities: Sequence[float], headroom: float, min_replicas: int,
+                      windows: Sequence[tuple[int, float]]) -> list[list[float]] | None:
+        """Mean replicas an engine of each capacity would have needed over each window
+        (samples, scale): the last `samples` samples, each rate multiplied by `scale`
+        (`ModelHistory.replica_means`: a row per capacity, a figure per window); None when
+        a window has no samples."""
+        clipped = [(min(n, self._end), scale) for n, scale in windows]
+        if min(n for n, _ in clipped) <= 0:
             return None
-        if scale != 1.0 or not self._history.replay:
-            # A live tick asks once or twice per capacity: the window directly, not a prefix
-            # over the whole series. Replica counts are whole numbers, so their sums are
-            # exact either way and the mean is the same to the last bit.
-            import numpy as np
-
-            rates = self._history.rps[self._end - n:self._end]
-            if scale != 1.0:
-                rates = rates * scale
-            need = np.maximum(min_replicas, np.ceil(rates * (1 + headroom) / capacity_rps - 1e-9))
-            return float(need.sum()) / n if scale == 1.0 else float(need.mean())
-        prefix = self._history.prefix_replicas(capacity_rps, headroom, min_replicas)
-        return (prefix[self._end] - prefix[self._end - n]) / n
+        return self._history.replica_means(self._end, capacities, headroom, min_replicas,
+                                           clipped)
 
 
 def compute_signals(model: str, history: ModelHistory, facts: ModelFacts, now: float,
@@ -311,7 +226,7 @@ def compute_signals(model: str, history: ModelHistory, facts: ModelFacts, now: f
         else:  # one window (a live tick): the same prefix sums, up to `end` only
             import numpy as np
 
-            csum = np.cumsum(history.rps[:end])
+            csum = np.cumsum(history.rps[:end], dtype=np.float64)
             mean = (float(csum[end - 1]) - (float(csum[start - 1]) if start else 0.0)) / n
         current = float(history.rps[end - 1])
     return Signals(

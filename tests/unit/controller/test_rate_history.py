@@ -1,15 +1,21 @@
 """The rate history keeps the newest samples of each model, oldest first, one per
-resolution step, within its retention."""
+resolution step, within its retention; each rate as a float32 (`stored`)."""
 
 from __future__ import annotations
 
 from collections import deque
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from gearshift.controller.rate_history import RateHistory
+
+
+def stored(rps: float) -> float:
+    """A rate as the history keeps it: the nearest float32."""
+    return float(np.float32(rps))
 
 
 @given(steps=st.lists(st.tuples(st.floats(0.0, 30.0), st.floats(0.0, 1e4)), max_size=400),
@@ -24,7 +30,7 @@ def test_keeps_the_newest_samples_in_order(steps: list[tuple[float, float]], ret
         t += gap
         history.sample(t, {"m": rps})
         if not expected or t - expected[-1][0] >= 0.5:
-            expected.append((t, rps))
+            expected.append((t, stored(rps)))
     ts, rps_out = history.arrays("m")
     assert list(zip(ts.tolist(), rps_out.tolist(), strict=True)) == list(expected)
     assert history.models() == (["m"] if steps else [])
@@ -51,7 +57,7 @@ def test_extend_is_sample_by_sample_appending(chunks: list[list[float]], retenti
         times = [t + i for i in range(len(chunk))]
         t += len(chunk)
         bulk.extend("m", times, chunk)
-        expected.extend(zip(times, chunk, strict=True))
+        expected.extend(zip(times, map(stored, chunk), strict=True))
         bulk.sample(t, {"m": -1.0})
         expected.append((t, -1.0))
         t += 1
@@ -110,3 +116,15 @@ def test_mismatched_lengths_are_refused_and_change_nothing() -> None:
     with pytest.raises(ValueError, match="b: 2 sample times but 1 rates"):
         history.extend_many({"a": ([120.0], [2.0]), "b": ([60.0, 120.0], [1.0])})
     assert history.arrays("a")[1].tolist() == [1.0] and history.models() == ["a"]
+
+
+@given(rates=st.lists(st.floats(0.0, 1e6), min_size=1, max_size=50))
+def test_a_rate_is_kept_within_a_float32_of_what_was_reported(rates: list[float]) -> None:
+    """Relative error at most 2**-24 (the float32's rounding; absolute 2**-150 rps for the
+    rates under float32's range, 1e-38), read back as float64."""
+    history = RateHistory(1.0, retention_s=100)
+    history.extend("m", [float(i) for i in range(len(rates))], rates)
+    got = history.arrays("m")[1]
+    assert got.dtype == np.float64
+    for reported, kept in zip(rates, got.tolist(), strict=True):
+        assert abs(kept - reported) <= max(2.0**-24 * reported, 2.0**-150)

@@ -226,3 +226,15 @@ def test_revisions_unique_and_since(store: Store) -> None:
         "r2"]
     first = store.list_revisions("llama")[0]
     assert first.published_at == T0 and first.source == "agent"
+
+
+def test_tenures_round_trip_replace_and_read_back_utc(store: Store) -> None:
+    assert store.tenures() == {}
+    store.set_tenures({"llama": ("vllm", T0), "qwen": ("tensorrt-llm", T0 + timedelta(hours=1))})
+    store.set_tenure("llama", "tensorrt-llm", T0 + timedelta(days=2))
+    got = store.tenures()
+    assert got == {"llama": ("tensorrt-llm", T0 + timedelta(days=2)),
+                   "qwen": ("tensorrt-llm", T0 + timedelta(hours=1))}
+    assert all(since.tzinfo is not None and since.utcoffset() == timedelta(0)
+               for _, since in got.values())
+    assert store.get_tenure("qwen") is not None

@@ -56,10 +56,10 @@ def test_the_same_signals_as_model_by_model(seed: int, models: int, steps: int,
         mine = fleet[model]
         assert mine == one  # every figure, to the last bit
         assert (mine.rps_peak, mine.rps_sustained) == (one.rps_peak, one.rps_sustained)
-        for samples in (one.window_samples, one.long_window_samples):
-            assert mine.mean_replicas(3.0, 0.2, 1, samples) == one.mean_replicas(3.0, 0.2, 1, samples)
-            assert (mine.mean_replicas(3.0, 0.2, 1, samples, 1.5)
-                    == one.mean_replicas(3.0, 0.2, 1, samples, 1.5))
+        windows = ((one.window_samples, 1.0), (one.long_window_samples, 1.0),
+                   (one.window_samples, 1.5), (one.long_window_samples, 1.5))
+        assert (mine.replica_means((3.0, 0.7), 0.2, 1, windows)
+                == one.replica_means((3.0, 0.7), 0.2, 1, windows))
 
 
 def test_a_forecast_made_after_now_is_refused() -> None:
@@ -89,7 +89,35 @@ def test_live_mean_replicas_are_the_replay_prefix_sums_to_the_last_bit(seed: int
     live = compute_signals("m", ModelHistory.of(ts, rps, [], step_s), facts, now, settings_)
     replay = compute_signals("m", ModelHistory.of(ts, rps, [], step_s, replay=True), facts, now,
                              settings_)
-    for capacity in (0.7, 3.0, 11.6):
-        for samples in (live.long_window_samples, live.window_samples, 7, 1):
-            assert live.mean_replicas(capacity, 0.2, 1, samples) == \
-                replay.mean_replicas(capacity, 0.2, 1, samples)
+    windows = [(n, 1.0) for n in (live.long_window_samples, live.window_samples, 7, 1)]
+    assert live.replica_means((0.7, 3.0, 11.6), 0.2, 1, windows) == \
+        replay.replica_means((0.7, 3.0, 11.6), 0.2, 1, windows)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), steps=st.integers(1, 260), at=st.floats(1.0, 270.0))
+def test_signals_of_the_stored_rates_are_within_a_float32_of_the_reported_ones(
+        seed: int, steps: int, at: float) -> None:
+    """The live history keeps rates as float32: each rate figure is within 2**-24
+    (relative, the float32's rounding) of the one computed from the reported float64
+    rates, and the window sample counts are the same."""
+    rng = np.random.default_rng(seed)
+    rates = rng.lognormal(1.0, 1.5, (3, steps))
+    ts = T0 + STEP_S * np.arange(steps)
+    history = RateHistory(STEP_S, retention_s=300 * STEP_S)
+    history.extend_many({f"m{i}": (ts, rates[i]) for i in range(3)})
+    now = T0 + at * STEP_S
+    wanted = {f"m{i}": FleetModel(FACTS, []) for i in range(3)}
+    fleet = compute_fleet_signals(history.axis(), history.blocks(), wanted, now, SETTINGS, STEP_S)
+    tolerance = 2.0**-24 * (1 + 1e-9)  # and float64 rounding of the sums
+    for i in range(3):
+        exact = compute_signals(f"m{i}", ModelHistory.of(ts, rates[i], [], STEP_S), FACTS, now,
+                                SETTINGS)
+        mine = fleet[f"m{i}"]
+        assert (mine.window_samples, mine.long_window_samples) == (
+            exact.window_samples, exact.long_window_samples)
+        for name in ("rps_current", "rps_mean", "rps_peak", "rps_sustained"):
+            got, want = getattr(mine, name), getattr(exact, name)
+            assert (got is None) == (want is None)
+            if want is not None:
+                assert abs(got - want) <= tolerance * want, name

@@ -1,0 +1,176 @@
+"""One model's observations for its signals: request-rate samples and revision times,
+and the replica counts the cost rule reads from them (`ModelHistory`).
+
+The rates are numpy arrays: a 28-day backtest reads hundreds of thousands of
+windows (its rolling statistics are computed once over the whole series and
+cached), and a live tick over 10,000 models counts every model's replicas over
+a week of samples. The arithmetic is float64 whatever dtype the rates are
+stored in (the live history keeps float32; `controller.rate_history`): each
+stored rate is read as the float64 of the same value.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gearshift.policies.costmodel import MAX_EXACT_COUNT, REPLICA_EPSILON
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    FloatArray = npt.NDArray[np.float64]
+    # Rates: float64, or float32 as the live history keeps them (computed on in float64).
+    RateArray = npt.NDArray[np.float64] | npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True)
+class ModelHistory:
+    """Observations of one model: request-rate samples and revision times (epoch s).
+
+    Arrays may extend past `now`; `compute_signals` only reads what lies before it.
+    Rolling statistics over the whole series are computed once and cached (the
+    arrays are immutable), so replaying a long trace costs O(1) per window.
+    """
+
+    sample_ts: FloatArray  # sorted, one per sample period
+    rps: RateArray
+    revision_ts: FloatArray  # sorted
+    sample_period_s: float
+    replay: bool = False  # cache rolling statistics over the whole series (backtests)
+    _cache: dict[tuple[object, ...], Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @staticmethod
+    def of(sample_ts: list[float] | FloatArray, rps: list[float] | FloatArray,
+           revision_ts: list[float] | FloatArray, sample_period_s: float, *,
+           replay: bool = False) -> ModelHistory:
+        import numpy as np
+
+        ts = np.array(sample_ts, dtype=np.float64)
+        values = np.array(rps, dtype=np.float64)
+        revisions = np.array(revision_ts, dtype=np.float64)
+        if ts.shape != values.shape:
+            raise ValueError(f"{ts.size} sample times but {values.size} rates")
+        if replay and ts.size > 1 and not np.allclose(np.diff(ts), sample_period_s):
+            raise ValueError("replay histories need one sample every sample_period_s")
+        for a in (ts, values, revisions):
+            a.setflags(write=False)
+        return ModelHistory(ts, values, revisions, float(sample_period_s), replay)
+
+    def _cached(self, key: tuple[object, ...], make: Callable[[], Any]) -> Any:
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
+    def index_before(self, t: float) -> int:
+        """Number of samples with timestamp < t."""
+        if self.replay:  # a regular grid: arithmetic instead of a search
+            if not self.sample_ts.size:
+                return 0
+            i = math.ceil((t - float(self.sample_ts[0])) / self.sample_period_s - 1e-9)
+            return min(max(i, 0), self.sample_ts.size)
+        return int(self.sample_ts.searchsorted(t, side="left"))
+
+    def revision_list(self) -> list[float]:
+        return self._cached(("revisions",), lambda: [float(t) for t in self.revision_ts])  # type: ignore[no-any-return]
+
+    def prefix_rps(self) -> list[float]:
+        """prefix[i] = sum of rps[:i]."""
+        import numpy as np
+
+        return self._cached(("rps",), lambda: np.concatenate(([0.0], np.cumsum(self.rps))).tolist())
+
+    def prefix_replicas(self, capacity_rps: float, headroom: float, min_replicas: int) -> list[float]:
+        """prefix[i] = replicas summed over samples [:i] (docs/cost-model.md `replicas`)."""
+        key = ("replicas", capacity_rps, headroom, min_replicas)
+        found = self._cache.get(key)
+        if found is None:
+            import numpy as np
+
+            n = np.maximum(min_replicas, np.ceil(self.rps * (1 + headroom) / capacity_rps
+                                                  - REPLICA_EPSILON))
+            found = self._cache[key] = np.concatenate(([0.0], np.cumsum(n))).tolist()
+        return found  # type: ignore[no-any-return]
+
+    def replica_means(self, end: int, capacities: Sequence[float], headroom: float,
+                      min_replicas: int, windows: Sequence[tuple[int, float]]) -> list[list[float]]:
+        """Mean replicas an engine of each capacity would have needed (`costmodel.replicas`)
+        over each window (n, scale): the last n samples before index `end` (1..end), every
+        rate multiplied by scale. One row per capacity, one figure per window.
+
+        Windows all end at `end`, so those of one scale are tails of the longest: its replica
+        counts are worked out once, for every capacity at once. Replica counts are whole
+        numbers, so their sums are exact in any order: every mean is, to the last bit, the
+        one a window counted alone gives (and the prefix sums a replay reads)."""
+        import numpy as np
+
+        out = [[0.0] * len(windows) for _ in capacities]
+        for scale in dict.fromkeys(s for _, s in windows):
+            mine = [(w, n) for w, (n, s) in enumerate(windows) if s == scale]
+            if scale == 1.0 and self.replay:  # many windows of one series: prefix sums once
+                for row, c in zip(out, capacities, strict=True):
+                    prefix = self.prefix_replicas(c, headroom, min_replicas)
+                    for w, n in mine:
+                        row[w] = (prefix[end] - prefix[end - n]) / n
+                continue
+            longest = max(n for _, n in mine)
+            rates = self.rps[end - longest:end]
+            # A rate the same number of replicas on an engine at both ends of the window's
+            # range needs as many everywhere in it (each step of the count is monotonic): no
+            # count per sample (most of a fleet's models sit at their minimum all week).
+            lo, hi = float(rates.min()), float(rates.max())
+            counted = []
+            for row, c in zip(out, capacities, strict=True):
+                fixed = _replicas(lo, scale, headroom, c, min_replicas)
+                if fixed is not None and fixed == _replicas(hi, scale, headroom, c, min_replicas):
+                    for w, _ in mine:
+                        row[w] = float(fixed)  # fixed * n / n, exactly
+                else:
+                    counted.append((row, c))
+            if not counted:
+                continue
+            # float64 arithmetic, the operations of `costmodel.replicas` in its order, with
+            # a row per capacity.
+            if scale != 1.0:
+                rates = np.multiply(rates, scale, dtype=np.float64)
+            need = np.multiply(rates, 1 + headroom, dtype=np.float64)
+            need = np.divide(need, np.array([c for _, c in counted], dtype=np.float64)[:, None])
+            np.subtract(need, REPLICA_EPSILON, out=need)
+            np.ceil(need, out=need)
+            np.maximum(need, min_replicas, out=need)
+            for w, n in mine:
+                sums = np.add.reduce(need[:, longest - n:], axis=1).tolist()
+                for (row, _), total in zip(counted, sums, strict=True):
+                    row[w] = total / n
+        return out
+
+    def rolling(self, width: int, quantile: float) -> tuple[FloatArray, FloatArray]:
+        """(max, quantile) of every run of `width` samples; index i covers [i, i + width)."""
+        def make() -> tuple[FloatArray, FloatArray]:
+            import numpy as np
+            from numpy.lib.stride_tricks import sliding_window_view
+
+            view = sliding_window_view(np.asarray(self.rps, dtype=np.float64), width)
+            return view.max(axis=1), np.quantile(view, quantile, axis=1)
+        return self._cached(("rolling", width, quantile), make)  # type: ignore[no-any-return]
+
+
+def _replicas(rate: float, scale: float, headroom: float, capacity: float,
+              min_replicas: int) -> int | None:
+    """`costmodel.replicas` of one rate times `scale`, by the steps of the arithmetic of
+    `ModelHistory.replica_means` (the same IEEE operations on the same values); None where
+    that is not a finite count."""
+    if not capacity > 0:
+        return None
+    if scale != 1.0:
+        rate = rate * scale
+    need = rate * (1 + headroom) / capacity - REPLICA_EPSILON
+    if not math.isfinite(need) or need > MAX_EXACT_COUNT:  # (a week of them: sums exact)
+        return None
+    return max(min_replicas, math.ceil(need))
+
+
+__all__ = ["ModelHistory"]

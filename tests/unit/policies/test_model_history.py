@@ -1,0 +1,51 @@
+"""`ModelHistory.replica_means` counts several windows and capacities in one pass (none
+per sample where a window's lowest and highest rates need as many replicas): every mean
+is the one a window counted alone gives (`costmodel.replicas` on each sample), to the
+last bit, whether the rates are stored as float64 or float32."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gearshift.policies.costmodel import replicas
+from gearshift.policies.model_history import ModelHistory
+
+STEP_S = 300.0
+
+
+def _alone(rates: list[float], capacity: float, headroom: float, min_replicas: int, n: int,
+           scale: float) -> float:
+    """One window's mean, sample by sample, by the cost model's own formula."""
+    counts = [replicas(r * scale if scale != 1.0 else r, capacity, headroom, min_replicas)
+              for r in rates[len(rates) - n:]]
+    return float(sum(counts)) / n
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), steps=st.integers(1, 400),
+       capacities=st.lists(st.floats(0.05, 50.0), min_size=1, max_size=3),
+       headroom=st.sampled_from([0.0, 0.2, 0.35]), min_replicas=st.integers(0, 3),
+       windows=st.lists(st.tuples(st.integers(1, 400), st.sampled_from([1.0, 1.0, 0.7, 1.3])),
+                        min_size=1, max_size=4),
+       float32=st.booleans(), replay=st.booleans(), level=st.sampled_from([1e-3, 0.1, 1.0, 10.0]))
+def test_one_pass_gives_every_window_alone(seed: int, steps: int, capacities: list[float],
+                                           headroom: float, min_replicas: int,
+                                           windows: list[tuple[int, float]], float32: bool,
+                                           replay: bool, level: float) -> None:
+    rng = np.random.default_rng(seed)
+    rps = level * rng.lognormal(1.0, rng.choice([0.05, 1.5]), steps)
+    # Rates on replica boundaries too (the epsilon's case): r * (1 + h) / c a whole number.
+    rps[::7] = capacities[0] * rng.integers(1, 6, rps[::7].size) / (1 + headroom)
+    if float32:
+        rps = rps.astype(np.float32)
+    ts = 1.8e9 + STEP_S * np.arange(steps)
+    history = (ModelHistory.of(ts, rps, [], STEP_S, replay=True) if replay
+               else ModelHistory(ts, rps, np.empty(0), STEP_S))
+    end = int(rng.integers(1, steps + 1))
+    windows = [(min(n, end), scale) for n, scale in windows]
+    stored = [float(r) for r in rps[:end]]  # each stored rate, as a float64
+    got = history.replica_means(end, capacities, headroom, min_replicas, windows)
+    assert got == [[_alone(stored, c, headroom, min_replicas, n, scale) for n, scale in windows]
+                   for c in capacities]
