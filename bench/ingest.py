@@ -19,7 +19,7 @@ Prints one JSON object:
   streams_failed, stream_errors, connect_p50_ms, connect_max_ms, all_connected_s, report_bytes,
   agent_processes, pinned, controller_fds, controller_fd_limit, agent_cores,
   agent_max_process_cores, agent_loop_lag_p99_ms, agent_loop_stalls_over_50ms,
-  machine_cores, machine_count, other_cores, controller_split
+  machine_cores, machine_count, machine_nice_cores, other_cores, controller_split
 Controller CPU is read from the controller process over the measured window, and
 split by thread (`controller_split`): the event loop (the main thread), the store
 writer (named `gs-store-writer`), the rest (gRPC's own threads), and the garbage
@@ -48,7 +48,9 @@ process probes its event loop as the controller does (`agent_loop_lag_p99_ms`, a
 share the machine's cores, and so does anything else running:
 `machine_cores` is the whole machine's busy CPU over the window (`machine_count`
 cores) and `other_cores` what neither the controller nor the simulator used (near 0:
-a quiet machine; a figure taken with other work running says so here). `--pin` runs
+a quiet machine; a figure taken with other work running says so here), of which
+`machine_nice_cores` ran at a lower priority (nice), which the scheduler gives way to
+the controller and the simulator. `--pin` runs
 the controller on core 0 alone and the simulator on the others (`pinned` names
 them; null without it), so that neither waits for the other's CPU: a fairer view of
 the controller itself, to be reported beside the unpinned figure, never instead of it.
@@ -483,6 +485,7 @@ def main() -> int:
     out["agent_loop_stalls_over_50ms"] = sum(1 for lag in lags if lag > 50.0)
     busy = _busy_s(machine1) - _busy_s(machine0)
     out["machine_cores"], out["machine_count"] = round(busy / args.duration_s, 3), psutil.cpu_count()
+    out["machine_nice_cores"] = round((machine1.nice - machine0.nice) / args.duration_s, 3)
     out["other_cores"] = round((busy - (cpu1 - cpu0) - sum(s["cpu_s"] for s in stats))
                                / args.duration_s, 3)
     out["controller_split"] = {
