@@ -59,8 +59,9 @@ At 10,000 agents x 8 deployments every 10 s (the command in the first line with
 --agents 10000 --duration-s 40) on a quiet 2-core machine (`other_cores` 0.00-0.01),
 the controller before and after the timed young collections (controller/gc_policy.py),
 back to back: ack p99 352 -> 112 ms, 0.73 -> 0.72 core, RSS 576 -> 549 MB, 0 failed
-streams and 0 lost reports in both; the simulator's own lag p99 was 4.7-6.5 ms. With other
-work running (`other_cores` 0.1-0.9) the p99 was 0.2-0.9 s.
+streams and 0 lost reports in both; the simulator's own lag p99 was 4.7-6.5 ms. Two
+more quiet runs after: p99 66 and 380 ms. With other work running (`other_cores`
+0.1-0.9) the p99 was 0.2-0.9 s (docs/architecture.md).
 """
 
 from __future__ import annotations
