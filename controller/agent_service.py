@@ -281,6 +281,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 del msg  # not kept while the next one is awaited (see above)
                 if ack is not None:
                     await conn.write(ack)
+                    del ack  # nor the ack (a tracked object: see gc_policy)
             await conn.end()  # the agent ended its side: what is queued, then OK
         finally:
             conn.stop()

@@ -15,7 +15,20 @@ agents that is about a million objects and most of a second without acks.
   stops the automatic full ones (an unreachable `threshold2`);
 - and `run()` (a task on the controller's loop) does a full collection every
   `full_interval_s`, so cyclic garbage that reached the old generation is still
-  reclaimed, at a known rate instead of at allocation-driven moments.
+  reclaimed, at a known rate instead of at allocation-driven moments;
+- and collects the young generations (0 and 1) every `young_interval_s`.
+
+Why the young collections are timed: CPython starts one when allocations minus
+deallocations of tracked objects pass 700, and an ingesting controller allocates about
+as many as it frees. Each report replaces what the previous one left (the fleet's
+Deployments, the rollups' per-deployment baselines, gRPC's pending read of the stream:
+about 30 tracked objects per agent per interval), so the new objects pile up in
+generation 0 with the counter near zero. At 10,000 agents the young generation held
+about 240,000 objects when a collection finally came, every ten seconds or so, and
+walking them stopped the event loop for 150-180 ms: most of the acks over 50 ms. A
+collection of generations 0 and 1 every 0.1 s walks what the last 0.1 s allocated
+(about 2,400 objects, 1-2 ms), each object once, and moves the survivors to the old
+generation, which only the scheduled full collection walks.
 
 The young threshold stays CPython's (700): at 10,000 agents raising it to 7,000 halved
 the collector's time (1.6 s to 0.7 s over 40 s) but made each generation-1 collection
@@ -49,6 +62,7 @@ from prometheus_client import CollectorRegistry, Histogram
 log = logging.getLogger(__name__)
 
 FULL_INTERVAL_S = 600.0
+YOUNG_INTERVAL_S = 0.1  # ~2,400 new objects per collection at 10,000 agents: 1-2 ms
 TRIM_INTERVAL_S = 30.0  # a trim walks the heap: tens of ms of a worker thread per call
 # gc.set_threshold's third value: full collections wait for this many young (generation 1)
 # collections, which at any realistic rate is never; `run` collects instead.
@@ -74,13 +88,17 @@ class GcPolicy:
 
     def __init__(self, registry: CollectorRegistry | None = None, *,
                  full_interval_s: float = FULL_INTERVAL_S,
+                 young_interval_s: float = YOUNG_INTERVAL_S,
                  trim_interval_s: float = TRIM_INTERVAL_S,
                  trim: Trim | None = LIBC_MALLOC_TRIM) -> None:
         if full_interval_s <= 0:
             raise ValueError(f"GcPolicy: full_interval_s must be > 0, got {full_interval_s}")
+        if young_interval_s <= 0:
+            raise ValueError(f"GcPolicy: young_interval_s must be > 0, got {young_interval_s}")
         if trim_interval_s <= 0:
             raise ValueError(f"GcPolicy: trim_interval_s must be > 0, got {trim_interval_s}")
         self.full_interval_s = full_interval_s
+        self.young_interval_s = young_interval_s
         self.trim_interval_s = trim_interval_s
         self._trim = trim
         self.pause_seconds = Histogram(
@@ -114,20 +132,25 @@ class GcPolicy:
         gc.unfreeze()
 
     async def run(self) -> None:
-        """Full collections every `full_interval_s` and heap trims every
-        `trim_interval_s`, until cancelled."""
+        """Full collections every `full_interval_s`, young ones every `young_interval_s`
+        and heap trims every `trim_interval_s`, until cancelled."""
         loop = asyncio.get_running_loop()
+        next_young = loop.time() + self.young_interval_s
         next_full = loop.time() + self.full_interval_s
         next_trim = loop.time() + self.trim_interval_s
         while True:
-            await asyncio.sleep(max(0.0, min(next_full, next_trim) - loop.time()))
+            await asyncio.sleep(max(0.0, min(next_young, next_full, next_trim) - loop.time()))
             now = loop.time()
-            if now >= next_full:
+            if now >= next_full:  # walks the young generations too
                 next_full = now + self.full_interval_s
+                next_young = now + self.young_interval_s
                 started = time.perf_counter()
                 found = gc.collect()
                 log.debug("full garbage collection: %d objects in %.3f s", found,
                           time.perf_counter() - started)
+            elif now >= next_young:
+                next_young = now + self.young_interval_s
+                gc.collect(1)
             if now >= next_trim and self._trim is not None:
                 next_trim = now + self.trim_interval_s
                 await loop.run_in_executor(None, self._trim, 0)

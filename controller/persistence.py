@@ -187,10 +187,11 @@ class Persistence:
     def prune_stored(self, live: set[str], now: float, *,
                      hello_only_s: float = HELLO_ONLY_RETENTION_S,
                      retention_s: float = HOST_RETENTION_S) -> list[str]:
-        """The store half of `prune_hosts` (blocking: off the event loop)."""
-        stored = [h.host_id for h in self.store.list_hosts() if h.host_id not in live
-                  and now - _aware(h.last_seen).timestamp()
-                  > (retention_s if h.last_report_seq is not None else hello_only_s)]
+        """The store half of `prune_hosts` (blocking: off the event loop). The store
+        hands back only hosts seen before the shorter retention."""
+        candidates = self.store.hosts_seen_before(_dt(now - min(hello_only_s, retention_s)))
+        stored = [host_id for host_id, seen, reported in candidates if host_id not in live
+                  and now - _aware(seen).timestamp() > (retention_s if reported else hello_only_s)]
         self.store.delete_hosts(stored)
         return stored
 

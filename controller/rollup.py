@@ -43,7 +43,9 @@ reports, hence the hand-written fold):
 
 from __future__ import annotations
 
+import asyncio
 import math
+import time
 from array import array
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -61,6 +63,7 @@ LATENESS_S = 5.0  # reports may arrive this long after their minute ended
 BASELINE_TTL_S = 600.0  # forget a deployment's errors_total baseline after this long unseen
 BASELINE_SWEEP_S = 60.0  # look for such baselines at most this often
 P99_TAIL_FRACTION = 0.01
+ROWS_SLICE_S = 0.004  # `to_rows_in_slices`: the event loop's longest wait for it
 _N = TypeVar("_N", int, float)
 
 
@@ -172,7 +175,12 @@ class RollupAggregator:
     def __init__(self, lateness_s: float = LATENESS_S) -> None:
         self._lateness_s = lateness_s
         self._buckets: dict[tuple[str, str, int], _Bucket] = {}
-        self._errors_baseline: dict[str, tuple[int, float]] = {}  # id -> (errors_total, ts)
+        # Deployment id -> errors_total and when it was reported, in two dicts of numbers
+        # (not one of tuples): updating them allocates nothing the garbage collector
+        # walks, where a tuple per deployment per report was 80,000 every interval at
+        # 10,000 hosts (see gc_policy).
+        self._errors_total: dict[str, int] = {}
+        self._errors_seen: dict[str, float] = {}
         self._watermark = -math.inf  # minutes starting before this were handed back
         self._baselines_swept = -math.inf
         self.late_reports = 0
@@ -237,11 +245,12 @@ class RollupAggregator:
         if gpu_model:
             bucket.gpu_model = gpu_model
         errors_total = report.errors_total
-        baselines = self._errors_baseline
-        prev = baselines.get(dep_id)
+        totals = self._errors_total
+        prev = totals.get(dep_id)
         if prev is not None:
-            bucket.errors += errors_total - prev[0] if errors_total >= prev[0] else errors_total
-        baselines[dep_id] = (errors_total, ts)  # a new key: interned when its bucket was made
+            bucket.errors += errors_total - prev if errors_total >= prev else errors_total
+        totals[dep_id] = errors_total  # a new key: interned when its bucket was made
+        self._errors_seen[dep_id] = ts
 
     @staticmethod
     def _add_sla_signals(report: agent_pb2.DeploymentReport, bucket: _Bucket,
@@ -276,10 +285,9 @@ class RollupAggregator:
         popped = [(k, self._buckets.pop(k)) for k in done]
         if now - self._baselines_swept >= BASELINE_SWEEP_S:  # a fleet-sized walk: not every call
             self._baselines_swept = now
-            stale = [d for d, (_, seen) in self._errors_baseline.items()
-                     if seen < now - BASELINE_TTL_S]
+            stale = [d for d, seen in self._errors_seen.items() if seen < now - BASELINE_TTL_S]
             for dep_id in stale:
-                del self._errors_baseline[dep_id]
+                del self._errors_seen[dep_id], self._errors_total[dep_id]
         return popped
 
     def flush_all(self) -> list[RollupRow]:
@@ -297,6 +305,27 @@ class RollupAggregator:
 
 def to_rows(popped: list[tuple[tuple[str, str, int], _Bucket]]) -> list[RollupRow]:
     return [_row(k, b) for k, b in popped]
+
+
+async def to_rows_in_slices(popped: list[tuple[tuple[str, str, int], _Bucket]], *,
+                            slice_s: float = ROWS_SLICE_S) -> list[RollupRow]:
+    """`to_rows` on the event loop, handing it back every `slice_s` of work.
+
+    A minute of a fleet of 10,000 hosts (80,000 deployments) takes about 0.2 s to
+    summarise. On a thread that is no better than on the loop: the thread holds the
+    GIL for the interpreter's switch interval (5 ms) every time the loop lets it go, at
+    each of the loop's wake-ups, so the loop ran at a fraction of its speed for a
+    second or more and acks queued behind it. In slices the loop stays whole: a report
+    waits for one slice at most.
+    """
+    rows: list[RollupRow] = []
+    started = time.perf_counter()
+    for key, bucket in popped:
+        rows.append(_row(key, bucket))
+        if time.perf_counter() - started >= slice_s:
+            await asyncio.sleep(0)
+            started = time.perf_counter()
+    return rows
 
 
 def _row(key: tuple[str, str, int], b: _Bucket) -> RollupRow:

@@ -45,7 +45,7 @@ from gearshift.controller.migration_store import MigrationRepository, MigrationR
 from gearshift.controller.orchestrator import MigrationOrchestrator, OrchestratorSettings
 from gearshift.controller.persistence import Persistence
 from gearshift.controller.policy_loop import PolicyLoop, RateHistory
-from gearshift.controller.rollup import to_rows
+from gearshift.controller.rollup import to_rows_in_slices
 from gearshift.controller.tables import RollupRow
 from gearshift.policies.loader import Policy
 from gearshift.v1 import agent_pb2, control_pb2
@@ -377,10 +377,11 @@ class Controller:
         while True:
             await asyncio.sleep(HOUSEKEEPING_INTERVAL_S)
             try:
-                # Building a minute's rollup rows is the heavy part: off the event loop.
+                # Building a minute's rollup rows is the heavy part: in slices, between
+                # reports (see to_rows_in_slices).
                 popped = self.persistence.rollups.pop_completed(time.time())
                 if popped:
-                    self.persistence.rollups_done(await asyncio.to_thread(to_rows, popped))
+                    self.persistence.rollups_done(await to_rows_in_slices(popped))
                 self._update_gauges()
                 if not self.leading:
                     continue

@@ -205,6 +205,18 @@ class Store(DecisionQueries):
         with self._session() as s:
             return list(s.exec(select(HostRow).order_by(col(HostRow.host_id))).all())
 
+    def hosts_seen_before(self, cutoff: datetime) -> list[tuple[str, datetime, bool]]:
+        """(host_id, last_seen, reported) of the hosts last seen at or before `cutoff`,
+        oldest first: pruning's candidates, chosen by the database. Three columns, not
+        rows: loading a fleet of 10,000 hosts as rows to find none took most of a second
+        of a thread holding the GIL, a second of late acks on the event loop."""
+        query = (sa.select(col(HostRow.host_id), col(HostRow.last_seen),
+                           col(HostRow.last_report_seq).is_not(None))
+                 .where(col(HostRow.last_seen) <= cutoff).order_by(col(HostRow.last_seen)))
+        with self._engine.connect() as conn:
+            return [(host_id, seen, bool(reported))
+                    for host_id, seen, reported in conn.execute(query)]
+
     def delete_hosts(self, host_ids: Iterable[str]) -> int:
         """Remove hosts and their deployments; returns how many hosts were removed."""
         ids = list(host_ids)

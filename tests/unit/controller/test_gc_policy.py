@@ -1,4 +1,5 @@
-"""GcPolicy: settings applied and restored, pauses observed, scheduled full collections."""
+"""GcPolicy: settings applied and restored, pauses observed, scheduled young and full
+collections."""
 
 from __future__ import annotations
 
@@ -56,6 +57,23 @@ async def test_run_collects_everything_on_schedule(registry: CollectorRegistry) 
         policy.uninstall()
 
 
+async def test_run_collects_the_young_generations_on_schedule(
+        registry: CollectorRegistry) -> None:
+    policy = GcPolicy(registry, young_interval_s=0.01)
+    policy.install()
+    gc.disable()  # no allocation-driven collections: only the scheduled ones are counted
+    task = asyncio.create_task(policy.run())
+    try:
+        async with asyncio.timeout(WAIT_LIMIT_S):
+            while _pauses(registry, 1) < 3:
+                await asyncio.sleep(0.01)
+    finally:
+        task.cancel()
+        gc.enable()
+        policy.uninstall()
+    assert _pauses(registry, 2) == 0  # the young ones only (the full one is 10 min away)
+
+
 async def test_run_trims_the_heap_on_schedule(registry: CollectorRegistry) -> None:
     trims: list[int] = []
 
@@ -79,3 +97,5 @@ def test_bad_interval_is_refused() -> None:
         GcPolicy(full_interval_s=0)
     with pytest.raises(ValueError, match="trim_interval_s must be > 0, got -1"):
         GcPolicy(trim_interval_s=-1)
+    with pytest.raises(ValueError, match="young_interval_s must be > 0, got 0"):
+        GcPolicy(young_interval_s=0)

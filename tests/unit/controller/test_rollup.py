@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 from datetime import UTC, datetime
 
 import pytest
 
 from gearshift.common.errors import InvalidArgument
-from gearshift.controller.rollup import RollupAggregator
+from gearshift.controller.rollup import RollupAggregator, to_rows, to_rows_in_slices
 from gearshift.controller.tables import RollupRow
 from gearshift.v1 import agent_pb2
 
@@ -157,3 +158,21 @@ def test_an_errors_baseline_is_forgotten_after_a_long_silence() -> None:
     agg.add("h1", rep("d1", errors_total=15), t3)
     agg.add("h2", rep("d2", errors_total=13), t3)
     assert only(agg.flush_completed(t3 + 120)).errors == 1  # d1 starts afresh; d2: 13 - 12
+
+
+async def test_rows_in_slices_are_to_rows_and_let_the_loop_run_between_them() -> None:
+    def minutes() -> RollupAggregator:
+        agg = RollupAggregator()
+        for i, model in enumerate(("llama", "qwen", "mistral")):
+            agg.add("h1", rep(f"d{i}", model=model, request_rate=1.0 + i,
+                              ttft=q(0.1, 0.2 + i, 10)), M + i)
+        return agg
+
+    expected = to_rows(minutes().pop_completed(M + 120))
+    ran: list[int] = []
+    loop = asyncio.get_running_loop()
+    for i in range(3):  # callbacks due now: each runs at the first slice boundary after it
+        loop.call_soon(ran.append, i)
+    rows = await to_rows_in_slices(minutes().pop_completed(M + 120), slice_s=0.0)
+    assert [r.model_dump() for r in rows] == [r.model_dump() for r in expected]
+    assert len(rows) == 3 and ran == [0, 1, 2]  # the loop ran while the rows were built

@@ -82,6 +82,19 @@ def test_hosts_upsert_keeps_first_seen_and_replaces_the_rest(store: Store) -> No
     assert store.get_host("h2") is not None and store.get_host("nope") is None
 
 
+def test_hosts_seen_before_a_cutoff_oldest_first_with_whether_they_reported(
+        store: Store) -> None:
+    store.upsert_hosts([host(host_id="new", last_seen=T0 + timedelta(minutes=10)),
+                        host(host_id="old", last_seen=T0, last_report_seq=3),
+                        host(host_id="older", last_seen=T0 - timedelta(hours=1)),
+                        host(host_id="edge", last_seen=T0 + timedelta(minutes=5))])
+    cutoff = (T0 + timedelta(minutes=5)).astimezone(timezone(timedelta(hours=2)))
+    assert store.hosts_seen_before(cutoff) == [
+        ("older", T0 - timedelta(hours=1), False), ("old", T0, True),
+        ("edge", T0 + timedelta(minutes=5), False)]  # at the cutoff counts
+    assert store.hosts_seen_before(T0 - timedelta(days=1)) == []
+
+
 def test_deployments_upsert_filter_delete(store: Store) -> None:
     store.upsert_deployments([deployment(), deployment(deployment_id="d2", host_id="h2"),
                               deployment(deployment_id="d3", model="qwen")])
