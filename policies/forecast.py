@@ -19,9 +19,10 @@ two quantile gradient-boosting models (scikit-learn
 
 The per-step paths are returned when asked for (`paths=True`, the default: the CLI's
 JSON and plot); `decision_forecast` (the live controller's cache, the blind backtest)
-asks for none, since a decision reads only the figures and `start_ts`: a cached
-forecast without its paths is about 0.5 KB instead of about 190 KB at a 7-day horizon of
-5-minute bins (3 x 2,016 floats as tuples). `sustained_rps` is the `quantile`-quantile over
+asks for none, since a decision reads only the figures and `start_ts`: the controller
+keeps about 10 KB a model (the forecast and its kept trees) instead of about 200 KB
+(tracemalloc; the paths of a 7-day horizon at 5-minute bins are 3 x 2,016 floats as
+tuples). `sustained_rps` is the `quantile`-quantile over
 the horizon of the low path (so on a flat series it is the rate's low quantile,
 and on a daily cycle it sits near the trough, like the `rps_sustained` signal of
 a window), `peak_rps` is the highest value of the high path.
