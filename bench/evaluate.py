@@ -39,6 +39,13 @@ thread after the tick) fitted in the WORKER_SAMPLE_S after the tick (forecast_fi
 forecast_fit_cpu_s a fit, forecast_cycle_h: the hours in which it refits every model
 at its CPU share), setup_s, and the targets. scikit-learn (the forecast's code) is
 imported before the first memory reading: code, not fleet.
+
+The worker's cache of forecasts (`Forecaster`: each model's latest forecast with its
+kept trees) fills only over its cycle, hours at this size, so `rss_mb` holds almost
+none of it. `forecast_cache_mb` is its steady state at N models, measured apart:
+`CACHE_SAMPLE` models' forecasts over the policy's horizon and quantile made as the
+worker makes them (`Forecaster`, from the same history) and the memory they keep
+traced (tracemalloc), times N / sample (`forecast_cache_kb_per_model`).
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ import random
 import sys
 import tempfile
 import time
+import tracemalloc
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -88,6 +96,7 @@ def _policy_text(path: Path, priors: str) -> str:
 
 
 WORKER_SAMPLE_S = 5.0  # after the tick: how long the forecast worker is watched
+CACHE_SAMPLE = 50  # models whose cached forecasts are measured (`forecast_cache_mb`)
 CAPACITY_POINTS = 120  # stored capacity observations per model (load bins x newest)
 
 
@@ -194,6 +203,31 @@ def _live_rss(proc: psutil.Process) -> int:
     return int(proc.memory_info().rss)
 
 
+def _forecast_cache_bytes(history: Any, resolution_s: float, now: float, models: list[str],
+                          horizon_s: float, quantile: float) -> float:
+    """The memory a forecast cache keeps per model: `models` forecast as the worker
+    forecasts them (after one, so that what the first fit loads is not counted)."""
+    from gearshift.controller.learning import Forecaster
+
+    def fill(names: list[str]) -> Forecaster:
+        cache = Forecaster(history.arrays, resolution_s, clock=lambda: now)
+        cache.refresh(names, now, horizon_s=horizon_s, quantile=quantile, budget_s=math.inf)
+        return cache
+
+    fill(models[:1])
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        cache = fill(models)
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    del cache
+    return kept / len(models)
+
+
 def run(models: int, days: float, resolution_s: float, policy_path: Path,
         gpu_price_per_hour: float | None, priors: str = "capacity") -> dict[str, Any]:
     from gearshift.controller.gc_policy import GcPolicy
@@ -242,6 +276,12 @@ def run(models: int, days: float, resolution_s: float, policy_path: Path,
             time.sleep(WORKER_SAMPLE_S)  # the worker fits what the tick handed off
             fits, fit_cpu_s = loop.forecaster.worker_stats()
             loop.forecaster.close()
+            active = loop.active()
+            assert active is not None
+            spec = active[1].doc.spec
+            sample = [f"model-{i:05d}" for i in range(min(models, CACHE_SAMPLE))]
+            cache_b = _forecast_cache_bytes(history, resolution_s, now, sample,
+                                            spec.cost.horizon, spec.signals.sustained_quantile)
         finally:
             store.close()
             gc_policy.uninstall()
@@ -252,6 +292,9 @@ def run(models: int, days: float, resolution_s: float, policy_path: Path,
             # Every model refitted once in this many hours, at the worker's CPU share.
             "forecast_cycle_h": round(models * fit_cpu_s / max(fits, 1)
                                       / FORECAST_WORKER_CPU_SHARE / 3600, 1),
+            "forecast_cache_mb": round(cache_b * models / 1e6, 1),
+            "forecast_cache_kb_per_model": round(cache_b / 1e3, 1),
+            "forecast_cache_sample": min(models, CACHE_SAMPLE),
             "priors": priors,
             "history_days": days, "resolution_s": resolution_s,
             "setup_s": round(setup_s, 1), "target_tick_s": TARGET_TICK_S,

@@ -86,6 +86,7 @@ def forecast(ctx: click.Context, name: str, horizon_h: float, plot_path: Path | 
                        step_s=max(resp.resolution_s, FORECAST_MIN_STEP_S))
     if output == "json":
         data = asdict(fc)
+        del data["start_ts"]  # path_ts[0]: the JSON keeps its fields
         for k in ("path_ts", "path_low", "path_high"):
             data[k] = list(data[k])
         print_json({"model": name, "samples": len(ts), **data})

@@ -13,8 +13,10 @@ Forecasts are made again at most every `FORECAST_REFIT_S` per model. Each predic
 from the current history with the trees of the model's previous forecast, refitted
 only when due (a week old, the training rows doubled, or the trees no longer fit
 the last day: `policies.forecast_model`, the rule the blind backtest follows too),
-so most forecasts cost milliseconds and few a fit (tens of milliseconds); the kept
-trees are about 10 KB a model. The live controller makes them on a worker thread
+so most forecasts cost milliseconds and few a fit (tens of milliseconds). The cache
+holds each model's latest forecast without its per-bin paths (`decision_forecast`;
+the CLI makes its own, with paths): about 10 KB a model with the kept trees, 0.1 GB
+at 10,000 models, against about 200 KB with the paths of a 7-day horizon. The live controller makes them on a worker thread
 (`ForecastWorker`, at most `FORECAST_WORKER_CPU_SHARE` of a core), stalest first, from
 what each tick hands off; without one (tests, tools) a policy tick spends at most
 `FORECAST_TICK_BUDGET_S` fitting them (`Forecaster.refresh`). Either way a large

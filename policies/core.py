@@ -244,8 +244,8 @@ def _traffic_inputs(sig: Signals) -> dict[str, SignalValue]:
                     "forecast_status": fc.status, "forecast_quantile": fc.quantile})
         if fc.reason:
             out["forecast_note"] = fc.reason
-        if fc.path_ts:
-            out["forecast_age_h"] = (sig.now - fc.path_ts[0]) / 3600.0
+        if fc.start_ts is not None:
+            out["forecast_age_h"] = (sig.now - fc.start_ts) / 3600.0
     return out
 
 

@@ -54,8 +54,8 @@ def compute_fleet_signals(axis: FloatArray, blocks: Iterable[tuple[list[str], Ra
 
     for model, fm in wanted.items():
         fc = fm.forecast
-        if fc is not None and fc.path_ts and fc.path_ts[0] > now:
-            raise ValueError(f"{model}: the forecast starts at {fc.path_ts[0]:.0f}, after now "
+        if fc is not None and fc.start_ts is not None and fc.start_ts > now:
+            raise ValueError(f"{model}: the forecast starts at {fc.start_ts:.0f}, after now "
                              f"({now:.0f}): it may have seen data from now on")
     end = int(axis.searchsorted(now, side="left"))
     start = int(axis.searchsorted(now - settings.window_s, side="left"))

@@ -17,7 +17,12 @@ two quantile gradient-boosting models (scikit-learn
   so a growing or shrinking model is learned as a ratio the trees can apply at
   levels never seen in training.
 
-The per-step paths are returned; `sustained_rps` is the `quantile`-quantile over
+The per-step paths are returned when asked for (`paths=True`, the default: the CLI's
+JSON and plot); `decision_forecast` (the live controller's cache, the blind backtest)
+asks for none, since a decision reads only the figures and `start_ts`: the controller
+keeps about 10 KB a model (the forecast and its kept trees) instead of about 200 KB
+(tracemalloc; the paths of a 7-day horizon at 5-minute bins are 3 x 2,016 floats as
+tuples). `sustained_rps` is the `quantile`-quantile over
 the horizon of the low path (so on a flat series it is the rate's low quantile,
 and on a daily cycle it sits near the trough, like the `rps_sustained` signal of
 a window), `peak_rps` is the highest value of the high path.
@@ -103,6 +108,8 @@ class Forecast:
     path_ts: tuple[float, ...] = ()    # start of each forecast bin (epoch s)
     path_low: tuple[float, ...] = ()   # per-bin `quantile` forecast
     path_high: tuple[float, ...] = ()  # per-bin `peak_quantile` forecast
+    start_ts: float | None = None      # the origin `now`, the first bin's start (epoch s);
+    #                                    None when no forecast was made
     # The fitted trees of a seasonal forecast, for the next forecast of the same series
     # to reuse (`forecast_rate(kept=...)`). Not a field: never compared or serialised.
     model: ClassVar[SeasonalModel | None] = None
@@ -117,12 +124,13 @@ class DeferredPeakForecast(Forecast):
     def __init__(self, fit_peak: Callable[[], tuple[float, tuple[float, ...]]], *,
                  status: Status, method: Method, sustained_rps: float | None, horizon_s: float,
                  quantile: float, reason: str, points: int, path_ts: tuple[float, ...],
-                 path_low: tuple[float, ...], model: SeasonalModel | None) -> None:
+                 path_low: tuple[float, ...], start_ts: float,
+                 model: SeasonalModel | None) -> None:
         for name, value in (("status", status), ("method", method),
                             ("sustained_rps", sustained_rps), ("horizon_s", horizon_s),
                             ("quantile", quantile), ("reason", reason), ("points", points),
-                            ("path_ts", path_ts), ("path_low", path_low), ("model", model),
-                            ("_fit_peak", fit_peak), ("_peak", None)):
+                            ("path_ts", path_ts), ("path_low", path_low), ("start_ts", start_ts),
+                            ("model", model), ("_fit_peak", fit_peak), ("_peak", None)):
             object.__setattr__(self, name, value)
 
     def _peak_fitted(self) -> tuple[float, tuple[float, ...]]:
@@ -165,7 +173,8 @@ def _none(reason: str, horizon_s: float, quantile: float, points: int) -> Foreca
 def forecast_rate(ts: npt.ArrayLike, rps: npt.ArrayLike, now: float, horizon_s: float, *,
                   step_s: float = 300.0, quantile: float = 0.1,
                   peak_quantile: float = DEFAULT_PEAK_QUANTILE,
-                  defer_peak: bool = False, kept: SeasonalModel | None = None) -> Forecast:
+                  defer_peak: bool = False, kept: SeasonalModel | None = None,
+                  paths: bool = True) -> Forecast:
     """Forecast the rate over (now, now + horizon_s] from the samples with ts < now.
 
     `ts` are epoch seconds (any order), `rps` the request rate of each sample,
@@ -175,6 +184,7 @@ def forecast_rate(ts: npt.ArrayLike, rps: npt.ArrayLike, now: float, horizon_s: 
     when the peak is first read (`DeferredPeakForecast`; same figures). `kept`: the
     `model` of an earlier forecast of the same series; its trees predict from the
     current history's features unless `SeasonalModel.due` says they must be refitted.
+    `paths=False`: no per-bin paths (empty tuples), the same figures and `start_ts`.
     """
     _check_args(now, horizon_s, step_s, quantile, peak_quantile)
     times = np.asarray(ts, dtype=np.float64).ravel()
@@ -207,7 +217,7 @@ def forecast_rate(ts: npt.ArrayLike, rps: npt.ArrayLike, now: float, horizon_s: 
                                 f"{stale_s / 3600:.1f} h)", *notes]), horizon_s, quantile, points)
     bin_s = step_s * max(1, math.ceil(TRAIN_WINDOW_S / step_s / MAX_TRAIN_ROWS))
     future_bins = max(1, math.ceil(horizon_s / bin_s - 1e-9))
-    path_ts = now + bin_s * np.arange(future_bins, dtype=np.float64)
+    path_ts = now + bin_s * np.arange(future_bins if paths else 0, dtype=np.float64)
     span_s = now - float(times.min())
     recent = rates[times >= now - RECENT_WINDOW_S]
     if float(np.ptp(rates)) <= 1e-9 * max(1.0, abs(float(rates[0]))):
@@ -217,18 +227,27 @@ def forecast_rate(ts: npt.ArrayLike, rps: npt.ArrayLike, now: float, horizon_s: 
                         f"{MIN_SEASONAL_HISTORY_S / 3600:.0f} h")
     else:
         return _seasonal(times, rates, now, ModelKey(horizon_s, bin_s, quantile, peak_quantile),
-                         path_ts, points, notes, defer_peak, kept)
+                         future_bins, path_ts, points, notes, defer_peak, kept)
+    return _recent(recent, now, quantile, peak_quantile, horizon_s, "; ".join(notes), points,
+                   path_ts)
+
+
+def _recent(recent: FloatArray, now: float, quantile: float, peak_quantile: float,
+            horizon_s: float, reason: str, points: int, path_ts: FloatArray) -> Forecast:
+    """The recent-quantile fallback: flat paths at the recent low and high quantiles."""
     low, high = (float(v) for v in np.quantile(recent, [quantile, peak_quantile]))
-    return Forecast("ok", "recent-quantile", low, high, horizon_s, quantile, "; ".join(notes),
-                    points, tuple(path_ts.tolist()), (low,) * future_bins, (high,) * future_bins)
+    bins = path_ts.size
+    return Forecast("ok", "recent-quantile", low, high, horizon_s, quantile, reason, points,
+                    tuple(path_ts.tolist()), (low,) * bins, (high,) * bins, start_ts=now)
 
 
 def _seasonal(times: FloatArray, rates: FloatArray, now: float, key: ModelKey,
-              path_ts: FloatArray, points: int, notes: list[str], defer_peak: bool,
-              kept: SeasonalModel | None) -> Forecast:
+              future_bins: int, path_ts: FloatArray, points: int, notes: list[str],
+              defer_peak: bool, kept: SeasonalModel | None) -> Forecast:
+    """The seasonal forecast of `future_bins` bins; `path_ts` is empty when no paths
+    are kept."""
     horizon_s, bin_s, quantile = key.horizon_s, key.bin_s, key.quantile
     past_bins = math.ceil(TRAIN_WINDOW_S / bin_s)
-    future_bins = path_ts.size
     day_lag = max(1, round(SECONDS_PER_DAY * math.ceil(horizon_s / SECONDS_PER_DAY - 1e-9) / bin_s))
     week_lag = max(1, round(SECONDS_PER_WEEK * math.ceil(horizon_s / SECONDS_PER_WEEK - 1e-9)
                             / bin_s))
@@ -242,11 +261,8 @@ def _seasonal(times: FloatArray, rates: FloatArray, now: float, key: ModelKey,
     # the history (the first days of a model) this is every call, and a cheap one.
     if train is None or int(train.sum()) < max(MIN_POINTS, round(SECONDS_PER_DAY / bin_s) // 2):
         notes.insert(0, "too few samples with a known day-lag to train the seasonal model")
-        recent = rates[times >= now - RECENT_WINDOW_S]
-        low, high = (float(v) for v in np.quantile(recent, [quantile, key.peak_quantile]))
-        return Forecast("ok", "recent-quantile", low, high, horizon_s, quantile,
-                        "; ".join(notes), points, tuple(path_ts.tolist()),
-                        (low,) * future_bins, (high,) * future_bins)
+        return _recent(rates[times >= now - RECENT_WINDOW_S], now, quantile, key.peak_quantile,
+                       horizon_s, "; ".join(notes), points, path_ts)
     bin_ts = now + bin_s * np.arange(-past_bins, future_bins, dtype=np.float64)
     x = features(grid, bin_ts, bin_s, day_mean, level, day_lag, week_lag)
     future_level = level[past_bins:]
@@ -267,22 +283,24 @@ def _seasonal(times: FloatArray, rates: FloatArray, now: float, key: ModelKey,
     x_future = x[past_bins:][:, model.columns]
     low_path = np.maximum(0.0, np.expm1(model.low.predict(x_future) + future_level))
 
+    keep = path_ts.size > 0
+
     def fit_peak() -> tuple[float, tuple[float, ...]]:
         high_path = np.maximum(0.0, np.expm1(model.peak().predict(x_future) + future_level))
         high_path = np.maximum(high_path, low_path)
-        return float(np.max(high_path)), tuple(high_path.tolist())
+        return float(np.max(high_path)), tuple(high_path.tolist()) if keep else ()
 
     sustained = float(np.quantile(low_path, quantile))
     reason, bins_ts = "; ".join(notes), tuple(path_ts.tolist())
-    low_bins = tuple(low_path.tolist())
+    low_bins = tuple(low_path.tolist()) if keep else ()
     if defer_peak:
         return DeferredPeakForecast(fit_peak, status="ok", method="seasonal-gbm",
                                     sustained_rps=sustained, horizon_s=horizon_s,
                                     quantile=quantile, reason=reason, points=points,
-                                    path_ts=bins_ts, path_low=low_bins, model=model)
+                                    path_ts=bins_ts, path_low=low_bins, start_ts=now, model=model)
     peak, high_bins = fit_peak()
     fc = Forecast("ok", "seasonal-gbm", sustained, peak, horizon_s, quantile, reason, points,
-                  bins_ts, low_bins, high_bins)
+                  bins_ts, low_bins, high_bins, start_ts=now)
     object.__setattr__(fc, "model", model)
     return fc
 
@@ -290,14 +308,16 @@ def _seasonal(times: FloatArray, rates: FloatArray, now: float, key: ModelKey,
 def decision_forecast(ts: npt.ArrayLike, rps: npt.ArrayLike, now: float, horizon_s: float, *,
                       step_s: float, quantile: float, defer_peak: bool = False,
                       kept: SeasonalModel | None = None) -> Forecast:
-    """`forecast_rate` as the decision paths (live loop, blind backtest) call it: the
+    """`forecast_rate` as the decision paths (live loop, blind backtest) call it: without
+    the per-bin paths (a decision reads the figures and `start_ts`; the live cache holds
+    one forecast per model), the
     policy's sustained quantile clamped into [QUANTILE_MIN, QUANTILE_MAX] (a policy may
     say 0 or 1), and a bad argument (a horizon too long for the step, …) turned into
     an ``insufficient_data`` result with the reason: a forecast never stops a decision."""
     q = min(max(quantile, QUANTILE_MIN), QUANTILE_MAX)
     try:
         return forecast_rate(ts, rps, now, horizon_s, step_s=step_s, quantile=q,
-                             defer_peak=defer_peak, kept=kept)
+                             defer_peak=defer_peak, kept=kept, paths=False)
     except InvalidArgument as exc:
         return Forecast("insufficient_data", "none", None, None, horizon_s, q,
                         f"forecast failed: {exc.message}", 0)

@@ -203,8 +203,8 @@ def compute_signals(model: str, history: ModelHistory, facts: ModelFacts, now: f
 
     `forecast` must have been made at or before `now` (from samples before its
     origin); one made later could have seen data from `now` on and is refused."""
-    if forecast is not None and forecast.path_ts and forecast.path_ts[0] > now:
-        raise ValueError(f"{model}: the forecast starts at {forecast.path_ts[0]:.0f}, after now "
+    if forecast is not None and forecast.start_ts is not None and forecast.start_ts > now:
+        raise ValueError(f"{model}: the forecast starts at {forecast.start_ts:.0f}, after now "
                          f"({now:.0f}): it may have seen data from now on")
     find = history.index_before
     end = find(now)

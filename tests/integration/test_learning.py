@@ -96,6 +96,12 @@ async def test_forecast_from_the_rate_history(controller: Controller, tmp_path: 
     fc = json.loads(out)
     assert fc["status"] == "ok" and fc["method"] == "seasonal-gbm"
     assert 15 <= fc["sustained_rps"] <= 50 and 60 <= fc["peak_rps"] <= 95
+    # The forecast's fields, with its per-bin paths over the 24 h horizon at 5-minute bins.
+    assert list(fc) == ["model", "samples", "status", "method", "sustained_rps", "peak_rps",
+                        "horizon_s", "quantile", "reason", "points", "path_ts", "path_low",
+                        "path_high"]
+    assert [len(fc[k]) for k in ("path_ts", "path_low", "path_high")] == [288] * 3
+    assert fc["path_ts"][0] == 1_700_000_000 + 12 * 24 * 4 * step
     assert png.stat().st_size > 1000
     code, _, err = await _cli(controller, "models", "forecast", "nope")
     assert code == 3 and "no request-rate history" in err

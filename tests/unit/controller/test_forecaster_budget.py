@@ -46,9 +46,9 @@ def test_stale_forecasts_are_refitted_oldest_first_and_read_meanwhile() -> None:
     assert old is not None  # stale, still read until refitted
     assert f.refresh(models, later, horizon_s=HORIZON_S, quantile=0.1, budget_s=0.0) == 1
     refitted = f.cached("m-2", later, horizon_s=HORIZON_S, quantile=0.1)
-    assert refitted is not None and refitted.path_ts[0] == later  # m-2, the oldest, went first
+    assert refitted is not None and refitted.start_ts == later  # m-2, the oldest, went first
     assert f.cached("m-1", later, horizon_s=HORIZON_S, quantile=0.1) is old
-    assert old.path_ts[0] == NOW + 60
+    assert old.start_ts == NOW + 60
     # Another horizon is another forecast: none is made for it until refreshed.
     assert f.cached("m-1", later, horizon_s=2 * HORIZON_S, quantile=0.1) is None
 

@@ -187,7 +187,7 @@ def forecast(sustained: float | None, now: float, status: str = "ok") -> Forecas
                         "insufficient data: 3 valid rate sample(s) before now, need 12", 3)
     assert sustained is not None
     return Forecast("ok", "seasonal-gbm", sustained, sustained * 1.5, 7 * DAY_S, 0.1, "", 2000,
-                    (now,), (sustained,), (sustained * 1.5,))
+                    start_ts=now)
 
 
 def signals_with(policy, rates: list[float], now: float, fc: Forecast | None):  # type: ignore[no-untyped-def]

@@ -68,7 +68,8 @@ def test_a_forecast_made_after_now_is_refused() -> None:
     history = _fleet(1, 3, 20, 0.0)
     fc = Forecast(status="ok", method="seasonal", sustained_rps=1.0, peak_rps=2.0,
                   horizon_s=3600.0, quantile=0.1, reason="", points=20,
-                  path_ts=(T0 + 30 * STEP_S,), path_low=(1.0,), path_high=(2.0,))
+                  path_ts=(T0 + 30 * STEP_S,), path_low=(1.0,), path_high=(2.0,),
+                  start_ts=T0 + 30 * STEP_S)
     with pytest.raises(ValueError, match="after now"):
         compute_fleet_signals(history.axis(), history.blocks(), {"m0": FleetModel(FACTS, [], fc)},
                               T0 + 10 * STEP_S, SETTINGS, STEP_S)

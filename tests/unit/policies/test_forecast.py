@@ -155,3 +155,23 @@ def test_a_deferred_peak_gives_the_eager_forecast() -> None:
     young = forecast_rate(ts, rps, START + 3 * SECONDS_PER_DAY, SECONDS_PER_WEEK, step_s=STEP_S,
                           defer_peak=True)
     assert type(young) is Forecast and young.method == "recent-quantile"
+
+
+@pytest.mark.parametrize(("days", "defer_peak", "method"), [
+    (15, False, "seasonal-gbm"), (15, True, "seasonal-gbm"), (1, False, "recent-quantile"),
+    (0, False, "none")])
+def test_a_forecast_without_paths_has_the_same_figures(days: float, defer_peak: bool,
+                                                        method: str) -> None:
+    """The decision paths (the controller's cache of a forecast per model, the blind
+    backtest) keep no per-bin paths: every other field is the forecast's with paths,
+    `start_ts` its first bin's start."""
+    ts, rps = seasonal(16)
+    now = START + days * SECONDS_PER_DAY
+    full = forecast_rate(ts, rps, now, SECONDS_PER_WEEK, step_s=STEP_S, defer_peak=defer_peak)
+    bare = forecast_rate(ts, rps, now, SECONDS_PER_WEEK, step_s=STEP_S, defer_peak=defer_peak,
+                         paths=False)
+    assert full.method == method and len(full.path_low) == (0 if days == 0 else 2016)
+    assert full.start_ts == (full.path_ts[0] if full.path_ts else None)
+    assert bare.path_ts == bare.path_low == bare.path_high == ()
+    assert ({k: v for k, v in asdict(bare).items() if not k.startswith("path_")}
+            == {k: v for k, v in asdict(full).items() if not k.startswith("path_")})

@@ -48,7 +48,7 @@ def test_kept_trees_predict_from_the_current_history() -> None:
     later = forecast_rate(ts, tripled, _at(15), HORIZON_S, step_s=STEP_S, kept=fitted.model)
     same_level = forecast_rate(ts, rps, _at(15), HORIZON_S, step_s=STEP_S, kept=fitted.model)
     assert later.model is fitted.model and same_level.model is fitted.model
-    assert later.path_ts[0] == _at(15)
+    assert later.start_ts == _at(15)
     assert later.sustained_rps == pytest.approx(3 * same_level.sustained_rps, rel=0.15)
 
 
