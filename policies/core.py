@@ -30,7 +30,6 @@ from gearshift.policies.economics import (
 )
 from gearshift.policies.loader import Policy
 from gearshift.policies.model_state import trial_share
-from gearshift.policies.quick_init import quick_init
 from gearshift.policies.rules import (
     BREACH_RULE_KINDS,
     RULE_KINDS,
@@ -60,7 +59,6 @@ class DecisionStatus(StrEnum):
     SUPERSEDED = "superseded"  # a newer decision for the model replaced it
 
 
-@quick_init
 @dataclass(frozen=True)
 class ModelState:
     """Where a model stands (times are epoch seconds)."""

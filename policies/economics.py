@@ -34,7 +34,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gearshift.policies.costmodel import SECONDS_PER_HOUR, replicas
-from gearshift.policies.quick_init import quick_init
 from gearshift.policies.signals import ModelFacts, Signals
 
 HOURS_PER_WEEK = 168.0
@@ -54,7 +53,6 @@ class CostSettings:
     hysteresis: float  # required net savings, as a fraction of the switch cost
 
 
-@quick_init
 @dataclass(frozen=True)
 class MoveEstimate:
     """Money figures in USD; rates per hour; net over the horizon."""

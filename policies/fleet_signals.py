@@ -17,7 +17,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gearshift.policies.quick_init import quick_init
 from gearshift.policies.signals import (
     SECONDS_PER_WEEK,
     ModelFacts,
@@ -33,7 +32,6 @@ if TYPE_CHECKING:
     from gearshift.policies.signals import FloatArray
 
 
-@quick_init
 @dataclass(frozen=True)
 class FleetModel:
     """What a model's signals need besides its rates."""

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gearshift.policies.costmodel import MAX_EXACT_COUNT, REPLICA_EPSILON
-from gearshift.policies.quick_init import quick_init
 
 if TYPE_CHECKING:
     import numpy as np
@@ -28,7 +27,6 @@ if TYPE_CHECKING:
     RateArray = npt.NDArray[np.float64] | npt.NDArray[np.float32]
 
 
-@quick_init
 @dataclass(frozen=True)
 class ModelHistory:
     """Observations of one model: request-rate samples and revision times (epoch s).

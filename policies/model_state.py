@@ -18,7 +18,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from gearshift.policies.quick_init import quick_init
 from gearshift.policies.schema import Trials
 
 MEASURED_SOURCE = "measured"  # the capacity source that makes a trial unnecessary
@@ -43,7 +42,6 @@ def current_engine(replicas: Mapping[str, int], *, moving_from: str | None = Non
     return previous if previous in tied else tied[0]
 
 
-@quick_init
 @dataclass(frozen=True)
 class Tenure:
     """The engine a model is on and since when (epoch seconds); stored live, so that a

@@ -19,7 +19,6 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from gearshift.policies.economics import NO_PRICE_NOTE, MoveEstimate
-from gearshift.policies.quick_init import quick_init
 from gearshift.policies.schema import Condition, Rule
 from gearshift.policies.signals import (
     SIGNALS,
@@ -35,7 +34,6 @@ EQUALITY_OPERATORS = frozenset({"eq", "ne"})
 STRING_OPERATORS = frozenset({"eq", "ne", "in"})
 
 
-@quick_init
 @dataclass(frozen=True)
 class RuleContext:
     view: SignalView
@@ -77,7 +75,6 @@ class WriteUp:
     conditions: tuple[ConditionResult, ...] = ()  # what the rule tested, with the values seen
 
 
-@quick_init
 @dataclass(frozen=True)
 class RuleOutcome:
     target: str | None  # None: no opinion; the current engine: hold

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Literal
 
 from gearshift.common.engines import BASELINE_ENGINE, CATALOG
 from gearshift.policies.model_history import ModelHistory
-from gearshift.policies.quick_init import quick_init
 from gearshift.policies.trace import ENGINES
 
 if TYPE_CHECKING:
@@ -33,7 +32,6 @@ if TYPE_CHECKING:
 SECONDS_PER_WEEK = 7 * 24 * 3600.0
 
 
-@quick_init
 @dataclass(frozen=True)
 class EngineFacts:
     """What was measured for one model on one engine; None = not measured yet."""
@@ -62,7 +60,6 @@ LATENCY_SOURCE = "latency_source"
 PRIOR_SOURCE = "prior"
 
 
-@quick_init
 @dataclass(frozen=True)
 class ModelFacts:
     """Slow-moving facts about a model's deployment: sizing, SLA, hardware, engines."""
@@ -94,7 +91,6 @@ class SignalSettings:
     revision_window_s: float = 14 * 24 * 3600.0
 
 
-@quick_init
 @dataclass(frozen=True)
 class Signals:
     """One model's signals at `now`; rates in requests/s.
@@ -248,7 +244,6 @@ SignalKind = Literal["number", "bool", "string"]
 SignalValue = float | str | bool | None
 
 
-@quick_init
 @dataclass(frozen=True)
 class SignalView:
     """What a condition can read: the signals plus the model's current engine."""
