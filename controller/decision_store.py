@@ -8,7 +8,7 @@ SQLModel rows of `gearshift.controller.tables`, detached and fully loaded.
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -25,6 +25,8 @@ from gearshift.controller.tables import (
     RevisionRow,
     utcnow,
 )
+
+_NAIVE_EPOCH = datetime(1970, 1, 1)  # `datetime.timestamp`'s, for UTC times read naive
 
 
 def dialect_insert(dialect: str, table: sa.Table) -> Any:
@@ -178,15 +180,20 @@ class DecisionQueries:
                 index_elements=["model", "revision"]).returning(col(RevisionRow.id)))
             return res.first() is not None
 
-    def revision_times(self) -> dict[str, list[datetime]]:
-        """Per model, when each of its revisions was published, oldest first (one query for
-        the whole fleet)."""
+    def revision_timestamps(self) -> dict[str, list[float]]:
+        """Per model, when each of its revisions was published (POSIX seconds), oldest first
+        (one query for the whole fleet). The stored times are read as the database gives
+        them, not through `UTCDateTime` (a tick reads every revision of the fleet): each
+        is, to the bit, `published_at.timestamp()`."""
         table = RevisionRow.__table__  # type: ignore[attr-defined]
-        out: dict[str, list[datetime]] = {}
+        at_col = sa.type_coerce(table.c.published_at, sa.DateTime())
+        out: dict[str, list[float]] = {}
         with self._engine.connect() as conn:
-            for model, at in conn.execute(sa.select(table.c.model, table.c.published_at)
+            for model, at in conn.execute(sa.select(table.c.model, at_col)
                                           .order_by(table.c.published_at)):
-                out.setdefault(model, []).append(at)
+                if at.tzinfo is not None:  # PostgreSQL's: aware; SQLite's: naive, in UTC
+                    at = at.astimezone(UTC).replace(tzinfo=None)
+                out.setdefault(model, []).append((at - _NAIVE_EPOCH).total_seconds())
         return out
 
     def list_revisions(self, model: str, since: datetime | None = None) -> list[RevisionRow]:

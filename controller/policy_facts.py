@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gearshift.common.engines import ENGINE_NAMES
 from gearshift.controller.fleet import FleetState
@@ -37,6 +37,17 @@ ENGINES = ENGINE_NAMES  # the engine catalog's
 
 NO_PRIORS = ModelPriors()  # a model no `spec.models` entry names (immutable: shared)
 
+class Placement(NamedTuple):
+    """A model's hosts' part of its facts (`FactsCache.placement`; its labels shared
+    between the models on those hosts: read, never changed)."""
+
+    gpu_model: str | None  # the first of the hosts' GPU models, by name
+    nvidia: bool | None
+    labels: Mapping[str, str]
+    price_per_gpu_hour: float | None
+    price_source: str
+
+
 TrialResult = Callable[[str, str], dict[str, Any] | None]  # (model, engine) -> stored result
 
 
@@ -56,6 +67,7 @@ class FactsCache:
         self._prices: dict[str, tuple[float | None, str]] = {}
         self._priors: dict[str, ModelPriors] = {}
         self._hosts: dict[str, tuple[list[str], Mapping[str, str]]] = {}
+        self._placements: dict[tuple[str, ...], Placement] = {}
         self._engines: dict[tuple[str, float | None, int], tuple[ModelPriors, EngineFacts]] = {}
         self._unmeasured: dict[int, tuple[ModelPriors, dict[str, EngineCapacity],
                                           dict[str, SignalValue]]] = {}
@@ -81,6 +93,24 @@ class FactsCache:
         if found is None:
             found = self._prices[host_id] = host_price(self.host(fleet, host_id)[1],
                                                        self.gpu_price_per_hour)
+        return found
+
+    def placement(self, fleet: FleetState, host_ids: tuple[str, ...]) -> Placement:
+        """What a model's facts take from the hosts of its ready deployments (one host id
+        each, in their order): the same for every model on these hosts."""
+        found = self._placements.get(host_ids)
+        if found is None:
+            hosts = [self.host(fleet, h) for h in dict.fromkeys(host_ids)]
+            gpu_models = sorted({g for gpus, _ in hosts for g in gpus})
+            labels: dict[str, str] = {}
+            for h in host_ids:  # in their order: a later host's label wins
+                labels.update(self.host(fleet, h)[1])
+            price, price_source = model_price([self.price(fleet, h) for h in host_ids])
+            found = self._placements[host_ids] = Placement(
+                gpu_model=gpu_models[0] if gpu_models else None,
+                nvidia=any(m.upper().startswith("NVIDIA") for m in gpu_models)
+                if gpu_models else None,
+                labels=labels, price_per_gpu_hour=price, price_source=price_source)
         return found
 
     def unmeasured_engine(self, engine: str, capacity_rps: float | None, priors: ModelPriors,
@@ -114,8 +144,7 @@ def model_facts(fleet: FleetState, ready: list[tuple[str, agent_pb2.DeploymentRe
     cache = cache or FactsCache(policy, learner)
     gpus_per_replica = priors.gpus_per_replica or max(
         (d.tensor_parallel_size or len(d.gpu_indices) or 1) for _, d in ready)
-    hosts = [cache.host(fleet, h) for h in dict.fromkeys(h for h, _ in ready)]
-    gpu_models = sorted({g for gpus, _ in hosts for g in gpus})
+    placed = cache.placement(fleet, tuple(h for h, _ in ready))
     measured_ttft: dict[str, float] = {}
     measured_itl: dict[str, float] = {}
     for _, d in ready:
@@ -124,7 +153,7 @@ def model_facts(fleet: FleetState, ready: list[tuple[str, agent_pb2.DeploymentRe
         if d.itl.present:
             measured_itl[d.engine] = max(measured_itl.get(d.engine, 0.0), d.itl.p99_s * 1000)
     sla = sla_signals(ready)
-    caps, shared_cite = cache.capacities(model, gpu_models[0] if gpu_models else None, priors)
+    caps, shared_cite = cache.capacities(model, placed.gpu_model, priors)
     cite: dict[str, SignalValue] = {}  # the model's own citations, after the shared ones
     overheads = policy.doc.spec.cost.build_overhead_usd
     engines = {}
@@ -148,18 +177,14 @@ def model_facts(fleet: FleetState, ready: list[tuple[str, agent_pb2.DeploymentRe
         figures["itl_p99_ms"] = measured_itl.get(e, figures["itl_p99_ms"])
         engines[e] = EngineFacts(**figures) if measured is NO_SLA_SIGNALS else replace(
             measured, **figures)
-    labels: dict[str, str] = {}
-    for h, _ in ready:  # in their order: a later host's label wins
-        labels.update(cache.host(fleet, h)[1])
-    price, price_source = model_price([cache.price(fleet, h) for h, _ in ready])
     # Most models add nothing: they share the one dictionary (memory for a large fleet).
     cite = {**shared_cite, **cite} if cite else shared_cite
     return ModelFacts(
         gpus_per_replica=gpus_per_replica, min_replicas=priors.min_replicas, headroom=priors.headroom,
         sla_ttft_p99_ms=priors.sla_ttft_p99_ms, sla_itl_p99_ms=priors.sla_itl_p99_ms, engines=engines,
-        nvidia=any(m.upper().startswith("NVIDIA") for m in gpu_models) if gpu_models else None,
-        gpu_model=gpu_models[0] if gpu_models else None, labels=labels,
-        price_per_gpu_hour=price, price_source=price_source, citations=cite)
+        nvidia=placed.nvidia, gpu_model=placed.gpu_model, labels=placed.labels,
+        price_per_gpu_hour=placed.price_per_gpu_hour, price_source=placed.price_source,
+        citations=cite)
 
 
 def _figures(capacity_rps: float | None, prior: EnginePriors | None,

@@ -96,7 +96,7 @@ class TickReads:
 
     trials: dict[tuple[str, str], MigrationRow]  # (model, engine) -> its newest ended trial
     last_switch: dict[str, datetime]  # model -> newest decision that counts for the cooldown
-    revisions: dict[str, list[datetime]]  # model -> publication times
+    revisions: dict[str, list[float]]  # model -> publication times (POSIX s), oldest first
     migrations: dict[str, MigrationRow]  # model -> its active migration
     tenure: dict[str, Tenure]  # model -> the engine it is on and since when (stored)
     # Tenures this tick changed, stored together at its end (`PolicyLoop.evaluate`).
@@ -296,8 +296,9 @@ class PolicyLoop:
         return TickReads(
             trials=trials,
             last_switch=self.store.last_decision_times(COOLDOWN_STATUSES),
-            revisions=self.store.revision_times() if len(models) != 1 else
-            {models[0]: [r.published_at for r in self.store.list_revisions(models[0])]},
+            revisions=self.store.revision_timestamps() if len(models) != 1 else
+            {models[0]: [r.published_at.timestamp()
+                         for r in self.store.list_revisions(models[0])]},
             migrations=migrations,
             tenure={model: Tenure(engine, since.timestamp())
                     for model, (engine, since) in self.store.tenures().items()})
@@ -341,7 +342,7 @@ class PolicyLoop:
             facts = model_facts(self.fleet, ready, model, cache.priors(model), policy,
                                 self.learner, reads.trial_result, cache)
             states[model] = self._state(model, ready, now, reads, batched=True)
-            revs = sorted(at.timestamp() for at in reads.revisions.get(model, ()))
+            revs = reads.revisions.get(model, [])
             wanted[model] = FleetModel(facts, revs, rate_forecast(self.forecaster, model, policy, now))
         # Every model's signals at once, from the history's rows as they stand (nothing
         # samples the history during a tick: one event loop).

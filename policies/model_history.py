@@ -120,8 +120,15 @@ class ModelHistory:
             rates = self.rps[end - longest:end]
             # A rate the same number of replicas on an engine at both ends of the window's
             # range needs as many everywhere in it (each step of the count is monotonic): no
-            # count per sample (most of a fleet's models sit at their minimum all week).
-            lo, hi = float(rates.min()), float(rates.max())
+            # count per sample (most of a fleet's models sit at their minimum all week). The
+            # last range is kept: the cost rule asks again for each engine the model may
+            # move to (the last only: a backtest asks at every step).
+            last = self._cache.get(("range",))
+            if last is not None and last[:2] == (end, longest):
+                lo, hi = last[2:]
+            else:
+                lo, hi = float(rates.min()), float(rates.max())
+                self._cache[("range",)] = (end, longest, lo, hi)
             counted = []
             for row, c in zip(out, capacities, strict=True):
                 fixed = _replicas(lo, scale, headroom, c, min_replicas)

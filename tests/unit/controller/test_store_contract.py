@@ -241,6 +241,17 @@ def test_revisions_unique_and_since(store: Store) -> None:
     assert first.published_at == T0 and first.source == "agent"
 
 
+def test_revision_timestamps_are_the_published_times_to_the_bit_oldest_first(store: Store) -> None:
+    later = (T0 + timedelta(days=2, microseconds=123_457)).astimezone(timezone(timedelta(hours=-7)))
+    store.add_revision("llama", "r2", later)
+    store.add_revision("llama", "r1", T0 + timedelta(microseconds=999_999))
+    store.add_revision("qwen", "r1", T0)
+    got = store.revision_timestamps()
+    assert got == {m: [r.published_at.timestamp() for r in store.list_revisions(m)]
+                   for m in ("llama", "qwen")}
+    assert got["llama"] == [(T0 + timedelta(microseconds=999_999)).timestamp(), later.timestamp()]
+
+
 def test_tenures_round_trip_replace_and_read_back_utc(store: Store) -> None:
     assert store.tenures() == {}
     store.set_tenures({"llama": ("vllm", T0), "qwen": ("tensorrt-llm", T0 + timedelta(hours=1))})

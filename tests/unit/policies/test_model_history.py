@@ -1,7 +1,7 @@
 """`ModelHistory.replica_means` counts several windows and capacities in one pass (none
 per sample where a window's lowest and highest rates need as many replicas): every mean
 is the one a window counted alone gives (`costmodel.replicas` on each sample), to the
-last bit, whether the rates are stored as float64 or float32."""
+last bit, whether the rates are stored as float64 or float32, and asked once or again."""
 
 from __future__ import annotations
 
@@ -43,9 +43,11 @@ def test_one_pass_gives_every_window_alone(seed: int, steps: int, capacities: li
     ts = 1.8e9 + STEP_S * np.arange(steps)
     history = (ModelHistory.of(ts, rps, [], STEP_S, replay=True) if replay
                else ModelHistory(ts, rps, np.empty(0), STEP_S))
-    end = int(rng.integers(1, steps + 1))
-    windows = [(min(n, end), scale) for n, scale in windows]
-    stored = [float(r) for r in rps[:end]]  # each stored rate, as a float64
-    got = history.replica_means(end, capacities, headroom, min_replicas, windows)
-    assert got == [[_alone(stored, c, headroom, min_replicas, n, scale) for n, scale in windows]
-                   for c in capacities]
+    first = int(rng.integers(1, steps + 1))
+    # Asked again at the same end (the range it keeps), then at another, then the first.
+    for end in (first, first, int(rng.integers(1, steps + 1)), first):
+        mine = [(min(n, end), scale) for n, scale in windows]
+        stored = [float(r) for r in rps[:end]]  # each stored rate, as a float64
+        got = history.replica_means(end, capacities, headroom, min_replicas, mine)
+        assert got == [[_alone(stored, c, headroom, min_replicas, n, scale) for n, scale in mine]
+                       for c in capacities]
