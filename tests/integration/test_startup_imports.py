@@ -61,6 +61,7 @@ SHARED = ERRORS | {"gearshift.common.endpoints", "gearshift.common.credentials",
                    "gearshift.common.identity"}
 POLICY_LOADER = {"gearshift.policies", "gearshift.policies.loader", "gearshift.policies.schema",
                  "gearshift.policies.rules", "gearshift.policies.signals",
+                 "gearshift.policies.model_history",  # the signals module's history half
                  "gearshift.policies.economics", "gearshift.policies.costmodel",
                  "gearshift.policies.trace", "gearshift.policies.semantics"}
 CONTROL_CLIENT = {"gearshift.cli.client", "gearshift.cli.output", "gearshift.v1",
