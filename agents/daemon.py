@@ -62,6 +62,7 @@ FOLLOWER_RETRY_S = 0.5  # a follower answered but named no leader: leadership is
 FOLLOWER_RECENT_S = 30.0  # a follower answered this recently: retry at FOLLOWER_RETRY_S
 STALL_INTERVALS = 3  # no answer from the controller for this many intervals: reconnect
 STALL_MIN_S = 5.0
+STREAM_END_WAIT_S = 1.0  # a finished call's reader ends within this
 PENDING_RESULTS_LIMIT = 1000
 DEFAULT_DRAIN_GRACE_S = 30.0
 VERSION_MATCH_PROTO = {
@@ -400,8 +401,17 @@ class Agent:
                                           f"for {silent_s:.0f}s")
                 began = time.monotonic()
                 report = await self.build_report()
-                async with self._write_lock:
-                    await call.write(agent_pb2.AgentMessage(report=report))
+                try:
+                    async with self._write_lock:
+                        await call.write(agent_pb2.AgentMessage(report=report))
+                except (asyncio.InvalidStateError, aio.UsageError):
+                    # The call finished while the report was built (the controller
+                    # closed it, or went away): its reader says why.
+                    await asyncio.wait({reader}, timeout=STREAM_END_WAIT_S)
+                    if reader.done():
+                        break
+                    raise ConnectionError("the stream finished while a report was "
+                                          "being built") from None
                 self.metrics.report_seconds.observe(time.monotonic() - began)
                 self.metrics.reports.inc()
                 self.metrics.last_report.set(time.time())
