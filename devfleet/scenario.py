@@ -75,7 +75,9 @@ spec:
       kind: threshold
       prefer: tensorrt-llm
       when: [{{signal: rps_sustained, gt: 9}}]
-  guardrails: {{minDwell: 5s, cooldown: 10m, maxConcurrentMigrations: 2}}
+  # Revision rollouts count toward maxConcurrentMigrations: room for every engine move
+  # and a rollout at once, or qwen3-8b's rollouts (one every 20 s) hold the moves back.
+  guardrails: {{minDwell: 5s, cooldown: 10m, maxConcurrentMigrations: 4}}
   models:
     "{A}": {{slaTtftP99Ms: 400, slaItlP99Ms: 200, gpusPerReplica: 2}}
     "*": {{slaTtftP99Ms: 400, slaItlP99Ms: 200, gpusPerReplica: 1}}
@@ -84,7 +86,10 @@ CONTROLLER_ARGS = ("--history-resolution", "1", "--canary-steps", "0.25,0.5",
                    "--analysis-intervals", "2")
 PHASE_1_S = 20.0          # light traffic for everyone
 LIGHT_RPS = {A: 3.0, B: 10.0, C: 3.0, D: 3.0}
-HEAVY_RPS = {A: 14.0, B: 10.0, C: 12.0, D: 12.0}
+# The movers' heavy rate stands well above the rule's 9 req/s: the sustained signal is
+# a low quantile of a noisy measured rate, which on a busy machine reads 2-3 req/s below
+# the offered one (at 12 req/s mistral-7b's move waited up to a minute for a quiet spell).
+HEAVY_RPS = {A: 14.0, B: 10.0, C: 14.0, D: 14.0}
 REVISION_EVERY_S = 20.0
 END_STATES = {"done", "rolled_back", "aborted"}
 
