@@ -12,6 +12,7 @@ stored rate is read as the float64 of the same value.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -160,9 +161,35 @@ class ModelHistory:
             import numpy as np
             from numpy.lib.stride_tricks import sliding_window_view
 
-            view = sliding_window_view(np.asarray(self.rps, dtype=np.float64), width)
-            return view.max(axis=1), np.quantile(view, quantile, axis=1)
+            rates = np.asarray(self.rps, dtype=np.float64)
+            view = sliding_window_view(rates, width)
+            if not (0 <= quantile <= 1 and np.isfinite(rates).all()):
+                return view.max(axis=1), np.quantile(view, quantile, axis=1)
+            return view.max(axis=1), _rolling_quantile(rates.tolist(), width, quantile)
         return self._cached(("rolling", width, quantile), make)  # type: ignore[no-any-return]
+
+
+def _rolling_quantile(rates: list[float], width: int, quantile: float) -> FloatArray:
+    """`numpy.quantile` (its default, linear method) of every run of `width` finite rates,
+    from one sorted window moved sample by sample instead of a partition per run: the
+    same two order statistics, interpolated by numpy's arithmetic (`_lerp`: from the lower
+    one below the midpoint, from the upper one at or above it)."""
+    import numpy as np
+
+    virtual = (width - 1) * quantile
+    below = min(math.floor(virtual), width - 1)
+    above = min(below + 1, width - 1)
+    gamma = virtual - (below if virtual < width - 1 else -1)  # numpy's index -1 past the end
+    ordered = sorted(rates[:width])
+    lows, highs = [ordered[below]], [ordered[above]]
+    for i in range(width, len(rates)):
+        del ordered[bisect_left(ordered, rates[i - width])]
+        insort(ordered, rates[i])
+        lows.append(ordered[below])
+        highs.append(ordered[above])
+    low, high = np.array(lows), np.array(highs)
+    diff = high - low
+    return high - diff * (1 - gamma) if gamma >= 0.5 else low + diff * gamma  # type: ignore[no-any-return]
 
 
 def _replicas(rate: float, scale: float, headroom: float, capacity: float,

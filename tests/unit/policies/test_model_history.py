@@ -51,3 +51,25 @@ def test_one_pass_gives_every_window_alone(seed: int, steps: int, capacities: li
         got = history.replica_means(end, capacities, headroom, min_replicas, mine)
         assert got == [[_alone(stored, c, headroom, min_replicas, n, scale) for n, scale in mine]
                        for c in capacities]
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), steps=st.integers(1, 400), width=st.integers(1, 60),
+       quantile=st.sampled_from([0.0, 0.05, 0.1, 0.5, 0.75, 0.9, 0.999, 1.0]),
+       ties=st.booleans(), float32=st.booleans())
+def test_rolling_is_numpy_on_every_window(seed: int, steps: int, width: int, quantile: float,
+                                          ties: bool, float32: bool) -> None:
+    """A replay's rolling max and quantile (kept from one sorted window moved sample by
+    sample) are numpy's over each window, to the last bit, ties and idle steps included."""
+    rng = np.random.default_rng(seed)
+    rps = rng.lognormal(1.0, 1.0, steps)
+    if ties:
+        rps = np.round(rps) * (rng.random(steps) < 0.7)
+    if float32:
+        rps = rps.astype(np.float32)
+    width = min(width, steps)
+    history = ModelHistory.of(1.8e9 + STEP_S * np.arange(steps), rps, [], STEP_S, replay=True)
+    peaks, quantiles = history.rolling(width, quantile)
+    windows = np.lib.stride_tricks.sliding_window_view(rps.astype(np.float64), width)
+    assert np.array_equal(peaks, windows.max(axis=1))
+    assert np.array_equal(quantiles, np.quantile(windows, quantile, axis=1))
