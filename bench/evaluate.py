@@ -29,11 +29,10 @@ by the whole fleet (`rss_mb`: over the process before the fleet was built, both
 after a collection and malloc_trim, so that the set-up's freed garbage is not
 counted).
 Targets: tick_s <= 1 s and rss_mb <= 300 MB at 10,000 models. Measured (docs/architecture.md,
-"The control loop", on two cores shared with other work): rss_mb 198 to 200.5 (the rate
-history keeps float32 rates), tick_s 1.74 to 2.07 where the former code took 2.15 to
-2.31 in paired runs (1.18 to 1.37 on a quiet machine); 19% fewer instructions a tick.
-Then with hosts' facts once per set of hosts and revision times read as seconds: 1.34 to
-1.71 s against 1.72 to 1.95 s in two paired runs on the shared machine.
+"The control loop", on two slower cores shared with other work): rss_mb 197 to 210 (the
+rate history keeps float32 rates); tick_s 1.73 and 1.82 against 2.56 and 2.64 for the
+code before the per-block window ranges, order statistics and prefix sums, in paired
+runs.
 Prints one JSON
 object: models, tick_s, tick_cpu_s, per_model_us, rss_mb, decisions, the price and
 priors it ran with, what the forecast worker (as the controller runs it, on its own

@@ -146,7 +146,7 @@ class DecisionQueries:
         table = ModelTenureRow.__table__  # type: ignore[attr-defined]
         with self._engine.connect() as conn:
             return {model: (engine, since) for model, engine, since in conn.execute(
-                sa.select(table.c.model, table.c.engine, table.c.since))}
+                sa.select(table.c.model, table.c.engine, table.c.since)).all()}
 
     def set_tenure(self, model: str, engine: str, since: datetime) -> None:
         """Record that `model` has been on `engine` since `since` (replaces the old record)."""
@@ -190,7 +190,7 @@ class DecisionQueries:
         out: dict[str, list[float]] = {}
         with self._engine.connect() as conn:
             for model, at in conn.execute(sa.select(table.c.model, at_col)
-                                          .order_by(table.c.published_at)):
+                                          .order_by(table.c.published_at)).all():
                 if at.tzinfo is not None:  # PostgreSQL's: aware; SQLite's: naive, in UTC
                     at = at.astimezone(UTC).replace(tzinfo=None)
                 out.setdefault(model, []).append((at - _NAIVE_EPOCH).total_seconds())

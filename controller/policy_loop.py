@@ -272,7 +272,7 @@ class PolicyLoop:
                                 previous=previous.engine if previous else None)
         assert engine is not None
         tenure = advance_tenure(previous, engine, now, first_seen=self.fleet.started)
-        if tenure != previous:
+        if tenure is not previous:  # `advance_tenure` returns it when nothing changed
             reads.tenure[model] = tenure
             if batched:  # the tick stores them all at once
                 reads.tenure_changes[model] = tenure

@@ -252,9 +252,9 @@ def _traffic_inputs(sig: Signals) -> dict[str, SignalValue]:
 def _plan_model(policy: Policy, model: str, sig: Signals, st: ModelState, now: float,
                 cost: CostSettings) -> _Plan | None:
     g = policy.doc.spec.guardrails
-    if st.frozen or _matches(g.freezes, model) or st.migrating_to is not None:
+    if st.frozen or (g.freezes and _matches(g.freezes, model)) or st.migrating_to is not None:
         return None
-    pin_pattern = _matches(g.pins, model)
+    pin_pattern = _matches(g.pins, model) if g.pins else None
     pin = st.pinned or (g.pins[pin_pattern] if pin_pattern else None)
     order = _engine_order(policy, sig)
     candidates, refused = _candidates(policy, sig, st.engine, cost, order)

@@ -64,22 +64,18 @@ def compute_fleet_signals(axis: FloatArray, blocks: Iterable[tuple[list[str], Ra
     history_s = (now - float(axis[0])) if end else 0.0
     weeks = max(min(history_s, settings.revision_window_s), SECONDS_PER_WEEK) / SECONDS_PER_WEEK
     out: dict[str, Signals] = {}
-    buffer = None  # the prefix sums of one block, reused (no fresh pages for every block)
+    scaled = {m for m, fm in wanted.items() if _scales(fm)}
     for models, rates in blocks:
         rows = [i for i, m in enumerate(models) if m in wanted]
         if not rows:
             continue
         gaps = np.isnan(rates).any(axis=1).tolist()
         if end:
-            # The prefix sums `compute_signals` takes of one model, for every row at once
-            # (a cumulative sum adds in order along each row: the same figures).
-            if buffer is None or buffer.shape[0] < rates.shape[0]:
-                buffer = np.empty((rates.shape[0], end))
-            csum = np.cumsum(rates[:, :end], axis=1, dtype=np.float64,
-                             out=buffer[:rates.shape[0]])
-            upto_end = csum[:, end - 1].tolist()
-            upto_start = csum[:, start - 1].tolist() if start else [0.0] * len(models)
+            upto_start, upto_end = _prefix_sums(rates, start, end)
             current = rates[:, end - 1].tolist()
+            ranges = _ranges(rates, end, (n, end - long_start))
+            stats = _order_stats(rates, end, n, settings.sustained_quantile,
+                                 [i for i in rows if not gaps[i] and models[i] in scaled])
         for i in rows:
             model = models[i]
             fm = wanted[model]
@@ -90,6 +86,8 @@ def compute_fleet_signals(axis: FloatArray, blocks: Iterable[tuple[list[str], Ra
                 out[model] = compute_signals(model, hist, fm.facts, now, settings, fm.forecast)
                 continue
             hist = ModelHistory(axis, rates[i], np.array(revs, dtype=np.float64), sample_period_s)
+            if end:
+                hist.know_ranges(end, [(w, lo[i], hi[i]) for w, lo, hi in ranges])
             rev_end = bisect_left(revs, now)
             rev_start = bisect_left(revs, now - settings.revision_window_s)
             out[model] = Signals(
@@ -99,12 +97,76 @@ def compute_fleet_signals(axis: FloatArray, blocks: Iterable[tuple[list[str], Ra
                 revisions_per_week=(rev_end - rev_start) / weeks,
                 last_revision_ts=revs[rev_end - 1] if rev_end else None, window_samples=n,
                 long_window_samples=end - long_start, _history=hist, _end=end, _settings=settings,
-                forecast=fm.forecast)
+                forecast=fm.forecast, _stats=stats.get(i) if end else None)
     for model, fm in wanted.items():  # never sampled
         if model not in out:
             hist = ModelHistory.of([], [], fm.revision_ts, sample_period_s)
             out[model] = compute_signals(model, hist, fm.facts, now, settings, fm.forecast)
     return out
+
+
+def _prefix_sums(rates: RateArray, start: int, end: int) -> tuple[list[float], list[float]]:
+    """Each row's sums of its first `start` and first `end` rates in float64, as the prefix
+    sums `compute_signals` takes of one model give them (`np.cumsum`: in order).
+
+    A row whose sums are exact in float64 has the same sums in any order of addition, so
+    those rows are summed by numpy's fast (pairwise) sum; the others in order. Exact: every
+    rate is a multiple of g, the unit in the last place of its smallest magnitude (a rate
+    with a larger exponent is a multiple of a larger power of two), so every partial sum
+    is, and one under 2**53 g in magnitude (at most `end` times the largest rate) is a
+    float64. The live history keeps float32 rates (24-bit significands): a row is exact
+    unless its rates span more than about 2**29 / `end` between smallest and largest."""
+    import numpy as np
+
+    head = rates[:, :end]
+    magnitude = np.abs(head)
+    largest = magnitude.max(axis=1).astype(np.float64)
+    smallest = magnitude.min(axis=1).astype(np.float64)
+    if (zeros := np.flatnonzero(smallest == 0)).size:  # the smallest that is not 0
+        some = magnitude[zeros]
+        smallest[zeros] = np.min(some, axis=1, where=some > 0, initial=np.inf)
+    bits = np.finfo(head.dtype).nmant + 1  # significand bits of the stored rates
+    _, exponent = np.frexp(smallest)  # smallest = f * 2**exponent, 0.5 <= f < 1
+    exact = (smallest == np.inf) | (end * largest < np.ldexp(1.0, exponent - bits + 53))
+    upto_start = head[:, :start].sum(axis=1, dtype=np.float64)
+    upto_end = upto_start + head[:, start:].sum(axis=1, dtype=np.float64)  # exact rows: exact
+    inexact = np.flatnonzero(~exact)
+    if inexact.size:
+        csum = np.cumsum(head[inexact], axis=1, dtype=np.float64)
+        upto_end[inexact] = csum[:, end - 1]
+        upto_start[inexact] = csum[:, start - 1] if start else 0.0
+    return upto_start.tolist(), upto_end.tolist()
+
+
+def _ranges(rates: RateArray, end: int, lengths: tuple[int, ...]
+            ) -> list[tuple[int, list[float], list[float]]]:
+    """(n, lowest, highest) rate of every row over the last n samples before `end`, for
+    each length n (`ModelHistory.window_range`, which the cost rule reads for each model:
+    a minimum and a maximum are exact, so those of a block are each row's own)."""
+    return [(n, (w := rates[:, end - n:end]).min(axis=1).tolist(), w.max(axis=1).tolist())
+            for n in sorted({n for n in lengths if n > 0})]
+
+
+def _scales(fm: FleetModel) -> bool:
+    """The model's savings estimate scales its window to a forecast (`Signals.traffic_scale`),
+    so it reads the window's sustained rate."""
+    fc = fm.forecast
+    return fc is not None and fc.status == "ok" and fc.sustained_rps is not None
+
+
+def _order_stats(rates: RateArray, end: int, n: int, quantile: float,
+                 rows: list[int]) -> dict[int, tuple[float, float]]:
+    """(peak, sustained) of `rows` over the window (the last n samples before `end`), as
+    `Signals` computes them one model at a time (a row's quantile does not depend on the
+    other rows: the same figures, to the bit)."""
+    import numpy as np
+
+    if not n or not rows:
+        return {}
+    window = rates[rows, end - n:end]
+    peaks = window.max(axis=1).tolist()
+    sustained = np.quantile(window.astype(np.float64), quantile, axis=1).tolist()
+    return {i: (peaks[k], sustained[k]) for k, i in enumerate(rows)}
 
 
 __all__ = ["FleetModel", "compute_fleet_signals"]

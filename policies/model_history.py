@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     RateArray = npt.NDArray[np.float64] | npt.NDArray[np.float32]
 
 
+_RANGES = ("ranges",)  # the cache's key of the window ranges at one `end`
+
+
 @dataclass(frozen=True)
 class ModelHistory:
     """Observations of one model: request-rate samples and revision times (epoch s).
@@ -96,6 +99,29 @@ class ModelHistory:
             found = self._cache[key] = np.concatenate(([0.0], np.cumsum(n))).tolist()
         return found  # type: ignore[no-any-return]
 
+    def window_range(self, end: int, n: int) -> tuple[float, float]:
+        """(lowest, highest) rate of the last n samples before index `end` (1..end). The
+        ranges at the last `end` asked are kept: the cost rule asks again for each engine
+        the model may move to (a backtest asks at every step: one `end` only)."""
+        kept: tuple[int, dict[int, tuple[float, float]]] | None = self._cache.get(_RANGES)
+        if kept is None or kept[0] != end:
+            kept = self._cache[_RANGES] = (end, {})
+        found = kept[1].get(n)
+        if found is None:
+            rates = self.rps[end - n:end]
+            found = kept[1][n] = (float(rates.min()), float(rates.max()))
+        return found
+
+    def know_ranges(self, end: int, ranges: Sequence[tuple[int, float, float]]) -> None:
+        """Hand over `window_range(end, n)` as (n, lowest, highest) for some lengths n,
+        computed by the caller (a live tick takes every model's at once:
+        `policies.fleet_signals`)."""
+        kept: tuple[int, dict[int, tuple[float, float]]] | None = self._cache.get(_RANGES)
+        known = kept[1] if kept is not None and kept[0] == end else {}
+        for n, lo, hi in ranges:
+            known[n] = (lo, hi)
+        self._cache[_RANGES] = (end, known)
+
     def replica_means(self, end: int, capacities: Sequence[float], headroom: float,
                       min_replicas: int, windows: Sequence[tuple[int, float]]) -> list[list[float]]:
         """Mean replicas an engine of each capacity would have needed (`costmodel.replicas`)
@@ -109,27 +135,21 @@ class ModelHistory:
         import numpy as np
 
         out = [[0.0] * len(windows) for _ in capacities]
-        for scale in dict.fromkeys(s for _, s in windows):
-            mine = [(w, n) for w, (n, s) in enumerate(windows) if s == scale]
+        groups: dict[float, list[tuple[int, int]]] = {}  # scale -> its windows (index, n)
+        for w, (n, s) in enumerate(windows):
+            groups.setdefault(s, []).append((w, n))
+        for scale, mine in groups.items():
             if scale == 1.0 and self.replay:  # many windows of one series: prefix sums once
                 for row, c in zip(out, capacities, strict=True):
                     prefix = self.prefix_replicas(c, headroom, min_replicas)
                     for w, n in mine:
                         row[w] = (prefix[end] - prefix[end - n]) / n
                 continue
-            longest = max(n for _, n in mine)
-            rates = self.rps[end - longest:end]
+            longest = max([n for _, n in mine])
             # A rate the same number of replicas on an engine at both ends of the window's
             # range needs as many everywhere in it (each step of the count is monotonic): no
-            # count per sample (most of a fleet's models sit at their minimum all week). The
-            # last range is kept: the cost rule asks again for each engine the model may
-            # move to (the last only: a backtest asks at every step).
-            last = self._cache.get(("range",))
-            if last is not None and last[:2] == (end, longest):
-                lo, hi = last[2:]
-            else:
-                lo, hi = float(rates.min()), float(rates.max())
-                self._cache[("range",)] = (end, longest, lo, hi)
+            # count per sample (most of a fleet's models sit at their minimum all week).
+            lo, hi = self.window_range(end, longest)
             counted = []
             for row, c in zip(out, capacities, strict=True):
                 fixed = _replicas(lo, scale, headroom, c, min_replicas)
@@ -140,6 +160,7 @@ class ModelHistory:
                     counted.append((row, c))
             if not counted:
                 continue
+            rates = self.rps[end - longest:end]
             # float64 arithmetic, the operations of `costmodel.replicas` in its order, with
             # a row per capacity.
             if scale != 1.0:

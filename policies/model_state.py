@@ -32,9 +32,12 @@ def current_engine(replicas: Mapping[str, int], *, moving_from: str | None = Non
     was on before (`previous`), then the first name in order, so a restart or a
     replica count that wobbles never flips the answer by itself. None: no replica.
     """
-    serving = {e: n for e, n in replicas.items() if n > 0}
     if moving_from is not None:
         return moving_from
+    if len(replicas) == 1:  # most models: one engine (no tie to break)
+        for e, n in replicas.items():
+            return e if n > 0 else None
+    serving = {e: n for e, n in replicas.items() if n > 0}
     if not serving:
         return None
     most = max(serving.values())

@@ -115,6 +115,9 @@ class Signals:
     # The traffic forecast made at or before `now` (None: none was made, e.g. a
     # backtest on the header's facts).
     forecast: Forecast | None = field(default=None, compare=False, repr=False)
+    # (peak, sustained) when the caller computed them (`policies.fleet_signals`, for a
+    # fleet at once); None: computed here on first use.
+    _stats: tuple[float, float] | None = field(default=None, compare=False, repr=False)
 
     @property
     def forecast_unused(self) -> str | None:
@@ -156,6 +159,8 @@ class Signals:
         n, end, h = self.window_samples, self._end, self._history
         if not n:
             return None
+        if self._stats is not None:
+            return self._stats
         q = self._settings.sustained_quantile
         if h.replay and n == round(self._settings.window_s / h.sample_period_s):
             peaks, quantiles = h.rolling(n, q)
@@ -190,9 +195,11 @@ class Signals:
         (samples, scale): the last `samples` samples, each rate multiplied by `scale`
         (`ModelHistory.replica_means`: a row per capacity, a figure per window); None when
         a window has no samples."""
-        clipped = [(min(n, self._end), scale) for n, scale in windows]
-        if min(n for n, _ in clipped) <= 0:
-            return None
+        end = self._end
+        clipped = [(n if n < end else end, scale) for n, scale in windows]
+        for n, _ in clipped:
+            if n <= 0:
+                return None
         return self._history.replica_means(self._end, capacities, headroom, min_replicas,
                                            clipped)
 

@@ -62,6 +62,35 @@ def test_the_same_signals_as_model_by_model(seed: int, models: int, steps: int,
                 == one.replica_means((3.0, 0.7), 0.2, 1, windows))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_same_figures_where_the_order_of_addition_matters(dtype: type) -> None:
+    """Rows whose sums float64 cannot hold exactly (rates 2**80 apart in magnitude, or
+    float64 rates) are added in order, as one model's prefix sums are: the same means to
+    the last bit; and a model whose savings scale to a forecast gets its own window's
+    order statistics."""
+    from gearshift.policies.forecast import Forecast
+
+    rng = np.random.default_rng(7)
+    models, steps = 40, 120
+    axis = T0 + STEP_S * np.arange(steps)
+    rates = rng.lognormal(1.0, 1.0, (models, steps))
+    rates[::2] *= 2.0 ** rng.integers(-40, 40, (models // 2, steps))
+    rates = rates.astype(dtype)
+    names = [f"m{i}" for i in range(models)]
+    now = float(axis[-1]) + 1.0
+    fc = Forecast(status="ok", method="seasonal", sustained_rps=2.0, peak_rps=5.0,
+                  horizon_s=3600.0, quantile=0.1, reason="", points=20, path_ts=(),
+                  path_low=(), path_high=(), start_ts=now)
+    wanted = {m: FleetModel(FACTS, [], fc if i % 3 else None) for i, m in enumerate(names)}
+    fleet = compute_fleet_signals(axis, [(names, rates)], wanted, now, SETTINGS, STEP_S)
+    for i, m in enumerate(names):
+        one = compute_signals(m, ModelHistory.of(axis, rates[i], [], STEP_S), FACTS, now,
+                              SETTINGS, wanted[m].forecast)
+        assert fleet[m] == one
+        assert (fleet[m].rps_peak, fleet[m].rps_sustained, fleet[m].traffic_scale) == (
+            one.rps_peak, one.rps_sustained, one.traffic_scale)
+
+
 def test_a_forecast_made_after_now_is_refused() -> None:
     from gearshift.policies.forecast import Forecast
 
