@@ -23,6 +23,7 @@ from gearshift.policies.signals import (
     ModelHistory,
     Signals,
     SignalSettings,
+    check_forecast_start,
     compute_signals,
 )
 
@@ -53,10 +54,7 @@ def compute_fleet_signals(axis: FloatArray, blocks: Iterable[tuple[list[str], Ra
     import numpy as np
 
     for model, fm in wanted.items():
-        fc = fm.forecast
-        if fc is not None and fc.start_ts is not None and fc.start_ts > now:
-            raise ValueError(f"{model}: the forecast starts at {fc.start_ts:.0f}, after now "
-                             f"({now:.0f}): it may have seen data from now on")
+        check_forecast_start(model, fm.forecast, now)
     end = int(axis.searchsorted(now, side="left"))
     start = int(axis.searchsorted(now - settings.window_s, side="left"))
     long_start = int(axis.searchsorted(now - settings.long_window_s, side="left"))

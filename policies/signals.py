@@ -204,15 +204,20 @@ class Signals:
                                            clipped)
 
 
+def check_forecast_start(model: str, forecast: Forecast | None, now: float) -> None:
+    """Refuse a forecast made after `now` (ValueError): it may have seen data from `now` on."""
+    if forecast is not None and forecast.start_ts is not None and forecast.start_ts > now:
+        raise ValueError(f"{model}: the forecast starts at {forecast.start_ts:.0f}, after now "
+                         f"({now:.0f}): it may have seen data from now on")
+
+
 def compute_signals(model: str, history: ModelHistory, facts: ModelFacts, now: float,
                     settings: SignalSettings, forecast: Forecast | None = None) -> Signals:
     """Signals from samples with timestamp < `now` only (pure).
 
     `forecast` must have been made at or before `now` (from samples before its
     origin); one made later could have seen data from `now` on and is refused."""
-    if forecast is not None and forecast.start_ts is not None and forecast.start_ts > now:
-        raise ValueError(f"{model}: the forecast starts at {forecast.start_ts:.0f}, after now "
-                         f"({now:.0f}): it may have seen data from now on")
+    check_forecast_start(model, forecast, now)
     find = history.index_before
     end = find(now)
     start = find(now - settings.window_s)
@@ -429,4 +434,4 @@ def is_number(value: SignalValue) -> bool:
 
 __all__ = ["DEPRECATED_SIGNALS", "ENGINES", "LATENCY_SOURCE", "PRIOR_SOURCE", "SIGNALS", "EngineFacts",
            "ModelFacts", "ModelHistory", "SignalSettings", "SignalSpec", "SignalView", "Signals",
-           "breach_is_measured", "compute_signals", "meets_sla", "queue_share_of_ttft_sla"]
+           "breach_is_measured", "check_forecast_start", "compute_signals", "meets_sla", "queue_share_of_ttft_sla"]
