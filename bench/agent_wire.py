@@ -10,9 +10,12 @@ connection that many agents share, as `--agents-per-channel` streams did on a gR
 channel. What gRPC's client did besides, this does too, as far as the controller can see:
 it answers the server's SETTINGS and PINGs, honours its flow-control windows (a message
 waits for a WINDOW_UPDATE rather than overrun them) and reads the trailers of a stream the
-server ends (its `grpc-status` and `grpc-message`, decoded with `hpack`). It asks for no
-compression and sends no deadline; it grants the server windows it never has to refill
-(a few bytes of acks per report).
+server ends (its `grpc-status` and `grpc-message`, decoded with `hpack`). It opens the
+connection with gRPC's client's SETTINGS and window, and each stream with its headers
+(user agent included), so the server holds the same per connection and per stream; it
+asks for no compression and sends no deadline, as the simulator's gRPC calls did not.
+The connection's window is refilled as the server's acks use it; a stream's own 4 MiB
+outlasts any run (a few bytes of ack per report).
 
 One `Connection` per TCP connection, a protocol on the event loop; per stream the caller
 gives a `StreamHandler` (called back with each message and with the stream's end), so a
@@ -32,9 +35,15 @@ PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = (
     0, 1, 3, 4, 6, 7, 8, 9)
 END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY = 0x1, 0x1, 0x4, 0x8, 0x20
-SETTINGS_ENABLE_PUSH, SETTINGS_INITIAL_WINDOW_SIZE = 0x2, 0x4
-MAX_WINDOW = 2**31 - 1
+SETTINGS_INITIAL_WINDOW_SIZE = 0x4
 DEFAULT_WINDOW = 65_535
+# What gRPC's C core client (1.85) sends first, copied so that the server sees the same:
+# SETTINGS (no push, no streams from the server, 4 MiB windows and frames, 16 KB of
+# headers, binary metadata allowed) and a connection window of 4 MiB.
+CLIENT_WINDOW = 4 * 1024 * 1024
+CLIENT_SETTINGS = ((0x2, 0), (0x3, 0), (SETTINGS_INITIAL_WINDOW_SIZE, CLIENT_WINDOW),
+                   (0x5, CLIENT_WINDOW), (0x6, 16_384), (0xFE03, 1))
+USER_AGENT = b"grpc-python-asyncio/1.85.3 grpc-c/58.0.0 (linux; chttp2)"
 RST_CANCEL = 0x8
 # gRPC's status codes by number (grpc.StatusCode's names, without importing grpc here).
 STATUS_NAMES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
@@ -63,7 +72,9 @@ def request_headers(authority: str, path: str) -> bytes:
             + _literal(4, path.encode())  # :path
             + _literal(1, authority.encode())  # :authority
             + _literal(31, b"application/grpc")  # content-type
-            + b"\x00\x02te\x08trailers")  # te: trailers (a new name)
+            + b"\x00\x02te\x08trailers"  # te: trailers (a new name)
+            + b"\x00\x14grpc-accept-encoding\x17identity, deflate, gzip"
+            + _literal(58, USER_AGENT))  # user-agent, as gRPC's client
 
 
 class StreamHandler(Protocol):
@@ -88,6 +99,7 @@ class Connection(asyncio.Protocol):
         self._streams: dict[int, StreamHandler] = {}
         self._inbox: dict[int, bytearray] = {}  # a stream's bytes of messages not yet whole
         self._send_window = DEFAULT_WINDOW  # the connection's
+        self._received = 0  # DATA bytes since this side last refilled the server's window
         self._stream_windows: dict[int, int] = {}
         self._initial_window = DEFAULT_WINDOW  # the server's, for new streams
         self._waiting: deque[tuple[int, bytes]] = deque()  # DATA frames over a window
@@ -153,10 +165,9 @@ class Connection(asyncio.Protocol):
     # -- asyncio.Protocol
     def connection_made(self, transport: Any) -> None:
         self._transport = transport
-        settings = struct.pack(">HIHI", SETTINGS_ENABLE_PUSH, 0,
-                               SETTINGS_INITIAL_WINDOW_SIZE, MAX_WINDOW)
-        transport.write(PREFACE + frame(SETTINGS, 0, 0, settings)
-                        + frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", MAX_WINDOW - DEFAULT_WINDOW)))
+        settings = b"".join(struct.pack(">HI", k, v) for k, v in CLIENT_SETTINGS)
+        transport.write(PREFACE + frame(SETTINGS, 0, 0, settings) + frame(
+            WINDOW_UPDATE, 0, 0, struct.pack(">I", CLIENT_WINDOW - DEFAULT_WINDOW)))
         if not self.ready.done():
             self.ready.set_result(None)
 
@@ -197,6 +208,11 @@ class Connection(asyncio.Protocol):
 
     # -- frames from the server
     def _on_data(self, sid: int, flags: int, payload: bytes) -> None:
+        self._received += len(payload)
+        if self._received >= CLIENT_WINDOW // 2:
+            assert self._transport is not None
+            self._transport.write(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self._received)))
+            self._received = 0
         if flags & PADDED:
             payload = payload[1:len(payload) - payload[0]]
         handler = self._streams.get(sid)
