@@ -62,12 +62,11 @@ them; null without it), so that neither waits for the other's CPU: a fairer view
 the controller itself, to be reported beside the unpinned figure, never instead of it.
 
 At 10,000 agents x 8 deployments every 10 s (the command in the first line with
---agents 10000 --duration-s 40) on a quiet 2-core machine (`other_cores` 0.00-0.01),
-the controller before and after the timed young collections (controller/gc_policy.py),
-back to back: ack p99 352 -> 112 ms, 0.73 -> 0.72 core, RSS 576 -> 549 MB, 0 failed
-streams and 0 lost reports in both; the simulator's own lag p99 was 4.7-6.5 ms. Two
-more quiet runs after: p99 66 and 380 ms. With other work running (`other_cores`
-0.1-0.9) the p99 was 0.2-0.9 s (docs/architecture.md).
+--agents 10000 --duration-s 40) on a 2-core machine (1e7-add loop 1.3-1.7 s) with
+nothing else running, the controller on uvloop: 0.60-0.64 core, ack p50 0.7-0.8 ms and
+p99 6-18 ms, the simulator 0.18-0.21 core on frames; with gRPC's client the simulator
+took 0.40-0.51 core and the p99 was 37-272 ms. No failed stream or lost report in any
+run; the figures and the paired runs are in docs/architecture.md.
 """
 
 from __future__ import annotations
