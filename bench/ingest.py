@@ -4,13 +4,19 @@
 
 The controller runs as its own process (`gearshift controller`, SQLite store in a
 temp dir). Simulated agents run in `--workers` separate processes, each holding
-many agents on one event loop; every agent has its own bidirectional stream
-(`--agents-per-channel` streams share one HTTP/2 connection). An agent starts at
-a random moment within the first interval (as a fleet coming up does), sends
-Hello, waits for Welcome, then sends a Report with N deployment samples every
-interval on a fixed schedule and times the Ack. Report messages are built once
-per agent; only the sequence number changes, so the agents stay cheap and the
-machine's CPU goes to the controller being measured.
+many agents on one event loop (uvloop; `--agent-loop asyncio` for asyncio's); every
+agent has its own bidirectional stream (`--agents-per-channel` streams share one
+HTTP/2 connection). An agent starts at a random moment within the first interval (as
+a fleet coming up does), sends Hello, waits for Welcome, then sends a Report with N
+deployment samples every interval on a fixed schedule, times its Ack and sends the
+next report one interval after the last. Reports are serialized once per agent;
+only the sequence number changes.
+
+The agents speak gRPC with HTTP/2 frames written by hand (`bench/agent_wire.py`): to
+the controller the same bytes on the wire as gRPC's own client sends, at about a
+third of that client's CPU per report, so that the machine's CPU goes to the
+controller being measured. `--agent-client grpc` runs them on gRPC's asyncio client
+instead (each report then costs the simulator about as much as the controller).
 
 Prints one JSON object:
   agents, interval_s, reports_per_s, ack_p50_ms, ack_p99_ms,
@@ -39,7 +45,7 @@ measured window (`--duration-s`) opens one interval after every agent is
 connected, so acks and CPU describe the fleet in steady state and the start-up
 burst shows in the connect figures only. `report_bytes` is one report's
 serialized size. `lost_reports` counts reports sent in the measured window that
-were never acked. `controller_rss_mb` is the controller's RSS at the window's end,
+were not acked by ACK_GRACE_S after it. `controller_rss_mb` is the controller's RSS at the window's end,
 `controller_peak_rss_mb` its largest so far (VmHWM: the connect burst's, usually).
 
 The acks are timed by the simulator, so its own delays are in them: every simulator
@@ -56,12 +62,11 @@ them; null without it), so that neither waits for the other's CPU: a fairer view
 the controller itself, to be reported beside the unpinned figure, never instead of it.
 
 At 10,000 agents x 8 deployments every 10 s (the command in the first line with
---agents 10000 --duration-s 40) on a quiet 2-core machine (`other_cores` 0.00-0.01),
-the controller before and after the timed young collections (controller/gc_policy.py),
-back to back: ack p99 352 -> 112 ms, 0.73 -> 0.72 core, RSS 576 -> 549 MB, 0 failed
-streams and 0 lost reports in both; the simulator's own lag p99 was 4.7-6.5 ms. Two
-more quiet runs after: p99 66 and 380 ms. With other work running (`other_cores`
-0.1-0.9) the p99 was 0.2-0.9 s (docs/architecture.md).
+--agents 10000 --duration-s 40) on a 2-core machine (1e7-add loop 1.3-1.7 s) with
+nothing else running, the controller on uvloop: 0.60-0.64 core, ack p50 0.7-0.8 ms and
+p99 6-18 ms, the simulator 0.18-0.21 core on frames; with gRPC's client the simulator
+took 0.40-0.51 core and the p99 was 37-272 ms. No failed stream or lost report in any
+run; the figures and the paired runs are in docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -82,13 +87,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import agent_wire
 import psutil
 
 WARMUP_S = 3.0  # worker processes importing and starting their loops
 # Agents per simulator process by default: at 10 s intervals one process runs about
 # 1,000 streams at a small share of a core, so it never becomes what is measured.
 AGENTS_PER_WORKER = 1000
-ACK_GRACE_S = 2.0  # how long an agent waits for its last acks after the window
+ACK_GRACE_S = 2.0  # how long an agent waits for its last ack after the window
 CONNECT_TIMEOUT_S = 120.0  # the window opens then even if some agents are not connected
 CONTROLLER_CPU = 0  # with --pin: the controller's core
 LAG_PROBE_S = 0.05  # the simulator's loop-lag probe, as the controller's (controller.loop_lag)
@@ -111,8 +117,7 @@ def _deployment(agent: int, i: int, rng: random.Random) -> Any:
 
 
 class _StreamError(Exception):
-    def __init__(self, where: str, exc: Any) -> None:
-        super().__init__(f"{where}: {exc.code().name}: {exc.details()}")
+    """A simulated agent's stream ended: where (connect or stream) and the status."""
 
 
 def _error_kind(exc: BaseException) -> str:
@@ -149,17 +154,64 @@ class _Window:
         return float(self._shared[1]) + self._offset
 
 
-async def _agent(idx: int, stub: Any, args: argparse.Namespace, stats: _Stats,
-                 start_at: float, window: _Window) -> None:
-    import grpc
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
 
+
+class _ReportBytes:
+    """One agent's `AgentMessage` reports, serialized once: only the sequence number
+    (`Report.seq`, field 1, written first as protobuf does) changes from one to the next,
+    so a report costs a few byte joins instead of a message serialization."""
+
+    def __init__(self, report: Any) -> None:
+        report.ClearField("seq")
+        self._rest = report.SerializeToString()
+
+    def __call__(self, seq: int) -> bytes:
+        body = b"\x08" + _varint(seq) + self._rest
+        return b"\x12" + _varint(len(body)) + body  # AgentMessage.report (field 2)
+
+
+class _AckSeqs:
+    """The sequence number of an ack given as bytes (the stream passes bytes through, see
+    `_connect_method`): acks repeat across agents, so each distinct one is parsed once."""
+
+    def __init__(self) -> None:
+        self._seen: dict[bytes, int] = {}
+
+    def __call__(self, data: bytes) -> int | None:
+        seq = self._seen.get(data)
+        if seq is None:
+            from gearshift.v1 import agent_pb2
+
+            msg = agent_pb2.ControllerMessage.FromString(data)
+            if msg.WhichOneof("body") != "ack":
+                return None
+            seq = self._seen[data] = msg.ack.seq
+        return seq
+
+
+CONNECT_PATH = "/gearshift.v1.AgentService/Connect"
+
+
+def _connect_method(channel: Any) -> Any:
+    """`AgentService.Connect` on a gRPC channel, taking and giving serialized messages."""
+    return channel.stream_stream(CONNECT_PATH, request_serializer=None,
+                                 response_deserializer=None)
+
+
+def _messages(idx: int, args: argparse.Namespace) -> tuple[bytes, _ReportBytes]:
+    """An agent's Hello and its reports, serialized."""
     from gearshift.v1 import agent_pb2
 
-    loop = asyncio.get_running_loop()
     rng = random.Random(idx)
-    msg = agent_pb2.AgentMessage()
-    msg.report.interval_s = args.interval_s
-    msg.report.deployments.extend(
+    report = agent_pb2.Report(interval_s=args.interval_s)
+    report.deployments.extend(
         _deployment(idx, i, rng) for i in range(args.deployments_per_agent))
     hello = agent_pb2.AgentMessage()
     hello.hello.host_id = f"bench-{idx}"
@@ -168,51 +220,150 @@ async def _agent(idx: int, stub: Any, args: argparse.Namespace, stats: _Stats,
     hello.hello.emulated_gpus = True
     for g in range(8):
         hello.hello.gpus.add(index=g, model="NVIDIA H100 80GB HBM3", memory_total_bytes=80 << 30)
+    return hello.SerializeToString(), _ReportBytes(report)
 
+
+class _WireAgent:
+    """One simulated agent on a hand-written HTTP/2 stream (`agent_wire`): its Hello, then
+    a report each interval from a loop timer, each ack timed in the stream's callback.
+    `done` resolves when the agent is through (an exception: its stream failed)."""
+
+    def __init__(self, idx: int, conn: Any, args: argparse.Namespace, stats: _Stats,
+                 window: _Window, ack_seqs: _AckSeqs) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.idx, self.conn, self.stats, self.window = idx, conn, stats, window
+        self.interval_s, self.ack_seqs = args.interval_s, ack_seqs
+        hello, self.reports = _messages(idx, args)
+        self.done: asyncio.Future[None] = self.loop.create_future()
+        self.connected = False
+        self.seq = 0
+        self.lost = 0  # reports sent in the window and not acked (yet)
+        self.in_window = False
+        self.sent = self.due = 0.0
+        self.opened = time.monotonic()
+        self.sid = conn.open_stream(self)
+        conn.send(self.sid, hello)
+
+    def on_message(self, data: bytes) -> None:
+        if self.done.done():
+            return
+        if not self.connected:
+            from gearshift.v1 import agent_pb2
+
+            welcome = agent_pb2.ControllerMessage.FromString(data)
+            if welcome.WhichOneof("body") != "welcome":
+                self._finish(RuntimeError(f"agent {self.idx}: expected a welcome"))
+                return
+            self.connected = True
+            self.stats.connected += 1
+            self.stats.connect_ms.append((time.monotonic() - self.opened) * 1000.0)
+            self.due = self.loop.time()
+            self._report()
+            return
+        if self.ack_seqs(data) != self.seq:
+            self._finish(RuntimeError(f"agent {self.idx}: expected the ack of report {self.seq}"))
+            return
+        if self.in_window:
+            self.lost -= 1
+            self.stats.acks.append((time.monotonic() - self.sent) * 1000.0)
+        self.due += self.interval_s
+        if self.due < self.window.end:
+            self.loop.call_at(self.due, self._report)
+        else:
+            self._finish(None)
+
+    def _report(self) -> None:
+        if self.done.done():
+            return
+        self.seq += 1
+        self.in_window = self.loop.time() >= self.window.start
+        if self.in_window:
+            self.stats.sent += 1
+            self.lost += 1
+        self.sent = time.monotonic()
+        self.conn.send(self.sid, self.reports(self.seq))
+
+    def on_end(self, error: str) -> None:
+        self._finish(_StreamError(f"{'stream' if self.connected else 'connect'}: {error}"))
+
+    def _finish(self, exc: BaseException | None) -> None:
+        self.conn.cancel(self.sid)  # nothing if the server ended it
+        if not self.done.done():
+            if exc is None:
+                self.done.set_result(None)
+            else:
+                self.done.set_exception(exc)
+
+
+async def _wire_agent(idx: int, conn: Any, args: argparse.Namespace, stats: _Stats,
+                      start_at: float, window: _Window, ack_seqs: _AckSeqs) -> None:
+    loop = asyncio.get_running_loop()
     await asyncio.sleep(max(0.0, start_at - loop.time()))
-    call = stub.Connect()
-    opened = loop.time()
+    agent = _WireAgent(idx, conn, args, stats, window, ack_seqs)
+    try:
+        await agent.done
+    except asyncio.CancelledError:  # by `_worker_main`, ACK_GRACE_S after the window
+        agent.on_end("cancelled")
+        if not agent.connected:
+            raise RuntimeError("connect: no welcome by the measured window's end") from None
+        raise
+    finally:
+        stats.lost += agent.lost
+
+
+async def _grpc_agent(idx: int, connect: Any, args: argparse.Namespace, stats: _Stats,
+                      start_at: float, window: _Window, ack_seqs: _AckSeqs) -> None:
+    """One simulated agent on gRPC's asyncio client (`--agent-client grpc`)."""
+    import grpc
+
+    loop = asyncio.get_running_loop()
+    hello, report_bytes = _messages(idx, args)
+    await asyncio.sleep(max(0.0, start_at - loop.time()))
+    call = connect()
+    opened = time.monotonic()
     try:
         await call.write(hello)
-        welcome = await call.read()
+        data = await call.read()
     except grpc.aio.AioRpcError as exc:
-        raise _StreamError("connect", exc) from None
-    if welcome is grpc.aio.EOF or welcome.WhichOneof("body") != "welcome":
+        raise _StreamError(f"connect: {exc.code().name}: {exc.details()}") from None
+    except asyncio.CancelledError:  # by `_worker_main`, at the window's end
+        call.cancel()
+        raise RuntimeError("connect: no welcome by the measured window's end") from None
+    from gearshift.v1 import agent_pb2
+
+    welcome = (agent_pb2.ControllerMessage.FromString(data) if data is not grpc.aio.EOF
+               else None)
+    if welcome is None or welcome.WhichOneof("body") != "welcome":
         raise RuntimeError(f"agent {idx}: expected a welcome, got {welcome!r}")
     stats.connected += 1
-    stats.connect_ms.append((loop.time() - opened) * 1000.0)
-    sent_at: dict[int, float] = {}
-
-    async def reader() -> None:
-        while True:
-            ack = await call.read()
-            if ack is grpc.aio.EOF:
-                return
-            t0 = sent_at.pop(ack.ack.seq, None)
-            if t0 is not None and t0 >= window.start:
-                stats.acks.append((loop.time() - t0) * 1000.0)
-
-    rtask = asyncio.create_task(reader())
+    stats.connect_ms.append((time.monotonic() - opened) * 1000.0)
+    # One coroutine writes a report and reads its ack (the controller acks each report
+    # in order and sends nothing else to these agents): no reader task per agent.
+    seq = 0
+    lost = 0
     try:
-        seq = 0
         due = loop.time()
         while due < window.end:
             seq += 1
-            msg.report.seq = seq
-            now = loop.time()
-            sent_at[seq] = now
-            if now >= window.start:
+            in_window = loop.time() >= window.start
+            sent = time.monotonic()  # not the loop's time: uvloop's is in whole ms
+            if in_window:
                 stats.sent += 1
+                lost += 1  # until its ack comes
             try:
-                await call.write(msg)
+                await call.write(report_bytes(seq))
+                data = await call.read()
             except grpc.aio.AioRpcError as exc:
-                raise _StreamError("stream", exc) from None
+                raise _StreamError(f"stream: {exc.code().name}: {exc.details()}") from None
+            if data is grpc.aio.EOF or ack_seqs(data) != seq:
+                raise RuntimeError(f"agent {idx}: expected the ack of report {seq}")
+            if in_window:
+                lost -= 1
+                stats.acks.append((time.monotonic() - sent) * 1000.0)
             due += args.interval_s
             await asyncio.sleep(max(0.0, due - loop.time()))
-        await asyncio.sleep(ACK_GRACE_S)
     finally:
-        stats.lost += sum(1 for t in sent_at.values() if t >= window.start)
-        rtask.cancel()
+        stats.lost += lost
         call.cancel()
 
 
@@ -220,23 +371,29 @@ async def _worker_main(args: argparse.Namespace, agent_ids: list[int], shared: A
                        connected: Any) -> _Stats:
     import grpc
 
-    from gearshift.v1 import agent_pb2_grpc
-
     loop = asyncio.get_running_loop()
     window = _Window(shared, loop.time() - time.time())
     stats = _Stats()
-    channels, tasks = [], []
+    ack_seqs = _AckSeqs()
+    channels: list[Any] = []  # gRPC channels or `agent_wire.Connection`s
+    tasks = []
     start_rng = random.Random(len(agent_ids) * 7919 + (agent_ids[0] if agent_ids else 0))
+    host, _, port = args.controller.rpartition(":")
     for start in range(0, len(agent_ids), args.agents_per_channel):
-        # A local subchannel pool: each channel is its own connection, as separate hosts' are.
-        ch = grpc.aio.insecure_channel(args.controller,
-                                       options=[("grpc.use_local_subchannel_pool", 1)])
-        channels.append(ch)
-        stub = agent_pb2_grpc.AgentServiceStub(ch)
+        if args.agent_client == "wire":
+            channel = await agent_wire.connect(host, int(port), CONNECT_PATH)
+            agent, via = _wire_agent, channel
+        else:
+            # A local subchannel pool: each channel is its own connection, as separate
+            # hosts' are.
+            channel = grpc.aio.insecure_channel(
+                args.controller, options=[("grpc.use_local_subchannel_pool", 1)])
+            agent, via = _grpc_agent, _connect_method(channel)
+        channels.append(channel)
         for idx in agent_ids[start:start + args.agents_per_channel]:
             start_at = loop.time() + start_rng.uniform(0, args.interval_s)  # jittered start-up
             tasks.append(asyncio.create_task(
-                _agent(idx, stub, args, stats, start_at, window)))
+                agent(idx, via, args, stats, start_at, window, ack_seqs)))
 
     async def sample_cpu() -> None:
         # Tells the parent how many agents are connected (or gave up) until the window is
@@ -255,18 +412,35 @@ async def _worker_main(args: argparse.Namespace, agent_ids: list[int], shared: A
             await asyncio.sleep(0.2)
         await asyncio.sleep(max(0.0, window.start - loop.time()))
         while loop.time() < window.end:
-            due = loop.time() + LAG_PROBE_S
+            due = time.monotonic() + LAG_PROBE_S
             await asyncio.sleep(LAG_PROBE_S)
-            stats.lags_ms.append(max(0.0, loop.time() - due) * 1000.0)
+            stats.lags_ms.append(max(0.0, time.monotonic() - due) * 1000.0)
+
+    async def stop_waiting() -> None:
+        # An agent waits for each report's ack before its next report: ACK_GRACE_S after
+        # the window, what still waits is cancelled, and its unacknowledged report is lost.
+        while window.end == math.inf:
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(max(0.0, window.end + ACK_GRACE_S - loop.time()))
+        for t in tasks:
+            t.cancel()
 
     sampler = asyncio.create_task(sample_cpu())
     prober = asyncio.create_task(probe_lag())
+    stopper = asyncio.create_task(stop_waiting())
     results = await asyncio.gather(*tasks, return_exceptions=True)
+    if window.end != math.inf:
+        await sampler  # agents may be through before the window's end
     sampler.cancel()
     prober.cancel()
-    stats.errors = [_error_kind(r) for r in results if isinstance(r, BaseException)]
-    for ch in channels:
-        await ch.close()
+    stopper.cancel()
+    stats.errors = [_error_kind(r) for r in results
+                    if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError)]
+    for channel in channels:
+        if args.agent_client == "wire":
+            channel.close()
+        else:
+            await channel.close()
     return stats
 
 
@@ -274,7 +448,13 @@ def _worker(args: argparse.Namespace, agent_ids: list[int], shared: Any, connect
             q: Any) -> None:
     if args.pin:  # before gRPC starts its threads, which inherit it
         os.sched_setaffinity(0, _agent_cpus())
-    stats = asyncio.run(_worker_main(args, agent_ids, shared, connected))
+    main = _worker_main(args, agent_ids, shared, connected)
+    if args.agent_loop == "uvloop":
+        import uvloop
+
+        stats = uvloop.run(main)
+    else:
+        stats = asyncio.run(main)
     cpu = stats.cpu_window[1] - stats.cpu_window[0] if len(stats.cpu_window) == 2 else float("nan")
     q.put({"acks": stats.acks, "connect_ms": stats.connect_ms, "sent": stats.sent, "lost": stats.lost,
            "connected": stats.connected, "errors": dict(Counter(stats.errors)),
@@ -382,6 +562,11 @@ def main() -> int:
                    help=f"agent processes (default: one per {AGENTS_PER_WORKER} agents, at least 2)")
     p.add_argument("--agents-per-channel", type=int, default=100,
                    help="agent streams sharing one connection")
+    p.add_argument("--agent-client", choices=("wire", "grpc"), default="wire",
+                   help="the simulated agents' client: HTTP/2 frames written by hand "
+                        "(bench/agent_wire.py), or gRPC's asyncio client")
+    p.add_argument("--agent-loop", choices=("asyncio", "uvloop"), default="uvloop",
+                   help="the simulator processes' event loop")
     p.add_argument("--pin", action="store_true",
                    help=f"run the controller on core {CONTROLLER_CPU} only and the simulated "
                         "agents on the others (Linux), so neither waits for the other's CPU")

@@ -66,6 +66,9 @@ def setup_logging(level: str) -> None:
 @click.option("--controller-id", default="", help="name of this controller (default: host-pid)")
 @click.option("--ready-file", type=click.Path(path_type=Path), default=None,
               help="write 'GRPC_PORT METRICS_PORT ENROL_PORT' here once serving (for scripts)")
+@click.option("--event-loop", type=click.Choice(["uvloop", "asyncio"]), default=None,
+              help="the event loop that carries every agent stream: uvloop (the default "
+              "where installed) spends less CPU per report than asyncio's own")
 @click.option("--log-level", default="info", show_default=True)
 @click.pass_context
 def controller(ctx: click.Context, listen: str, db_url: str, data_dir: Path,
@@ -75,7 +78,7 @@ def controller(ctx: click.Context, listen: str, db_url: str, data_dir: Path,
                tls_key: Path | None, tls_ca: Path | None, tokens_file: Path | None,
                advertise: str, lease_ttl_s: float, enrol_listen: str, ca_key: Path | None,
                enrolled_cert_ttl_s: float, controller_id: str, ready_file: Path | None,
-               log_level: str) -> None:
+               event_loop: str | None, log_level: str) -> None:
     """Run the controller: gRPC for agents, gateway and CLI; store; policy loop; /metrics.
 
     Several controllers on one PostgreSQL database elect one leader; on SQLite
@@ -83,6 +86,7 @@ def controller(ctx: click.Context, listen: str, db_url: str, data_dir: Path,
     """
     if ctx.invoked_subcommand is not None:
         return
+    from gearshift.common.event_loop import run_event_loop
     from gearshift.controller.server import ControllerConfig, run_controller
 
     setup_logging(log_level)
@@ -104,7 +108,7 @@ def controller(ctx: click.Context, listen: str, db_url: str, data_dir: Path,
                                enrolled_cert_ttl_s=enrolled_cert_ttl_s)
         if controller_id:
             cfg.controller_id = controller_id
-        asyncio.run(run_controller(cfg, ready_file=ready_file))
+        run_event_loop(run_controller(cfg, ready_file=ready_file), event_loop)
     except GearshiftError as err:
         raise click.ClickException(err.message) from None
 
