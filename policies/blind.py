@@ -92,7 +92,7 @@ from gearshift.policies.capacity import (
     CapacityModel,
     LoadObservation,
 )
-from gearshift.policies.costmodel import replicas
+from gearshift.policies.costmodel import MAX_EXACT_COUNT, REPLICA_EPSILON, replicas
 from gearshift.policies.forecast import Forecast, decision_forecast
 from gearshift.policies.loader import Policy
 from gearshift.policies.priors import (
@@ -179,20 +179,56 @@ class LatencyWorld:
         for m, e in self.curves:
             rng = np.random.default_rng([seed, zlib.crc32(f"{m}/{e}".encode())])
             self._noise[m, e] = np.exp(NOISE_SIGMA * rng.standard_normal(trace.n_steps)).tolist()
+        # (model, engine) -> replicas, load and p99 of every step (`_every_step`), or None
+        self._steps: dict[tuple[str, str], tuple[list[int], list[float], list[float]] | None] = {}
 
     def observe(self, model: str, engine: str, k: int) -> Observation | None:
         """Step k's observation of `model` served by `engine`; None when idle."""
-        t, p = self._trace, self._trace.profiles[model]
+        t = self._trace
         r = t.series[model].rps[k]
         if r <= 0:
             return None
-        cap = p.capacity_rps[engine]
-        n = replicas(r, cap, t.headroom, p.min_replicas)
+        key = (model, engine)
+        if key not in self._steps:
+            self._steps[key] = self._every_step(model, engine)
+        steps = self._steps[key]
+        if steps is None:  # a count `costmodel.replicas` may refuse: one step at a time
+            p = t.profiles[model]
+            cap = p.capacity_rps[engine]
+            n = replicas(r, cap, t.headroom, p.min_replicas)
+            if n <= 0:
+                return None
+            p99 = self.curves[key].p99_ms(r / (n * cap)) * self._noise[key][k]
+            return Observation(LoadObservation(self._start_s + k * t.step_s, r / n, p99 / 1000.0,
+                                               None), n)
+        n = steps[0][k]
         if n <= 0:
             return None
-        p99 = self.curves[model, engine].p99_ms(r / (n * cap)) * self._noise[model, engine][k]
-        return Observation(LoadObservation(self._start_s + k * t.step_s, r / n, p99 / 1000.0, None),
-                           n)
+        return Observation(LoadObservation(self._start_s + k * t.step_s, steps[1][k], steps[2][k],
+                                           None), n)
+
+    def _every_step(self, model: str, engine: str
+                    ) -> tuple[list[int], list[float], list[float]] | None:
+        """Replicas, load per replica and p99 (s) of `model` on `engine` at every step (at
+        the first observation of the pair): the counts and loads by numpy, the same IEEE
+        operations as `costmodel.replicas` and `r / n`, `r / (n * c)` on each rate; the curve
+        and noise per step in Python, as one step computes them. None where a count is not
+        finite or too large to be exact (`replicas` refuses it)."""
+        t, p = self._trace, self._trace.profiles[model]
+        cap = p.capacity_rps[engine]
+        rps = np.asarray(t.series[model].rps, dtype=np.float64)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            need = rps * (1 + t.headroom) / cap - REPLICA_EPSILON
+            if not np.isfinite(need).all() or float(need.max(initial=0.0)) > MAX_EXACT_COUNT:
+                return None
+            counts = np.maximum(p.min_replicas, np.ceil(need))
+            served = (rps > 0) & (counts > 0)
+            loads = np.where(served, rps / counts, 0.0).tolist()
+            rho = np.where(served, rps / (counts * cap), 0.0).tolist()
+        curve, noise = self.curves[model, engine], self._noise[model, engine]
+        p99 = [curve.p99_ms(x) * z / 1000.0 if ok else 0.0
+               for x, z, ok in zip(rho, noise, served.tolist(), strict=False)]
+        return counts.astype(np.int64).tolist(), loads, p99
 
 
 def blind_view(trace: Trace) -> Trace:
@@ -217,6 +253,8 @@ class _Engine:
         self._estimate: CapacityEstimate | None = None
         self.estimated_at = 0  # the observation count of the cached estimate
         self.top_within_sla: float | None = None  # highest load served within the SLA
+        # (count, capacity, the facts given for them) of the last `BlindLearner.facts`
+        self.facts: tuple[int, float | None, EngineFacts] | None = None
 
     def add(self, obs: LoadObservation, replicas_n: int, min_replicas: int) -> None:
         if self.model.add(obs) is None:
@@ -323,18 +361,26 @@ class BlindLearner:
         cite: dict[str, SignalValue] = dict(self._capacities[model][2])
         engines = {}
         for e in self._view.engines:
-            recent = self._engines[model, e].recent
-            prior = priors.get(e)  # type: ignore[call-overload]
-            # statistics.median: numpy's figure (the mean of the middle two), without
-            # its per-call cost on a dozen values at every step.
-            ttft = (float(statistics.median(recent)) if recent
-                    else prior.ttft_p99_ms if prior is not None else None)
-            if not recent and ttft is not None:
-                cite[f"{LATENCY_SOURCE}.{e}"] = PRIOR_SOURCE
-            engines[e] = EngineFacts(capacity_rps=caps[e].capacity_rps, ttft_p99_ms=ttft,
-                                     cold_start_s=p.cold_start_s[e], build_s=p.build_s[e],
-                                     build_overhead_usd=p.build_overhead_usd[e])
-            cite[f"capacity_points.{e}"] = self._engines[model, e].count
+            state = self._engines[model, e]
+            recent = state.recent
+            if not recent:
+                prior = priors.get(e)  # type: ignore[call-overload]
+                if prior is not None and prior.ttft_p99_ms is not None:
+                    cite[f"{LATENCY_SOURCE}.{e}"] = PRIOR_SOURCE
+            capacity = caps[e].capacity_rps
+            # The engine's facts change only with its observations (the recent p99s grow
+            # with the count) or its capacity: an engine that is not serving keeps its own.
+            kept = state.facts
+            if kept is None or kept[0] != state.count or kept[1] != capacity:
+                # statistics.median: numpy's figure (the mean of the middle two), without
+                # its per-call cost on a dozen values at every step.
+                ttft = (float(statistics.median(recent)) if recent
+                        else prior.ttft_p99_ms if prior is not None else None)
+                kept = state.facts = (state.count, capacity, EngineFacts(
+                    capacity_rps=capacity, ttft_p99_ms=ttft, cold_start_s=p.cold_start_s[e],
+                    build_s=p.build_s[e], build_overhead_usd=p.build_overhead_usd[e]))
+            engines[e] = kept[2]
+            cite[f"capacity_points.{e}"] = state.count
         return ModelFacts(gpus_per_replica=p.gpus_per_replica, min_replicas=p.min_replicas,
                           headroom=v.headroom, overlap_s=v.overlap_s,
                           sla_ttft_p99_ms=p.sla_ttft_p99_ms, engines=engines, nvidia=True,
