@@ -92,7 +92,7 @@ from gearshift.policies.capacity import (
     CapacityModel,
     LoadObservation,
 )
-from gearshift.policies.costmodel import MAX_EXACT_COUNT, REPLICA_EPSILON, replicas
+from gearshift.policies.costmodel import replicas
 from gearshift.policies.forecast import Forecast, decision_forecast
 from gearshift.policies.loader import Policy
 from gearshift.policies.priors import (
@@ -179,56 +179,20 @@ class LatencyWorld:
         for m, e in self.curves:
             rng = np.random.default_rng([seed, zlib.crc32(f"{m}/{e}".encode())])
             self._noise[m, e] = np.exp(NOISE_SIGMA * rng.standard_normal(trace.n_steps)).tolist()
-        # (model, engine) -> replicas, load and p99 of every step (`_every_step`), or None
-        self._steps: dict[tuple[str, str], tuple[list[int], list[float], list[float]] | None] = {}
 
     def observe(self, model: str, engine: str, k: int) -> Observation | None:
         """Step k's observation of `model` served by `engine`; None when idle."""
-        t = self._trace
+        t, p = self._trace, self._trace.profiles[model]
         r = t.series[model].rps[k]
         if r <= 0:
             return None
-        key = (model, engine)
-        if key not in self._steps:
-            self._steps[key] = self._every_step(model, engine)
-        steps = self._steps[key]
-        if steps is None:  # a count `costmodel.replicas` may refuse: one step at a time
-            p = t.profiles[model]
-            cap = p.capacity_rps[engine]
-            n = replicas(r, cap, t.headroom, p.min_replicas)
-            if n <= 0:
-                return None
-            p99 = self.curves[key].p99_ms(r / (n * cap)) * self._noise[key][k]
-            return Observation(LoadObservation(self._start_s + k * t.step_s, r / n, p99 / 1000.0,
-                                               None), n)
-        n = steps[0][k]
+        cap = p.capacity_rps[engine]
+        n = replicas(r, cap, t.headroom, p.min_replicas)
         if n <= 0:
             return None
-        return Observation(LoadObservation(self._start_s + k * t.step_s, steps[1][k], steps[2][k],
-                                           None), n)
-
-    def _every_step(self, model: str, engine: str
-                    ) -> tuple[list[int], list[float], list[float]] | None:
-        """Replicas, load per replica and p99 (s) of `model` on `engine` at every step (at
-        the first observation of the pair): the counts and loads by numpy, the same IEEE
-        operations as `costmodel.replicas` and `r / n`, `r / (n * c)` on each rate; the curve
-        and noise per step in Python, as one step computes them. None where a count is not
-        finite or too large to be exact (`replicas` refuses it)."""
-        t, p = self._trace, self._trace.profiles[model]
-        cap = p.capacity_rps[engine]
-        rps = np.asarray(t.series[model].rps, dtype=np.float64)
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            need = rps * (1 + t.headroom) / cap - REPLICA_EPSILON
-            if not np.isfinite(need).all() or float(need.max(initial=0.0)) > MAX_EXACT_COUNT:
-                return None
-            counts = np.maximum(p.min_replicas, np.ceil(need))
-            served = (rps > 0) & (counts > 0)
-            loads = np.where(served, rps / counts, 0.0).tolist()
-            rho = np.where(served, rps / (counts * cap), 0.0).tolist()
-        curve, noise = self.curves[model, engine], self._noise[model, engine]
-        p99 = [curve.p99_ms(x) * z / 1000.0 if ok else 0.0
-               for x, z, ok in zip(rho, noise, served.tolist(), strict=False)]
-        return counts.astype(np.int64).tolist(), loads, p99
+        p99 = self.curves[model, engine].p99_ms(r / (n * cap)) * self._noise[model, engine][k]
+        return Observation(LoadObservation(self._start_s + k * t.step_s, r / n, p99 / 1000.0, None),
+                           n)
 
 
 def blind_view(trace: Trace) -> Trace:

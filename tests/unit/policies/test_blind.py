@@ -7,11 +7,9 @@ import dataclasses
 import importlib.util
 import json
 import math
-import zlib
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
 from hypothesis import given
@@ -20,9 +18,7 @@ from hypothesis import strategies as st
 from gearshift.cli.policy_cmds import policy as policy_cli
 from gearshift.policies import blind
 from gearshift.policies.backtest import run_backtest, simulate
-from gearshift.policies.blind import LatencyCurve, LatencyWorld, Observation, blind_view
-from gearshift.policies.capacity import LoadObservation
-from gearshift.policies.costmodel import replicas
+from gearshift.policies.blind import LatencyCurve, LatencyWorld, blind_view
 from gearshift.policies.loader import load_policy, load_policy_file
 from gearshift.policies.trace import read_trace
 
@@ -79,37 +75,6 @@ def test_world_is_deterministic_per_seed_and_silent_when_idle(steady) -> None:
     idle = dataclasses.replace(steady, series={"llama-70b": dataclasses.replace(
         steady.series["llama-70b"], rps=(0.0,) * steady.n_steps)})
     assert LatencyWorld(idle).observe("llama-70b", "vllm", 3) is None
-
-
-def _one_step(world: LatencyWorld, trace: Any, model: str, engine: str, k: int) -> Any:
-    """Step k's observation by the documented formulas, one step alone."""
-    p, r = trace.profiles[model], trace.series[model].rps[k]
-    if r <= 0:
-        return None
-    cap = p.capacity_rps[engine]
-    n = replicas(r, cap, trace.headroom, p.min_replicas)
-    if n <= 0:
-        return None
-    p99 = world.curves[model, engine].p99_ms(r / (n * cap)) * math.exp(
-        blind.NOISE_SIGMA * float(np.random.default_rng(
-            [0, zlib.crc32(f"{model}/{engine}".encode())]).standard_normal(trace.n_steps)[k]))
-    return Observation(LoadObservation(trace.start.timestamp() + k * trace.step_s, r / n,
-                                       p99 / 1000.0, None), n)
-
-
-@pytest.mark.parametrize("name", ["bursty-8b", "ramp-70b"])
-def test_world_observes_every_step_as_one_step_alone(name: str) -> None:
-    """The world works out a pair's steps at once: every observation, to the bit, the one
-    the latency model gives for that step alone (idle and minimum-replica steps too)."""
-    trace = read_trace(TRACES / f"{name}.jsonl.gz")
-    idle = dataclasses.replace(trace, series={m: dataclasses.replace(
-        s, rps=tuple(0.0 if k % 11 == 0 else r for k, r in enumerate(s.rps)))
-        for m, s in trace.series.items()})
-    world = LatencyWorld(idle)
-    for model in idle.series:
-        for engine in idle.engines:
-            for k in range(idle.n_steps):
-                assert world.observe(model, engine, k) == _one_step(world, idle, model, engine, k)
 
 
 def test_blind_view_hides_capacities_and_latencies(steady) -> None:
