@@ -217,8 +217,6 @@ class _Engine:
         self._estimate: CapacityEstimate | None = None
         self.estimated_at = 0  # the observation count of the cached estimate
         self.top_within_sla: float | None = None  # highest load served within the SLA
-        # (count, capacity, the facts given for them) of the last `BlindLearner.facts`
-        self.facts: tuple[int, float | None, EngineFacts] | None = None
 
     def add(self, obs: LoadObservation, replicas_n: int, min_replicas: int) -> None:
         if self.model.add(obs) is None:
@@ -325,26 +323,18 @@ class BlindLearner:
         cite: dict[str, SignalValue] = dict(self._capacities[model][2])
         engines = {}
         for e in self._view.engines:
-            state = self._engines[model, e]
-            recent = state.recent
-            if not recent:
-                prior = priors.get(e)  # type: ignore[call-overload]
-                if prior is not None and prior.ttft_p99_ms is not None:
-                    cite[f"{LATENCY_SOURCE}.{e}"] = PRIOR_SOURCE
-            capacity = caps[e].capacity_rps
-            # The engine's facts change only with its observations (the recent p99s grow
-            # with the count) or its capacity: an engine that is not serving keeps its own.
-            kept = state.facts
-            if kept is None or kept[0] != state.count or kept[1] != capacity:
-                # statistics.median: numpy's figure (the mean of the middle two), without
-                # its per-call cost on a dozen values at every step.
-                ttft = (float(statistics.median(recent)) if recent
-                        else prior.ttft_p99_ms if prior is not None else None)
-                kept = state.facts = (state.count, capacity, EngineFacts(
-                    capacity_rps=capacity, ttft_p99_ms=ttft, cold_start_s=p.cold_start_s[e],
-                    build_s=p.build_s[e], build_overhead_usd=p.build_overhead_usd[e]))
-            engines[e] = kept[2]
-            cite[f"capacity_points.{e}"] = state.count
+            recent = self._engines[model, e].recent
+            prior = priors.get(e)  # type: ignore[call-overload]
+            # statistics.median: numpy's figure (the mean of the middle two), without
+            # its per-call cost on a dozen values at every step.
+            ttft = (float(statistics.median(recent)) if recent
+                    else prior.ttft_p99_ms if prior is not None else None)
+            if not recent and ttft is not None:
+                cite[f"{LATENCY_SOURCE}.{e}"] = PRIOR_SOURCE
+            engines[e] = EngineFacts(capacity_rps=caps[e].capacity_rps, ttft_p99_ms=ttft,
+                                     cold_start_s=p.cold_start_s[e], build_s=p.build_s[e],
+                                     build_overhead_usd=p.build_overhead_usd[e])
+            cite[f"capacity_points.{e}"] = self._engines[model, e].count
         return ModelFacts(gpus_per_replica=p.gpus_per_replica, min_replicas=p.min_replicas,
                           headroom=v.headroom, overlap_s=v.overlap_s,
                           sla_ttft_p99_ms=p.sla_ttft_p99_ms, engines=engines, nvidia=True,
