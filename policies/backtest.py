@@ -24,6 +24,7 @@ import numpy as np
 from gearshift.policies.blind import BlindLearner, LatencyWorld, blind_view
 from gearshift.policies.core import Decision, ModelState, decide
 from gearshift.policies.costmodel import ModelOutcome, ModelReplay, replay_model
+from gearshift.policies.economics import prepare_estimates
 from gearshift.policies.loader import Policy
 from gearshift.policies.model_state import (
     MEASURED_SOURCE,
@@ -121,6 +122,8 @@ def simulate(policy: Policy, trace: Trace, *, blind: bool = False, seed: int = 0
                 m: compute_signals(m, hist[m], facts[m], now, settings,
                                    None if learner is None else learner.forecast(m, hist[m], now))
                 for m in models}
+            if learner is not None:  # the savings estimates' scaled windows, all models at once
+                prepare_estimates(signals.values())
             state = {m: _state(tenure[m], switches[m], trialled[m], replays[m].switching_at(k))
                      for m in models}
             wanted = {d.model: d for d in decide(policy, signals, state, now)}

@@ -31,10 +31,12 @@ peaks the estimate sizes for. Every estimate says which level it used
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gearshift.policies.costmodel import SECONDS_PER_HOUR, replicas
-from gearshift.policies.signals import ModelFacts, Signals
+from gearshift.policies.signals import ModelFacts, Signals, count_replica_means
 
 HOURS_PER_WEEK = 168.0
 PRICE_LABEL = "gearshift.dev/gpu-price-per-hour"  # host label: USD per GPU-hour on that host
@@ -90,6 +92,32 @@ def rebuild_estimate_usd(facts: ModelFacts, engine: str, rps: float, price: floa
     return price * gpu_s / SECONDS_PER_HOUR + overhead
 
 
+def prepare_estimates(signals: Iterable[Signals]) -> None:
+    """Count, for many models at once, the replicas `estimate_move` reads of each model's
+    windows, for every engine with a capacity (`signals.count_replica_means`: one numpy
+    pass instead of one per model). A backtest step estimates a move for every model of
+    its fleet; the estimates then read the figures, the same to the bit. Models whose
+    short window is not scaled are left out: a replay reads those counts from prefix
+    sums."""
+    asks = []
+    for sig in signals:
+        if sig.rps_current is None or (scale := sig.traffic_scale) == 1.0:
+            continue
+        facts = sig.facts
+        capacities = [c for ef in facts.engines.values()
+                      if (c := ef.capacity_rps) is not None and 0 < c < math.inf]
+        if len(capacities) > 1:
+            asks.append((sig, capacities, facts.headroom, facts.min_replicas,
+                         _windows(sig, scale)))
+    count_replica_means(asks)
+
+
+def _windows(sig: Signals, scale: float) -> tuple[tuple[int, float], tuple[int, float]]:
+    """The windows of the savings estimate (`estimate_move`): the short one at the traffic
+    level, the long one as observed."""
+    return ((sig.window_samples, scale), (sig.long_window_samples, 1.0))
+
+
 def estimate_move(sig: Signals, current: str, target: str, cost: CostSettings) -> MoveEstimate | None:
     """Expected net savings of moving `current` -> `target`; None when facts are missing."""
     facts = sig.facts
@@ -106,8 +134,7 @@ def estimate_move(sig: Signals, current: str, target: str, cost: CostSettings) -
     # the long one, as observed.
     scale = sig.traffic_scale
     found = sig.replica_means((cur.capacity_rps, tgt.capacity_rps), facts.headroom,
-                              facts.min_replicas, ((sig.window_samples, scale),
-                                                   (sig.long_window_samples, 1.0)))
+                              facts.min_replicas, _windows(sig, scale))
     if found is None:
         return None
     on_cur, on_tgt = found

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, insort
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
 
 _RANGES = ("ranges",)  # the cache's key of the window ranges at one `end`
+_MEANS = ("means",)  # ... and of the replica means handed over for one request
+Window = tuple[int, float]  # (samples, scale) of `ModelHistory.replica_means`
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,14 @@ class ModelHistory:
             known[n] = (lo, hi)
         self._cache[_RANGES] = (end, known)
 
+    def know_replica_means(self, end: int, headroom: float, min_replicas: int,
+                           windows: Sequence[Window], means: Mapping[float, list[float]]) -> None:
+        """Hand over `replica_means(end, capacities, headroom, min_replicas, windows)` for
+        any of the capacities of `means` (capacity -> a figure per window), computed by the
+        caller (`count_replica_means`: many models at once). Only the last hand-over is
+        kept."""
+        self._cache[_MEANS] = ((end, headroom, min_replicas, tuple(windows)), means)
+
     def replica_means(self, end: int, capacities: Sequence[float], headroom: float,
                       min_replicas: int, windows: Sequence[tuple[int, float]]) -> list[list[float]]:
         """Mean replicas an engine of each capacity would have needed (`costmodel.replicas`)
@@ -131,7 +141,14 @@ class ModelHistory:
         Windows all end at `end`, so those of one scale are tails of the longest: its replica
         counts are worked out once, for every capacity at once. Replica counts are whole
         numbers, so their sums are exact in any order: every mean is, to the last bit, the
-        one a window counted alone gives (and the prefix sums a replay reads)."""
+        one a window counted alone gives (and the prefix sums a replay reads). Figures handed
+        over for the same request (`know_replica_means`) are read, not counted again."""
+        kept: tuple[tuple[object, ...], Mapping[float, list[float]]] | None = self._cache.get(
+            _MEANS)
+        if kept is not None and kept[0] == (end, headroom, min_replicas, tuple(windows)):
+            known = kept[1]
+            if all(c in known for c in capacities):
+                return [list(known[c]) for c in capacities]
         import numpy as np
 
         out = [[0.0] * len(windows) for _ in capacities]
@@ -190,6 +207,51 @@ class ModelHistory:
         return self._cached(("rolling", width, quantile), make)  # type: ignore[no-any-return]
 
 
+def count_replica_means(asks: Sequence[tuple[ModelHistory, int, Sequence[float], float, int,
+                                             Sequence[Window]]]) -> None:
+    """`ModelHistory.replica_means` for many histories at once, handed over to each
+    (`know_replica_means`): each ask is (history, end, capacities, headroom, min_replicas,
+    windows), as `replica_means` takes them.
+
+    A replay's windows at scale 1 are read from its prefix sums, as `replica_means` reads
+    them; the other windows of one length and one number of capacities are counted in one
+    numpy pass, a row per history: the same elementwise operations on the same values as
+    one history's pass, and sums of whole numbers, exact in any order, so every figure is
+    the one a history counts alone, to the last bit."""
+    import numpy as np
+
+    tables = [{c: [0.0] * len(ask[5]) for c in ask[2]} for ask in asks]
+    groups: dict[tuple[int, int], list[tuple[int, int, float]]] = {}  # -> (ask, window, scale)
+    for i, (history, end, capacities, headroom, min_replicas, windows) in enumerate(asks):
+        for w, (n, scale) in enumerate(windows):
+            if scale == 1.0 and history.replay:
+                for c in capacities:
+                    prefix = history.prefix_replicas(c, headroom, min_replicas)
+                    tables[i][c][w] = (prefix[end] - prefix[end - n]) / n
+            else:
+                groups.setdefault((n, len(capacities)), []).append((i, w, scale))
+    for (n, _), mine in groups.items():
+        picked = [asks[i] for i, _, _ in mine]
+        rates = np.stack([a[0].rps[a[1] - n:a[1]] for a in picked])
+        need = np.multiply(rates, np.array([[s] for _, _, s in mine], dtype=np.float64),
+                           dtype=np.float64)
+        np.multiply(need, np.array([[1 + a[3]] for a in picked], dtype=np.float64), out=need)
+        need = np.divide(need[:, None, :],
+                         np.array([a[2] for a in picked], dtype=np.float64)[:, :, None])
+        np.subtract(need, REPLICA_EPSILON, out=need)
+        np.ceil(need, out=need)
+        np.maximum(need, np.array([a[4] for a in picked], dtype=np.float64)[:, None, None],
+                   out=need)
+        totals = np.add.reduce(need, axis=2).tolist()
+        for (i, w, _), a, sums in zip(mine, picked, totals, strict=True):
+            table = tables[i]
+            for c, total in zip(a[2], sums, strict=True):
+                table[c][w] = total / n
+    for (history, end, _, headroom, min_replicas, windows), table in zip(asks, tables,
+                                                                         strict=True):
+        history.know_replica_means(end, headroom, min_replicas, windows, table)
+
+
 def _rolling_quantile(rates: list[float], width: int, quantile: float) -> FloatArray:
     """`numpy.quantile` (its default, linear method) of every run of `width` finite rates,
     from one sorted window moved sample by sample instead of a partition per run: the
@@ -228,4 +290,4 @@ def _replicas(rate: float, scale: float, headroom: float, capacity: float,
     return max(min_replicas, math.ceil(need))
 
 
-__all__ = ["ModelHistory"]
+__all__ = ["ModelHistory", "count_replica_means"]

@@ -13,12 +13,13 @@ from __future__ import annotations
 import functools
 import math
 from bisect import bisect_left
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from gearshift.common.engines import BASELINE_ENGINE, CATALOG
 from gearshift.policies.model_history import ModelHistory
+from gearshift.policies.model_history import count_replica_means as history_replica_means
 from gearshift.policies.trace import ENGINES
 
 if TYPE_CHECKING:
@@ -202,6 +203,21 @@ class Signals:
                 return None
         return self._history.replica_means(self._end, capacities, headroom, min_replicas,
                                            clipped)
+
+
+def count_replica_means(asks: Iterable[tuple[Signals, Sequence[float], float, int,
+                                             Sequence[tuple[int, float]]]]) -> None:
+    """`Signals.replica_means` for many models at once, each ask (signals, capacities,
+    headroom, min_replicas, windows): one numpy pass over the models
+    (`model_history.count_replica_means`); each model's signals then read their figures
+    when asked the same, to the bit."""
+    rows = []
+    for sig, capacities, headroom, min_replicas, windows in asks:
+        end = sig._end
+        clipped = [(n if n < end else end, scale) for n, scale in windows]
+        if all(n > 0 for n, _ in clipped):
+            rows.append((sig._history, end, capacities, headroom, min_replicas, clipped))
+    history_replica_means(rows)
 
 
 def check_forecast_start(model: str, forecast: Forecast | None, now: float) -> None:
@@ -434,4 +450,4 @@ def is_number(value: SignalValue) -> bool:
 
 __all__ = ["DEPRECATED_SIGNALS", "ENGINES", "LATENCY_SOURCE", "PRIOR_SOURCE", "SIGNALS", "EngineFacts",
            "ModelFacts", "ModelHistory", "SignalSettings", "SignalSpec", "SignalView", "Signals",
-           "breach_is_measured", "check_forecast_start", "compute_signals", "meets_sla", "queue_share_of_ttft_sla"]
+           "breach_is_measured", "check_forecast_start", "compute_signals", "count_replica_means", "meets_sla", "queue_share_of_ttft_sla"]

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from gearshift.policies import backtest
 from gearshift.policies.backtest import run_backtest, simulate
 from gearshift.policies.loader import load_policy_file
 from gearshift.policies.trace import Trace, parse_trace
@@ -78,3 +79,16 @@ def test_learned_capacities_cited_by_decisions_are_pinned(default, trace) -> Non
     assert first["capacity_low.tensorrt-llm"] == pytest.approx(7.821646)
     assert first["capacity_high.tensorrt-llm"] == pytest.approx(9.652244)
     assert first["forecast_sustained_rps"] == pytest.approx(62.1971)
+
+
+def test_fleet_pass_of_the_savings_counts_changes_no_decision(default, trace, monkeypatch) -> None:
+    """The replica counts of the savings estimates worked out for the fleet at once at each
+    step (`economics.prepare_estimates`) give every decision, with every figure it cites
+    and expects, and every outcome, of the counts each model works out alone."""
+    outcomes, decisions = simulate(default, trace, blind=True)
+    monkeypatch.setattr(backtest, "prepare_estimates", lambda signals: None)
+    alone_outcomes, alone = simulate(default, trace, blind=True)
+    assert outcomes == alone_outcomes
+    assert {m: [d.to_dict() for d in ds] for m, ds in decisions.items()} == \
+        {m: [d.to_dict() for d in ds] for m, ds in alone.items()}
+    assert sum(len(ds) for ds in decisions.values()) > 0

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gearshift.policies.costmodel import replicas
-from gearshift.policies.model_history import ModelHistory
+from gearshift.policies.model_history import ModelHistory, count_replica_means
 
 STEP_S = 300.0
 
@@ -73,3 +73,46 @@ def test_rolling_is_numpy_on_every_window(seed: int, steps: int, width: int, qua
     windows = np.lib.stride_tricks.sliding_window_view(rps.astype(np.float64), width)
     assert np.array_equal(peaks, windows.max(axis=1))
     assert np.array_equal(quantiles, np.quantile(windows, quantile, axis=1))
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), steps=st.integers(1, 300), models=st.integers(1, 6),
+       engines=st.lists(st.integers(1, 3), min_size=6, max_size=6),
+       headroom=st.sampled_from([0.0, 0.2, 0.35]), min_replicas=st.integers(0, 3),
+       float32=st.booleans(), replay=st.booleans(), level=st.sampled_from([1e-3, 1.0, 10.0]))
+def test_fleet_pass_gives_each_model_alone(seed: int, steps: int, models: int,
+                                           engines: list[int], headroom: float,
+                                           min_replicas: int, float32: bool, replay: bool,
+                                           level: float) -> None:
+    """Scaled windows of many models counted in one pass (`count_replica_means`) and handed
+    over: each model then reads, to the last bit, what it counts alone, at that `end`; at
+    another `end` it counts again."""
+    rng = np.random.default_rng(seed)
+    asks, alone = [], []
+    for m in range(models):
+        rps = level * rng.lognormal(1.0, rng.choice([0.05, 1.5]), steps)
+        capacities = [float(c) for c in rng.uniform(0.05, 50.0, engines[m])]
+        rps[::5] = capacities[0] * rng.integers(1, 6, rps[::5].size) / (1 + headroom)
+        if float32:
+            rps = rps.astype(np.float32)
+        ts = 1.8e9 + STEP_S * np.arange(steps)
+        history = (ModelHistory.of(ts, rps, [], STEP_S, replay=True) if replay
+                   else ModelHistory(ts, rps, np.empty(0), STEP_S))
+        twin = ModelHistory.of(ts, rps, [], STEP_S, replay=replay)  # never handed anything
+        end = int(rng.integers(1, steps + 1))
+        n = int(rng.integers(1, end + 1)) if m % 2 else end  # some models share a length
+        scale = float(rng.choice([0.7, 1.3, 2.0]))
+        windows = [(n, scale), (end, 1.0)]
+        asks.append((history, end, capacities, headroom, min_replicas, windows))
+        alone.append((history, twin, end, capacities, windows))
+    count_replica_means(asks)
+    for history, twin, end, capacities, windows in alone:
+        stored = [float(r) for r in history.rps[:end]]
+        want = [[_alone(stored, c, headroom, min_replicas, w, s) for w, s in windows]
+                for c in capacities]
+        assert history.replica_means(end, capacities, headroom, min_replicas, windows) == want
+        assert twin.replica_means(end, capacities, headroom, min_replicas, windows) == want
+        if end > 1:  # what was handed over at `end` is not read at another
+            other = [(min(n, end - 1), s) for n, s in windows]
+            assert (history.replica_means(end - 1, capacities, headroom, min_replicas, other)
+                    == twin.replica_means(end - 1, capacities, headroom, min_replicas, other))
