@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gearshift.controller.rate_history import RateHistory
+from gearshift.policies.costmodel import REPLICA_EPSILON, CostModelError, replicas
 from gearshift.policies.fleet_signals import FleetModel, compute_fleet_signals
 from gearshift.policies.signals import (
     EngineFacts,
@@ -151,3 +155,107 @@ def test_signals_of_the_stored_rates_are_within_a_float32_of_the_reported_ones(
             assert (got is None) == (want is None)
             if want is not None:
                 assert abs(got - want) <= tolerance * want, name
+
+
+def _priced_facts(rng: np.random.Generator, level: float, boundary: float | None,
+                  dtype: type, on_step: bool) -> ModelFacts:
+    """Two engines a savings estimate prices (capacity and cold start), at capacities
+    near the model's rates (so that its counts cross replica boundaries), and one with a
+    capacity but no cold start (never priced). With `boundary`, a rate r at which
+    r * (1 + headroom) / capacity rounds to just above 3 (the epsilon of
+    `costmodel.replicas` keeps it at 3), or (`on_step`) the lowest rate of `dtype` that
+    needs 3 replicas where possible."""
+    headroom = float(rng.choice([0.0, 0.2, 0.35]))
+    hfac = 1 + headroom
+    vllm = float(level * rng.choice([0.3, 0.8, 1.0, 1.5, 40.0]))
+    if boundary is not None and not on_step:
+        vllm = math.nextafter(boundary * hfac / 3, 0)
+    elif boundary is not None:
+        below = float(np.nextafter(dtype(boundary), dtype(0)))
+        vllm = boundary * hfac / (2 + REPLICA_EPSILON)
+        for _ in range(64):  # the count steps from 2 to 3 at the boundary
+            if replicas(boundary, vllm, headroom, 0) == 3 and replicas(below, vllm, headroom,
+                                                                         0) == 2:
+                break
+            vllm = math.nextafter(vllm, 0 if replicas(boundary, vllm, headroom, 0) < 3
+                                  else math.inf)
+    return ModelFacts(
+        gpus_per_replica=1, min_replicas=int(rng.integers(0, 3)),
+        headroom=headroom, price_per_gpu_hour=4.0,
+        engines={"vllm": EngineFacts(capacity_rps=vllm, cold_start_s=210.0),
+                 "tensorrt-llm": EngineFacts(capacity_rps=vllm * 1.16, cold_start_s=240.0,
+                                             build_s=1800.0),
+                 "sglang": EngineFacts(capacity_rps=vllm * 0.9)})
+
+
+def _estimate(estimate: Any, *args: Any) -> Any:
+    """An estimate, or the error it raised (a rate too large to price)."""
+    try:
+        return estimate(*args)
+    except CostModelError as exc:
+        return str(exc)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), models=st.integers(1, 300), steps=st.integers(0, 260),
+       gap_share=st.sampled_from([0.0, 0.0, 0.01, 0.3]), at=st.floats(-5.0, 270.0),
+       float32=st.booleans())
+def test_the_same_savings_estimates_as_model_by_model(seed: int, models: int, steps: int,
+                                                      gap_share: float, at: float,
+                                                      float32: bool) -> None:
+    """Every savings estimate a tick makes from the fleet's signals, and the replica counts
+    under it (`Signals.replica_means`, as the cost rule asks and otherwise), are those of
+    each model's own history, to the last bit: rates crossing replica boundaries or on
+    them, idle models, gaps, float32 or float64 rates, forecasts that scale the short
+    window, rates too large to price."""
+    from gearshift.policies.economics import CostSettings, estimate_move
+    from gearshift.policies.forecast import Forecast
+
+    rng = np.random.default_rng(seed)
+    now = T0 + at * STEP_S
+    axis = T0 + STEP_S * np.arange(steps)
+    levels = rng.lognormal(1.0, 1.0, models)
+    rates = levels[:, None] * rng.uniform(0.6, 1.4, (models, steps))
+    rates[::9] = 0.0  # idle
+    rates[1::13] = 1e14 * levels[1::13, None]  # counts past MAX_EXACT_COUNT: not priced
+    rates[rng.random((models, steps)) < gap_share] = np.nan
+    dtype = np.float32 if float32 else np.float64
+    rates = rates.astype(dtype)
+    names = [f"m{i}" for i in range(models)]
+    cost = CostSettings(price_per_gpu_hour=None, build_overhead_usd={}, horizon_s=7 * 86400.0,
+                        hysteresis=0.5)
+
+    def forecast(k: int) -> Forecast | None:
+        if k % 3:
+            return None
+        return Forecast(status="ok", method="seasonal", sustained_rps=float(levels[k] * 0.7),
+                        peak_rps=float(levels[k] * 2), horizon_s=3600.0, quantile=0.1,
+                        reason="", points=20, path_ts=(), path_low=(), path_high=(),
+                        start_ts=min(now, T0))
+
+    if steps:  # every fifth rate of every seventh model on a replica boundary
+        rates[2::7, ::5] = rates[2::7, :1]
+    wanted = {m: FleetModel(_priced_facts(rng, float(levels[k]), float(rates[k, 0])
+                                          if k % 7 == 2 and steps and rates[k, 0] > 0 else None,
+                                          dtype, k % 2 == 0),
+                            [], forecast(k))
+              for k, m in enumerate(names)}
+    blocks = [(names[b:b + 64], rates[b:b + 64]) for b in range(0, models, 64)]
+    fleet = compute_fleet_signals(axis, blocks, wanted, now, SETTINGS, STEP_S)
+    for k, m in enumerate(names):
+        have = ~np.isnan(rates[k])
+        fm = wanted[m]
+        one = compute_signals(m, ModelHistory.of(axis[have], rates[k][have], [], STEP_S),
+                              fm.facts, now, SETTINGS, fm.forecast)
+        mine = fleet[m]
+        for current, target in (("vllm", "tensorrt-llm"), ("tensorrt-llm", "vllm"),
+                                ("vllm", "sglang")):
+            assert (_estimate(estimate_move, mine, current, target, cost)
+                    == _estimate(estimate_move, one, current, target, cost))
+        caps = tuple(e.capacity_rps for e in fm.facts.engines.values()
+                     if e.capacity_rps is not None)
+        for windows in (((one.window_samples, one.traffic_scale), (one.long_window_samples, 1.0)),
+                        ((one.long_window_samples, 1.0),), ((one.window_samples, 1.3),)):
+            for capacities in (caps, caps[::-1], (0.5, *caps)):
+                args = (capacities, fm.facts.headroom, fm.facts.min_replicas, windows)
+                assert mine.replica_means(*args) == one.replica_means(*args)
