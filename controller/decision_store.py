@@ -148,6 +148,16 @@ class DecisionQueries:
             return {model: (engine, since) for model, engine, since in conn.execute(
                 sa.select(table.c.model, table.c.engine, table.c.since)).all()}
 
+    def tenure_timestamps(self) -> dict[str, tuple[str, float]]:
+        """`tenures` with each `since` as POSIX seconds, read as the database gives it, not
+        through `UTCDateTime` (a tick reads every model's tenure): each is, to the bit,
+        `since.timestamp()`."""
+        table = ModelTenureRow.__table__  # type: ignore[attr-defined]
+        since_col = sa.type_coerce(table.c.since, sa.DateTime())
+        with self._engine.connect() as conn:
+            return {model: (engine, _posix_s(since)) for model, engine, since in conn.execute(
+                sa.select(table.c.model, table.c.engine, since_col)).all()}
+
     def set_tenure(self, model: str, engine: str, since: datetime) -> None:
         """Record that `model` has been on `engine` since `since` (replaces the old record)."""
         self.set_tenures({model: (engine, since)})
@@ -191,9 +201,7 @@ class DecisionQueries:
         with self._engine.connect() as conn:
             for model, at in conn.execute(sa.select(table.c.model, at_col)
                                           .order_by(table.c.published_at)).all():
-                if at.tzinfo is not None:  # PostgreSQL's: aware; SQLite's: naive, in UTC
-                    at = at.astimezone(UTC).replace(tzinfo=None)
-                out.setdefault(model, []).append((at - _NAIVE_EPOCH).total_seconds())
+                out.setdefault(model, []).append(_posix_s(at))
         return out
 
     def list_revisions(self, model: str, since: datetime | None = None) -> list[RevisionRow]:
@@ -203,6 +211,14 @@ class DecisionQueries:
             q = q.where(col(RevisionRow.published_at) >= since)
         with self._session() as s:
             return list(s.exec(q.order_by(col(RevisionRow.published_at))).all())
+
+
+def _posix_s(at: datetime) -> float:
+    """A stored UTC time, as the database gives it, in POSIX seconds: to the bit what
+    `UTCDateTime` reads back gives with `.timestamp()`."""
+    if at.tzinfo is not None:  # PostgreSQL's: aware; SQLite's: naive, in UTC
+        at = at.astimezone(UTC).replace(tzinfo=None)
+    return (at - _NAIVE_EPOCH).total_seconds()
 
 
 def _status(value: DecisionStatus | str) -> DecisionStatus:

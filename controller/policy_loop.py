@@ -300,8 +300,8 @@ class PolicyLoop:
             {models[0]: [r.published_at.timestamp()
                          for r in self.store.list_revisions(models[0])]},
             migrations=migrations,
-            tenure={model: Tenure(engine, since.timestamp())
-                    for model, (engine, since) in self.store.tenures().items()})
+            tenure={model: Tenure(engine, since)
+                    for model, (engine, since) in self.store.tenure_timestamps().items()})
 
     def sample_rates(self, now: float) -> None:
         if not self.history.due(now):

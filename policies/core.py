@@ -21,6 +21,7 @@ from enum import StrEnum
 from typing import Any
 
 from gearshift.common.engines import ENGINE_NAMES, engine_entry
+from gearshift.common.frozen_records import fast_init
 from gearshift.policies.economics import (
     NO_PRICE_NOTE,
     CostSettings,
@@ -59,6 +60,7 @@ class DecisionStatus(StrEnum):
     SUPERSEDED = "superseded"  # a newer decision for the model replaced it
 
 
+@fast_init
 @dataclass(frozen=True)
 class ModelState:
     """Where a model stands (times are epoch seconds)."""

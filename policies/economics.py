@@ -35,6 +35,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from gearshift.common.frozen_records import fast_init
 from gearshift.policies.costmodel import SECONDS_PER_HOUR, replicas
 from gearshift.policies.signals import ModelFacts, Signals, count_replica_means
 
@@ -55,6 +56,7 @@ class CostSettings:
     hysteresis: float  # required net savings, as a fraction of the switch cost
 
 
+@fast_init
 @dataclass(frozen=True)
 class MoveEstimate:
     """Money figures in USD; rates per hour; net over the horizon."""

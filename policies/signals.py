@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from gearshift.common.engines import BASELINE_ENGINE, CATALOG
+from gearshift.common.frozen_records import fast_init
 from gearshift.policies.model_history import ModelHistory
 from gearshift.policies.model_history import count_replica_means as history_replica_means
 from gearshift.policies.trace import ENGINES
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 SECONDS_PER_WEEK = 7 * 24 * 3600.0
 
 
+@fast_init
 @dataclass(frozen=True)
 class EngineFacts:
     """What was measured for one model on one engine; None = not measured yet."""
@@ -61,6 +63,7 @@ LATENCY_SOURCE = "latency_source"
 PRIOR_SOURCE = "prior"
 
 
+@fast_init
 @dataclass(frozen=True)
 class ModelFacts:
     """Slow-moving facts about a model's deployment: sizing, SLA, hardware, engines."""
@@ -92,6 +95,7 @@ class SignalSettings:
     revision_window_s: float = 14 * 24 * 3600.0
 
 
+@fast_init
 @dataclass(frozen=True)
 class Signals:
     """One model's signals at `now`; rates in requests/s.

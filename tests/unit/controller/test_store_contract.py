@@ -252,6 +252,16 @@ def test_revision_timestamps_are_the_published_times_to_the_bit_oldest_first(sto
     assert got["llama"] == [(T0 + timedelta(microseconds=999_999)).timestamp(), later.timestamp()]
 
 
+def test_tenure_timestamps_are_the_tenures_since_to_the_bit(store: Store) -> None:
+    assert store.tenure_timestamps() == {}
+    odd = (T0 + timedelta(days=2, microseconds=123_457)).astimezone(timezone(timedelta(hours=-7)))
+    store.set_tenures({"llama": ("vllm", odd),
+                       "qwen": ("tensorrt-llm", T0 + timedelta(microseconds=999_999))})
+    got = store.tenure_timestamps()
+    assert got == {m: (e, since.timestamp()) for m, (e, since) in store.tenures().items()}
+    assert got["llama"] == ("vllm", odd.timestamp())
+
+
 def test_tenures_round_trip_replace_and_read_back_utc(store: Store) -> None:
     assert store.tenures() == {}
     store.set_tenures({"llama": ("vllm", T0), "qwen": ("tensorrt-llm", T0 + timedelta(hours=1))})
