@@ -74,7 +74,9 @@ from gearshift.policies.forecast_features import (
     daily_level,
     features,
     grid_means,
+    median,
     no_day_lag_rows,
+    quantiles,
     split_columns,
 )
 from gearshift.policies.forecast_model import DRIFT_WINDOW_S, ModelKey, SeasonalModel
@@ -199,8 +201,8 @@ def forecast_rate(ts: npt.ArrayLike, rps: npt.ArrayLike, now: float, horizon_s: 
         notes.append(f"dropped {bad} NaN/infinite/negative rate(s)")
     times, rates = times[valid], rates[valid]
     if rates.size:
-        med = float(np.median(rates))
-        mad = float(np.median(np.abs(rates - med))) * 1.4826
+        med = median(rates)
+        mad = median(np.abs(rates - med)) * 1.4826
         limit = med + OUTLIER_MADS * max(mad, 0.05 * med, 1e-9)
         keep = rates <= limit
         if (outliers := int((~keep).sum())):
@@ -220,7 +222,7 @@ def forecast_rate(ts: npt.ArrayLike, rps: npt.ArrayLike, now: float, horizon_s: 
     path_ts = now + bin_s * np.arange(future_bins if paths else 0, dtype=np.float64)
     span_s = now - float(times.min())
     recent = rates[times >= now - RECENT_WINDOW_S]
-    if float(np.ptp(rates)) <= 1e-9 * max(1.0, abs(float(rates[0]))):
+    if float(rates.max()) - float(rates.min()) <= 1e-9 * max(1.0, abs(float(rates[0]))):
         notes.insert(0, "constant series: nothing seasonal to learn")
     elif span_s < MIN_SEASONAL_HISTORY_S:
         notes.insert(0, f"only {span_s / 3600:.1f} h of history; the seasonal model needs "
@@ -235,7 +237,7 @@ def forecast_rate(ts: npt.ArrayLike, rps: npt.ArrayLike, now: float, horizon_s: 
 def _recent(recent: FloatArray, now: float, quantile: float, peak_quantile: float,
             horizon_s: float, reason: str, points: int, path_ts: FloatArray) -> Forecast:
     """The recent-quantile fallback: flat paths at the recent low and high quantiles."""
-    low, high = (float(v) for v in np.quantile(recent, [quantile, peak_quantile]))
+    low, high = quantiles(recent, (quantile, peak_quantile))
     bins = path_ts.size
     return Forecast("ok", "recent-quantile", low, high, horizon_s, quantile, reason, points,
                     tuple(path_ts.tolist()), (low,) * bins, (high,) * bins, start_ts=now)
@@ -290,7 +292,7 @@ def _seasonal(times: FloatArray, rates: FloatArray, now: float, key: ModelKey,
         high_path = np.maximum(high_path, low_path)
         return float(np.max(high_path)), tuple(high_path.tolist()) if keep else ()
 
-    sustained = float(np.quantile(low_path, quantile))
+    sustained = quantiles(low_path, (quantile,))[0]
     reason, bins_ts = "; ".join(notes), tuple(path_ts.tolist())
     low_bins = tuple(low_path.tolist()) if keep else ()
     if defer_peak:

@@ -4,6 +4,8 @@ Pure numpy on arrays; nothing here fits."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import numpy.typing as npt
 
@@ -100,3 +102,34 @@ def no_day_lag_rows(times: FloatArray, now: float, bin_s: float, past_bins: int,
     index = np.floor((times - now) / bin_s).astype(np.int64) + past_bins
     inside = index[(index >= 0) & (index < past_bins)]
     return inside.size == 0 or int(inside.max()) - int(inside.min()) < day_lag
+
+
+def median(values: FloatArray) -> float:
+    """`numpy.median` of a non-empty 1-d array without NaN, to the bit: the middle value,
+    or the middle two's sum halved (numpy's mean of two), from one partition, without
+    numpy's per-call machinery (a forecast took two medians, the bulk of a fallback's
+    cost)."""
+    half = values.size // 2
+    if values.size % 2:
+        return float(np.partition(values, half)[half])
+    part = np.partition(values, (half - 1, half))
+    return (float(part[half - 1]) + float(part[half])) / 2
+
+
+def quantiles(values: FloatArray, qs: tuple[float, ...]) -> list[float]:
+    """`numpy.quantile` (linear method) of a non-empty 1-d array without NaN at each q in
+    [0, 1], to the bit: the two order statistics around (n - 1) * q, interpolated by
+    numpy's arithmetic (`_lerp`: from the lower one below the midpoint, from the upper one
+    at or above it; past the last index both are the last value)."""
+    ordered = np.sort(values)
+    last = values.size - 1
+    out = []
+    for q in qs:
+        virtual = last * q
+        below = -1 if virtual >= last else math.floor(virtual)
+        low = float(ordered[below])
+        high = float(ordered[-1 if below == -1 else below + 1])
+        gamma = virtual - below
+        diff = high - low
+        out.append(high - diff * (1 - gamma) if gamma >= 0.5 else low + diff * gamma)
+    return out

@@ -18,6 +18,7 @@ from gearshift.policies.forecast import (
     pinball_loss,
     plot_forecast,
 )
+from gearshift.policies.forecast_features import median, quantiles
 
 STEP_S = 300.0
 START = 1_772_409_600.0   # 2026-03-02T00:00:00Z, a Monday
@@ -175,3 +176,63 @@ def test_a_forecast_without_paths_has_the_same_figures(days: float, defer_peak: 
     assert bare.path_ts == bare.path_low == bare.path_high == ()
     assert ({k: v for k, v in asdict(bare).items() if not k.startswith("path_")}
             == {k: v for k, v in asdict(full).items() if not k.startswith("path_")})
+
+
+def _varied_arrays() -> list[np.ndarray]:
+    rng = np.random.default_rng(7)
+    arrays = [np.array([3.0]), np.array([0.0, 0.0]), np.array([1.0, 2.0]), np.zeros(5)]
+    for n in (3, 4, 11, 12, 287, 288, 2016, 2017):
+        arrays.append(rng.lognormal(3, 1, n))
+        arrays.append(np.round(rng.lognormal(1, 1, n), 1))  # many ties
+        idle = rng.lognormal(2, 0.5, n)
+        idle[rng.random(n) < 0.4] = 0.0                     # idle steps
+        arrays.append(idle)
+        arrays.append(rng.lognormal(2, 0.5, n).astype(np.float32).astype(np.float64))
+    return arrays
+
+
+@pytest.mark.parametrize("qs", [(0.1, 0.9), (0.01, 0.99), (0.5,), (0.25, 0.75, 1.0, 0.0),
+                                (1 / 3, 2 / 3)])
+def test_order_statistics_are_numpys_to_the_bit(qs: tuple[float, ...]) -> None:
+    for values in _varied_arrays():
+        assert median(values.copy()) == float(np.median(values))
+        assert median(np.abs(values - 1.5)) == float(np.median(np.abs(values - 1.5)))
+        got = quantiles(values, qs)
+        assert got == [float(v) for v in np.quantile(values, list(qs))]
+        assert [quantiles(values, (q,))[0] for q in qs] == [float(np.quantile(values, q))
+                                                           for q in qs]
+
+
+def test_the_recent_quantile_fallback_gives_numpys_figures() -> None:
+    """The first days of a model, hour by hour (the blind backtest's fallbacks): idle
+    stretches, a gap, a spike and bad rates; the figures are numpy's quantiles of the
+    filtered last day, the outlier limit numpy's median and MAD."""
+    rng = np.random.default_rng(3)
+    ts = START + STEP_S * np.arange(int(3 * SECONDS_PER_DAY / STEP_S))
+    rps = rng.lognormal(3, 0.4, ts.size)
+    rps[100:160] = 0.0                        # idle
+    rps[400] = 1e6                            # outlier
+    rps[500] = np.nan
+    rps[501] = -1.0
+    keep = (ts < START + 1.2 * SECONDS_PER_DAY) | (ts >= START + 1.5 * SECONDS_PER_DAY)  # gap
+    ts, rps = ts[keep], rps[keep]
+    checked = 0
+    for now in START + 3600.0 * np.arange(2, 72):
+        fc = forecast_rate(ts, rps, now, SECONDS_PER_WEEK, step_s=STEP_S, quantile=0.1,
+                           paths=False)
+        past = (ts < now) & np.isfinite(rps) & (rps >= 0)
+        rates, times = rps[past], ts[past]
+        if rates.size < 12 or fc.status != "ok":
+            continue
+        med = float(np.median(rates))
+        mad = float(np.median(np.abs(rates - med))) * 1.4826
+        limit = med + 25.0 * max(mad, 0.05 * med, 1e-9)
+        recent = rates[(rates <= limit) & (times >= now - SECONDS_PER_DAY)]
+        assert fc.method == "recent-quantile"
+        low, high = (float(v) for v in np.quantile(recent, [0.1, 0.9]))
+        assert (fc.sustained_rps, fc.peak_rps) == (low, high)
+        assert fc.points == int((rates <= limit).sum())
+        if (rates > limit).any():
+            assert f"above {limit:.3g} rps" in fc.reason
+        checked += 1
+    assert checked > 60
