@@ -68,6 +68,13 @@ class Deployments(Mapping[str, agent_pb2.DeploymentReport]):
     def __init__(self, deployments: Iterable[agent_pb2.DeploymentReport] = ()) -> None:
         self._raw = {d.deployment_id: d.SerializeToString() for d in deployments}
 
+    @classmethod
+    def of_bytes(cls, raw: dict[str, bytes]) -> Deployments:
+        """Deployments already serialized, by id (the dict is kept, not copied)."""
+        held = cls()
+        held._raw = raw
+        return held
+
     def __getitem__(self, deployment_id: str) -> agent_pb2.DeploymentReport:
         return agent_pb2.DeploymentReport.FromString(self._raw[deployment_id])
 
@@ -224,18 +231,28 @@ class FleetState:
         if report.gpus:
             entry.set_gpus(report.gpus)
         deps = report.deployments
-        if any(d.restarts for d in deps):  # else there is no restart to count
+        # One pass reads each field once for the kept bytes, the rates and the shape (a
+        # protobuf field read costs about as much as the work done with it).
+        raw: dict[str, bytes] = {}
+        rates: dict[str, float] = {}
+        shapes: list[DeploymentShape] = []
+        restarted = False
+        for d in deps:
+            dep_id, phase, model = d.deployment_id, d.phase, d.model
+            raw[dep_id] = d.SerializeToString()
+            shapes.append((dep_id, d.endpoint, phase, model, d.engine, d.served_model_name))
+            if phase == Ready and d.metrics_present:
+                model = intern(model)  # kept until the next report: one string per model
+                rates[model] = rates.get(model, 0.0) + d.request_rate
+            if d.restarts:
+                restarted = True
+        if restarted:  # else there is no restart to count
             self.restarts.observe(host_id, entry.deployments,
                                   {d.deployment_id: d for d in deps}, now)
-        entry.deployments = Deployments(deps)
+        entry.deployments = Deployments.of_bytes(raw)
         entry.deployments_at = now
-        rates: dict[str, float] = {}
-        for d in deps:
-            if d.phase == Ready and d.metrics_present:
-                model = intern(d.model)  # kept until the next report: one string per model
-                rates[model] = rates.get(model, 0.0) + d.request_rate
         entry.rates = rates
-        shape = _shape(deps)
+        shape = tuple(shapes)
         if shape != entry.shape:
             # Rare (a deployment came, went or changed phase): the steady state skips all this.
             shape = _kept_shape(shape)

@@ -21,6 +21,7 @@ from gearshift.v1 import agent_pb2
 
 HOST_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 KNOWN_ENGINES = ENGINE_NAMES  # the engine catalog's
+_KNOWN_ENGINE_SET = frozenset(KNOWN_ENGINES)  # the fast path's membership test
 MAX_GPUS_PER_HOST = 64
 MAX_DEPLOYMENTS_PER_REPORT = 256
 MAX_LABELS = 64
@@ -124,20 +125,24 @@ def _gpus_of(d: agent_pb2.DeploymentReport) -> int:
     return max(1, len(d.gpu_indices), d.tensor_parallel_size)
 
 
-def _looks_valid(d: agent_pb2.DeploymentReport) -> bool:
+def _looks_valid(d: agent_pb2.DeploymentReport, deployment_id: str) -> bool:
     """Fast path for the common case; the slow path below names what is wrong.
 
     Every figure is read once (a protobuf field read costs as much as the comparison)
-    and checked with chained comparisons, which NaN and the infinities all fail."""
-    if not (d.deployment_id and d.model and d.engine in KNOWN_ENGINES
+    and checked with chained comparisons, which NaN and the infinities all fail. An
+    optional SLA signal that is not set reads 0, which passes every bound, so no
+    HasField is asked on the common path. One function: a second call per deployment
+    for the SLA signals cost as much as their comparisons."""
+    if not (deployment_id and d.model and d.engine in _KNOWN_ENGINE_SET
             and d.engine_version_match in VERSION_MATCHES
             and _version_texts_ok(d.engine_version, d.engine_release)):
         return False
     gpus = max(1, d.tensor_parallel_size, len(d.gpu_indices))
     prompt, generation = d.prompt_tokens_per_s, d.generation_tokens_per_s
     running, waiting = d.running_requests, d.waiting_requests
-    t, i, e = d.ttft, d.itl, d.e2e
+    t, i, e, q = d.ttft, d.itl, d.e2e, d.queue_time
     hi = MAX_LATENCY_S
+    used, total = d.kv_blocks_used, d.kv_blocks_total
     return (0 <= d.request_rate <= MAX_REQUEST_RATE_PER_GPU * gpus
             and prompt >= 0 and generation >= 0
             and prompt + generation <= MAX_TOKENS_PER_S_PER_GPU * gpus
@@ -147,23 +152,7 @@ def _looks_valid(d: agent_pb2.DeploymentReport) -> bool:
             and 0 <= t.p50_s <= hi and 0 <= t.p99_s <= hi and 0 <= t.mean_s <= hi
             and 0 <= i.p50_s <= hi and 0 <= i.p99_s <= hi and 0 <= i.mean_s <= hi
             and 0 <= e.p50_s <= hi and 0 <= e.p99_s <= hi and 0 <= e.mean_s <= hi
-            and _sla_signals_look_valid(d, gpus))
-
-
-@functools.lru_cache(maxsize=1024)
-def _version_texts_ok(version: str, release: str) -> bool:
-    """Cached: a fleet reports few distinct versions, each in every report."""
-    return ((not version or VERSION_TEXT_RE.fullmatch(version) is not None)
-            and (not release or VERSION_TEXT_RE.fullmatch(release) is not None))
-
-
-def _sla_signals_look_valid(d: agent_pb2.DeploymentReport, gpus: int) -> bool:
-    """The SLA signals' part of `_looks_valid`. An optional signal that is not set reads
-    0, which passes every bound, so no HasField is asked on the common path."""
-    q = d.queue_time
-    hi = MAX_LATENCY_S
-    used, total = d.kv_blocks_used, d.kv_blocks_total
-    return (0 <= q.p50_s <= hi and 0 <= q.p99_s <= hi and 0 <= q.mean_s <= hi
+            and 0 <= q.p50_s <= hi and 0 <= q.p99_s <= hi and 0 <= q.mean_s <= hi
             and 0 <= d.preemptions_per_s <= MAX_REQUEST_RATE_PER_GPU * gpus
             and 0 <= d.prefix_cache_hit_rate <= 1.0
             and 0 <= d.mean_prompt_tokens <= MAX_TOKENS_PER_REQUEST
@@ -172,6 +161,13 @@ def _sla_signals_look_valid(d: agent_pb2.DeploymentReport, gpus: int) -> bool:
             and total <= MAX_KV_BLOCKS
             and (used <= total or not d.HasField("kv_blocks_used")
                  or not d.HasField("kv_blocks_total")))
+
+
+@functools.lru_cache(maxsize=1024)
+def _version_texts_ok(version: str, release: str) -> bool:
+    """Cached: a fleet reports few distinct versions, each in every report."""
+    return ((not version or VERSION_TEXT_RE.fullmatch(version) is not None)
+            and (not release or VERSION_TEXT_RE.fullmatch(release) is not None))
 
 
 def _check_sla_signals(p: str, d: agent_pb2.DeploymentReport, gpus: int, per_gpu: str) -> None:
@@ -281,15 +277,17 @@ def check_report(report: agent_pb2.Report, host_id: str = "",
             f"found {len(report.deployments)}")
     seen: dict[str, int] = {}
     for i, d in enumerate(report.deployments):
-        first = seen.setdefault(d.deployment_id, i)
+        dep_id = d.deployment_id
+        first = seen.setdefault(dep_id, i)
         if first != i:
-            raise InvalidArgument(f"report.deployments[{i}].deployment_id: {d.deployment_id!r} "
+            raise InvalidArgument(f"report.deployments[{i}].deployment_id: {dep_id!r} "
                                   f"again (first at deployments[{first}]); ids must be unique")
-        if d.endpoint and (endpoints_ok is None or d.endpoint not in endpoints_ok):
-            check_endpoint(f"report.deployments[{i}].endpoint", d.endpoint, host_id, peer)
+        endpoint = d.endpoint
+        if endpoint and (endpoints_ok is None or endpoint not in endpoints_ok):
+            check_endpoint(f"report.deployments[{i}].endpoint", endpoint, host_id, peer)
             if endpoints_ok is not None:
-                endpoints_ok.add(intern(d.endpoint))  # kept per stream: one string with the fleet's
-        if _looks_valid(d):
+                endpoints_ok.add(intern(endpoint))  # kept per stream: one string with the fleet's
+        if _looks_valid(d, dep_id):
             continue
         p = f"report.deployments[{i}]"
         if not d.deployment_id:
