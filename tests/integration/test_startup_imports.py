@@ -63,7 +63,8 @@ POLICY_LOADER = {"gearshift.policies", "gearshift.policies.loader", "gearshift.p
                  "gearshift.policies.rules", "gearshift.policies.signals",
                  "gearshift.policies.model_history",  # the signals module's history half
                  "gearshift.policies.economics", "gearshift.policies.costmodel",
-                 "gearshift.policies.trace", "gearshift.policies.semantics"}
+                 "gearshift.policies.trace", "gearshift.policies.semantics",
+                 "gearshift.common.frozen_records"}  # the records' constructor (stdlib only)
 CONTROL_CLIENT = {"gearshift.cli.client", "gearshift.cli.output", "gearshift.v1",
                   "gearshift.v1.control_pb2", "gearshift.v1.control_pb2_grpc",
                   "gearshift.v1.agent_pb2", "gearshift.common.enum_labels",
