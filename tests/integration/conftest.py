@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
+from gearshift.controller.server import Controller, ControllerConfig
 from gearshift.devfleet.local_fleet import LocalFleet
 
 
@@ -24,3 +25,16 @@ def fleet(tmp_path: Path) -> Iterator[LocalFleet]:
         yield f
     finally:
         f.stop()
+
+
+@pytest.fixture
+async def controller(tmp_path: Path) -> AsyncIterator[Controller]:
+    """A controller in the test's own process, on a free port, reporting every 0.2 s
+    (a test module that needs another configuration defines its own)."""
+    ctl = Controller(ControllerConfig(listen="127.0.0.1:0", data_dir=tmp_path / "data",
+                                      report_interval_s=0.2))
+    await ctl.start()
+    try:
+        yield ctl
+    finally:
+        await ctl.stop(0.1)

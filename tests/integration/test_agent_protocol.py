@@ -5,26 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import grpc
-import pytest
 from grpc import aio
 
-from gearshift.controller.server import Controller, ControllerConfig
+from gearshift.controller.server import Controller
 from gearshift.v1 import agent_pb2, agent_pb2_grpc, control_pb2, control_pb2_grpc
-
-
-@pytest.fixture
-async def controller(tmp_path: Path) -> AsyncIterator[Controller]:
-    ctl = Controller(ControllerConfig(listen="127.0.0.1:0", data_dir=tmp_path / "data",
-                                      report_interval_s=0.2))
-    await ctl.start()
-    try:
-        yield ctl
-    finally:
-        await ctl.stop(0.1)
 
 
 def hello(host_id: str = "h1", version: int = agent_pb2.PROTOCOL_VERSION_1) -> agent_pb2.AgentMessage:

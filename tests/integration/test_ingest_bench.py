@@ -8,28 +8,16 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from gearshift.controller.server import Controller, ControllerConfig
+from gearshift.controller.server import Controller
 from gearshift.v1 import agent_pb2
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 import agent_wire  # noqa: E402  (bench/ is not a package)
-
-
-@pytest.fixture
-async def controller(tmp_path: Path) -> AsyncIterator[Controller]:
-    ctl = Controller(ControllerConfig(listen="127.0.0.1:0", data_dir=tmp_path / "data",
-                                      report_interval_s=0.2))
-    await ctl.start()
-    try:
-        yield ctl
-    finally:
-        await ctl.stop(0.1)
 
 
 class Stream:
