@@ -157,6 +157,10 @@ class _Mean:
         self.n = 0
         self.total = 0.0
 
+    def add(self, value: float) -> None:
+        self.n += 1
+        self.total += value
+
     def value(self) -> float | None:
         return self.total / self.n if self.n else None
 
@@ -246,17 +250,11 @@ class RollupAggregator:
             dep.preempt_n += 1
             dep.preempt_sum += preempt
         if has("prefix_cache_hit_rate"):
-            m = bucket.hit_rate
-            m.n += 1
-            m.total += hit_rate
+            bucket.hit_rate.add(hit_rate)
         if has("mean_prompt_tokens"):
-            m = bucket.prompt_len
-            m.n += 1
-            m.total += prompt_len
+            bucket.prompt_len.add(prompt_len)
         if has("mean_generation_tokens"):
-            m = bucket.gen_len
-            m.n += 1
-            m.total += gen_len
+            bucket.gen_len.add(gen_len)
         dep.sleeping = report.sleep_state in _ASLEEP
         if has("kv_blocks_total"):
             dep.blocks_total = report.kv_blocks_total
