@@ -28,11 +28,17 @@ def fleet(tmp_path: Path) -> Iterator[LocalFleet]:
 
 
 @pytest.fixture
-async def controller(tmp_path: Path) -> AsyncIterator[Controller]:
-    """A controller in the test's own process, on a free port, reporting every 0.2 s
-    (a test module that needs another configuration defines its own)."""
+def report_interval_s() -> float:
+    """The agents' report interval the `controller` fixture gives (a module may override it)."""
+    return 0.2
+
+
+@pytest.fixture
+async def controller(tmp_path: Path, report_interval_s: float) -> AsyncIterator[Controller]:
+    """A controller in the test's own process, on a free port (a test module that needs
+    another configuration than the report interval defines its own)."""
     ctl = Controller(ControllerConfig(listen="127.0.0.1:0", data_dir=tmp_path / "data",
-                                      report_interval_s=0.2))
+                                      report_interval_s=report_interval_s))
     await ctl.start()
     try:
         yield ctl

@@ -13,12 +13,10 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
-from gearshift.controller.server import Controller, ControllerConfig
+from gearshift.controller.server import Controller
 
 STREAMS = 2_000  # twice gRPC core's default soft limit on queued streams
 CHANNELS = 20
@@ -67,14 +65,8 @@ asyncio.run(main())
 
 
 @pytest.fixture
-async def controller(tmp_path: Path) -> AsyncIterator[Controller]:
-    ctl = Controller(ControllerConfig(listen="127.0.0.1:0", data_dir=tmp_path / "data",
-                                      report_interval_s=10.0))
-    await ctl.start()
-    try:
-        yield ctl
-    finally:
-        await ctl.stop(0.1)
+def report_interval_s() -> float:
+    return 10.0
 
 
 async def test_streams_arriving_faster_than_the_loop_takes_them_all_get_a_welcome(
