@@ -52,7 +52,8 @@ from gearshift.controller.tables import (
     DecisionStatus,
     PolicyVersionRow,
 )
-from gearshift.policies.core import ModelState, decide
+from gearshift.policies.core import ModelState, cost_settings, decide
+from gearshift.policies.fleet_estimates import estimate_fleet_moves
 from gearshift.policies.fleet_signals import FleetModel, compute_fleet_signals
 from gearshift.policies.loader import Policy, PolicyError, load_policy
 from gearshift.policies.model_state import (
@@ -350,8 +351,12 @@ class PolicyLoop:
                                         policy.signal_settings, self.history.resolution_s)
         self.store.set_tenures({m: (t.engine, _utc(t.since))
                                 for m, t in reads.tenure_changes.items()})
+        # Every model's savings estimates at once (the same figures as one at a time).
+        estimates = estimate_fleet_moves(
+            signals, {m: st.engine for m, st in states.items()
+                      if st.migrating_to is None and not st.frozen}, cost_settings(policy))
         stored = []
-        for d in decide(policy, signals, states, now):
+        for d in decide(policy, signals, states, now, estimates=estimates):
             row = self._store_decision(d.to_dict(), version, policy.mode, now)
             if row is not None:
                 stored.append(row)

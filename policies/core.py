@@ -164,10 +164,11 @@ def _engine_order(policy: Policy, sig: Signals) -> tuple[str, ...]:
 
 
 def _candidates(policy: Policy, sig: Signals, current: str, cost: CostSettings,
-                order: tuple[str, ...]) -> tuple[dict[str, MoveEstimate | None],
-                                                 list[tuple[str, str]]]:
-    """Engines the model may move to (of `order`, `_engine_order`'s), with estimates; and
-    those refused, with why."""
+                order: tuple[str, ...], known: Mapping[str, MoveEstimate | None] | None = None
+                ) -> tuple[dict[str, MoveEstimate | None], list[tuple[str, str]]]:
+    """Engines the model may move to (of `order`, `_engine_order`'s), with estimates (those
+    of `known`, made for the fleet at once, else `estimate_move`'s); and those refused,
+    with why."""
     prefs = policy.doc.spec.preferences
     allowed: dict[str, MoveEstimate | None] = {}
     refused: list[tuple[str, str]] = []
@@ -184,6 +185,8 @@ def _candidates(policy: Policy, sig: Signals, current: str, cost: CostSettings,
         elif meets_sla(sig.facts, engine) is False:
             refused.append((engine, f"breaks the latency SLA (TTFT p99 {facts.ttft_p99_ms} ms > "
                                     f"{sig.facts.sla_ttft_p99_ms} ms)"))
+        elif known is not None and engine in known:
+            allowed[engine] = known[engine]
         else:
             allowed[engine] = estimate_move(sig, current, engine, cost)
     return allowed, refused
@@ -252,14 +255,15 @@ def _traffic_inputs(sig: Signals) -> dict[str, SignalValue]:
 
 
 def _plan_model(policy: Policy, model: str, sig: Signals, st: ModelState, now: float,
-                cost: CostSettings) -> _Plan | None:
+                cost: CostSettings, known: Mapping[str, MoveEstimate | None] | None = None
+                ) -> _Plan | None:
     g = policy.doc.spec.guardrails
     if st.frozen or (g.freezes and _matches(g.freezes, model)) or st.migrating_to is not None:
         return None
     pin_pattern = _matches(g.pins, model) if g.pins else None
     pin = st.pinned or (g.pins[pin_pattern] if pin_pattern else None)
     order = _engine_order(policy, sig)
-    candidates, refused = _candidates(policy, sig, st.engine, cost, order)
+    candidates, refused = _candidates(policy, sig, st.engine, cost, order, known)
     if pin is not None:
         if pin == st.engine:
             return None
@@ -332,11 +336,15 @@ def _decision(policy: Policy, model: str, sig: Signals, st: ModelState, now: flo
 
 
 def decide(policy: Policy, signals: Mapping[str, Signals], state: Mapping[str, ModelState],
-           now: float) -> list[Decision]:
+           now: float, *,
+           estimates: Mapping[str, Mapping[str, MoveEstimate | None]] | None = None
+           ) -> list[Decision]:
     """Moves the policy wants now, as data (pure: no I/O, no clock, no randomness).
 
     `signals` and `state` are keyed by model; a model missing from either is skipped.
     `now` is epoch seconds; signals must have been computed from data before it.
+    `estimates` (model -> target -> `estimate_move`'s figures, made for a fleet at once by
+    `policies.fleet_estimates`) saves estimating them here; a move it lacks is estimated.
     """
     cost = cost_settings(policy)
     plans: list[_Plan] = []
@@ -344,7 +352,8 @@ def decide(policy: Policy, signals: Mapping[str, Signals], state: Mapping[str, M
         sig, st = signals[model], state.get(model)
         if st is None or not selects(policy, model, sig.facts.labels):
             continue
-        plan = _plan_model(policy, model, sig, st, now, cost)
+        plan = _plan_model(policy, model, sig, st, now, cost,
+                           estimates.get(model) if estimates is not None else None)
         if plan is not None:
             plans.append(plan)
     in_flight = sum(1 for s in state.values() if s.migrating_to is not None)
