@@ -39,6 +39,7 @@ from gearshift.policies.rules import (
     RuleOutcome,
     WriteUp,
 )
+from gearshift.policies.schema import Rule
 from gearshift.policies.signals import (
     Signals,
     SignalValue,
@@ -192,20 +193,30 @@ def _candidates(policy: Policy, sig: Signals, current: str, cost: CostSettings,
     return allowed, refused
 
 
+@functools.lru_cache(maxsize=16)
+def _rules(policy: Policy) -> tuple[tuple[Rule, Any, Callable[[Rule, Any, RuleContext],
+                                                                RuleOutcome], str], ...]:
+    """The policy's rules in order, each with its params, its kind's `evaluate` and how an
+    alternative names it: looked up once per policy, not once per model."""
+    return tuple((rule, params, RULE_KINDS[rule.kind].evaluate, f"rule {rule.name}")
+                 for rule, params in zip(policy.doc.spec.rules, policy.rule_params, strict=True))
+
+
 def _evaluate(policy: Policy, ctx: RuleContext, refused: list[tuple[str, str]],
               kinds: frozenset[str] | None = None) -> _Evaluation:
     """The first rule (of `kinds`, or any) with an opinion decides."""
     ev = _Evaluation(alternatives=list(refused))
     current = ctx.view.engine
-    for rule, params in zip(policy.doc.spec.rules, policy.rule_params, strict=True):
+    for rule, params, evaluate, label in _rules(policy):
         if kinds is not None and rule.kind not in kinds:
             continue
-        outcome = RULE_KINDS[rule.kind].evaluate(rule, params, ctx)
-        if outcome.target is None:
-            ev.alternatives.append((f"rule {rule.name}", outcome))
+        outcome = evaluate(rule, params, ctx)
+        target = outcome.target
+        if target is None:
+            ev.alternatives.append((label, outcome))
             continue
-        if outcome.target != current and outcome.target not in ctx.candidates:
-            ev.alternatives.append((f"rule {rule.name}", f"wants {outcome.target}, which is refused"))
+        if target != current and target not in ctx.candidates:
+            ev.alternatives.append((label, f"wants {target}, which is refused"))
             continue
         ev.outcome, ev.rule = outcome, rule.name
         return ev
@@ -255,14 +266,17 @@ def _traffic_inputs(sig: Signals) -> dict[str, SignalValue]:
 
 
 def _plan_model(policy: Policy, model: str, sig: Signals, st: ModelState, now: float,
-                cost: CostSettings, known: Mapping[str, MoveEstimate | None] | None = None
-                ) -> _Plan | None:
+                cost: CostSettings, known: Mapping[str, MoveEstimate | None] | None = None,
+                order: tuple[str, ...] | None = None) -> _Plan | None:
+    """The move `model` wants, if any; `known`: its estimates made for the fleet
+    (`decide`'s `estimates`), `order`: `_engine_order`'s when the caller has it."""
     g = policy.doc.spec.guardrails
     if st.frozen or (g.freezes and _matches(g.freezes, model)) or st.migrating_to is not None:
         return None
     pin_pattern = _matches(g.pins, model) if g.pins else None
     pin = st.pinned or (g.pins[pin_pattern] if pin_pattern else None)
-    order = _engine_order(policy, sig)
+    if order is None:
+        order = _engine_order(policy, sig)
     candidates, refused = _candidates(policy, sig, st.engine, cost, order, known)
     if pin is not None:
         if pin == st.engine:
@@ -348,12 +362,22 @@ def decide(policy: Policy, signals: Mapping[str, Signals], state: Mapping[str, M
     """
     cost = cost_settings(policy)
     plans: list[_Plan] = []
+    names = _names(policy)  # `selects`, its parts looked up once
+    wanted_labels = policy.doc.spec.selector.labels.items()
+    orders: dict[tuple[str, ...], tuple[str, ...]] = {}  # the facts' engines -> `_engine_order`
     for model in sorted(signals):
         sig, st = signals[model], state.get(model)
-        if st is None or not selects(policy, model, sig.facts.labels):
+        if st is None or not names(model):
             continue
+        labels = sig.facts.labels
+        if wanted_labels and not all(labels.get(k) == v for k, v in wanted_labels):
+            continue
+        engines = tuple(sig.facts.engines)
+        order = orders.get(engines)
+        if order is None:
+            order = orders[engines] = _engine_order(policy, sig)
         plan = _plan_model(policy, model, sig, st, now, cost,
-                           estimates.get(model) if estimates is not None else None)
+                           estimates.get(model) if estimates is not None else None, order)
         if plan is not None:
             plans.append(plan)
     in_flight = sum(1 for s in state.values() if s.migrating_to is not None)

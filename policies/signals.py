@@ -281,6 +281,7 @@ SignalKind = Literal["number", "bool", "string"]
 SignalValue = float | str | bool | None
 
 
+@fast_init
 @dataclass(frozen=True)
 class SignalView:
     """What a condition can read: the signals plus the model's current engine."""
