@@ -336,12 +336,13 @@ class PolicyLoop:
         wanted: dict[str, FleetModel] = {}
         states: dict[str, ModelState] = {}
         ready_of = self._ready_by_model()
+        trial_result = reads.trial_result if reads.trials else None  # none: none asked
         for model in models:
             ready = ready_of.get(model)
             if not ready:
                 continue
             facts = model_facts(self.fleet, ready, model, cache.priors(model), policy,
-                                self.learner, reads.trial_result, cache)
+                                self.learner, trial_result, cache)
             states[model] = self._state(model, ready, now, reads, batched=True)
             revs = reads.revisions.get(model, [])
             wanted[model] = FleetModel(facts, revs, rate_forecast(self.forecaster, model, policy, now))

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gearshift.common.frozen_records import fast_init
 from gearshift.policies.costmodel import MAX_EXACT_COUNT, REPLICA_EPSILON
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ _MEANS = ("means",)  # ... and of the replica means handed over for one request
 Window = tuple[int, float]  # (samples, scale) of `ModelHistory.replica_means`
 
 
+@fast_init
 @dataclass(frozen=True)
 class ModelHistory:
     """Observations of one model: request-rate samples and revision times (epoch s).
