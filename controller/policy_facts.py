@@ -48,7 +48,8 @@ class Placement(NamedTuple):
     price_source: str
 
 
-TrialResult = Callable[[str, str], dict[str, Any] | None]  # (model, engine) -> stored result
+# (model, engine) -> stored result; None in place of one: no model has a trial result
+TrialResult = Callable[[str, str], dict[str, Any] | None]
 
 
 class FactsCache:
@@ -138,9 +139,10 @@ class FactsCache:
 
 def model_facts(fleet: FleetState, ready: list[tuple[str, agent_pb2.DeploymentReport]],
                 model: str, priors: ModelPriors, policy: Policy, learner: CapacityLearner | None,
-                trial_result: TrialResult, cache: FactsCache | None = None) -> ModelFacts:
+                trial_result: TrialResult | None, cache: FactsCache | None = None) -> ModelFacts:
     """The facts of `model` from its `ready` (host, deployment) pairs (not empty); `cache`
-    shares the tick's work between models (its policy and learner are these)."""
+    shares the tick's work between models (its policy and learner are these);
+    `trial_result` None: no model has a trial result (a tick with none asks no model)."""
     cache = cache or FactsCache(policy, learner)
     gpus_per_replica = priors.gpus_per_replica or max(
         (d.tensor_parallel_size or len(d.gpu_indices) or 1) for _, d in ready)
@@ -159,7 +161,7 @@ def model_facts(fleet: FleetState, ready: list[tuple[str, agent_pb2.DeploymentRe
     engines = {}
     for e in ENGINES:
         prior = priors.engines.get(e)  # type: ignore[call-overload]
-        trial = trial_result(model, e)
+        trial = trial_result(model, e) if trial_result is not None else None
         if trial is not None:
             cite[f"trial.{e}"] = f"{trial['migration']} {trial['outcome']}: {trial['reason']}"
             for k in ("candidate_ttft_p99_s", "candidate_itl_p99_s"):

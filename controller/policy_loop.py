@@ -52,7 +52,8 @@ from gearshift.controller.tables import (
     DecisionStatus,
     PolicyVersionRow,
 )
-from gearshift.policies.core import ModelState, decide
+from gearshift.policies.core import ModelState, cost_settings, decide
+from gearshift.policies.fleet_estimates import estimate_fleet_moves
 from gearshift.policies.fleet_signals import FleetModel, compute_fleet_signals
 from gearshift.policies.loader import Policy, PolicyError, load_policy
 from gearshift.policies.model_state import (
@@ -335,12 +336,13 @@ class PolicyLoop:
         wanted: dict[str, FleetModel] = {}
         states: dict[str, ModelState] = {}
         ready_of = self._ready_by_model()
+        trial_result = reads.trial_result if reads.trials else None  # none: none asked
         for model in models:
             ready = ready_of.get(model)
             if not ready:
                 continue
             facts = model_facts(self.fleet, ready, model, cache.priors(model), policy,
-                                self.learner, reads.trial_result, cache)
+                                self.learner, trial_result, cache)
             states[model] = self._state(model, ready, now, reads, batched=True)
             revs = reads.revisions.get(model, [])
             wanted[model] = FleetModel(facts, revs, rate_forecast(self.forecaster, model, policy, now))
@@ -350,8 +352,12 @@ class PolicyLoop:
                                         policy.signal_settings, self.history.resolution_s)
         self.store.set_tenures({m: (t.engine, _utc(t.since))
                                 for m, t in reads.tenure_changes.items()})
+        # Every model's savings estimates at once (the same figures as one at a time).
+        estimates = estimate_fleet_moves(
+            signals, {m: st.engine for m, st in states.items()
+                      if st.migrating_to is None and not st.frozen}, cost_settings(policy))
         stored = []
-        for d in decide(policy, signals, states, now):
+        for d in decide(policy, signals, states, now, estimates=estimates):
             row = self._store_decision(d.to_dict(), version, policy.mode, now)
             if row is not None:
                 stored.append(row)

@@ -39,6 +39,7 @@ from gearshift.policies.rules import (
     RuleOutcome,
     WriteUp,
 )
+from gearshift.policies.schema import Rule
 from gearshift.policies.signals import (
     Signals,
     SignalValue,
@@ -164,10 +165,11 @@ def _engine_order(policy: Policy, sig: Signals) -> tuple[str, ...]:
 
 
 def _candidates(policy: Policy, sig: Signals, current: str, cost: CostSettings,
-                order: tuple[str, ...]) -> tuple[dict[str, MoveEstimate | None],
-                                                 list[tuple[str, str]]]:
-    """Engines the model may move to (of `order`, `_engine_order`'s), with estimates; and
-    those refused, with why."""
+                order: tuple[str, ...], known: Mapping[str, MoveEstimate | None] | None = None
+                ) -> tuple[dict[str, MoveEstimate | None], list[tuple[str, str]]]:
+    """Engines the model may move to (of `order`, `_engine_order`'s), with estimates (those
+    of `known`, made for the fleet at once, else `estimate_move`'s); and those refused,
+    with why."""
     prefs = policy.doc.spec.preferences
     allowed: dict[str, MoveEstimate | None] = {}
     refused: list[tuple[str, str]] = []
@@ -184,9 +186,20 @@ def _candidates(policy: Policy, sig: Signals, current: str, cost: CostSettings,
         elif meets_sla(sig.facts, engine) is False:
             refused.append((engine, f"breaks the latency SLA (TTFT p99 {facts.ttft_p99_ms} ms > "
                                     f"{sig.facts.sla_ttft_p99_ms} ms)"))
+        elif known is not None and engine in known:
+            allowed[engine] = known[engine]
         else:
             allowed[engine] = estimate_move(sig, current, engine, cost)
     return allowed, refused
+
+
+@functools.lru_cache(maxsize=16)
+def _rules(policy: Policy) -> tuple[tuple[Rule, Any, Callable[[Rule, Any, RuleContext],
+                                                                RuleOutcome], str], ...]:
+    """The policy's rules in order, each with its params, its kind's `evaluate` and how an
+    alternative names it: looked up once per policy, not once per model."""
+    return tuple((rule, params, RULE_KINDS[rule.kind].evaluate, f"rule {rule.name}")
+                 for rule, params in zip(policy.doc.spec.rules, policy.rule_params, strict=True))
 
 
 def _evaluate(policy: Policy, ctx: RuleContext, refused: list[tuple[str, str]],
@@ -194,15 +207,16 @@ def _evaluate(policy: Policy, ctx: RuleContext, refused: list[tuple[str, str]],
     """The first rule (of `kinds`, or any) with an opinion decides."""
     ev = _Evaluation(alternatives=list(refused))
     current = ctx.view.engine
-    for rule, params in zip(policy.doc.spec.rules, policy.rule_params, strict=True):
+    for rule, params, evaluate, label in _rules(policy):
         if kinds is not None and rule.kind not in kinds:
             continue
-        outcome = RULE_KINDS[rule.kind].evaluate(rule, params, ctx)
-        if outcome.target is None:
-            ev.alternatives.append((f"rule {rule.name}", outcome))
+        outcome = evaluate(rule, params, ctx)
+        target = outcome.target
+        if target is None:
+            ev.alternatives.append((label, outcome))
             continue
-        if outcome.target != current and outcome.target not in ctx.candidates:
-            ev.alternatives.append((f"rule {rule.name}", f"wants {outcome.target}, which is refused"))
+        if target != current and target not in ctx.candidates:
+            ev.alternatives.append((label, f"wants {target}, which is refused"))
             continue
         ev.outcome, ev.rule = outcome, rule.name
         return ev
@@ -252,14 +266,18 @@ def _traffic_inputs(sig: Signals) -> dict[str, SignalValue]:
 
 
 def _plan_model(policy: Policy, model: str, sig: Signals, st: ModelState, now: float,
-                cost: CostSettings) -> _Plan | None:
+                cost: CostSettings, known: Mapping[str, MoveEstimate | None] | None = None,
+                order: tuple[str, ...] | None = None) -> _Plan | None:
+    """The move `model` wants, if any; `known`: its estimates made for the fleet
+    (`decide`'s `estimates`), `order`: `_engine_order`'s when the caller has it."""
     g = policy.doc.spec.guardrails
     if st.frozen or (g.freezes and _matches(g.freezes, model)) or st.migrating_to is not None:
         return None
     pin_pattern = _matches(g.pins, model) if g.pins else None
     pin = st.pinned or (g.pins[pin_pattern] if pin_pattern else None)
-    order = _engine_order(policy, sig)
-    candidates, refused = _candidates(policy, sig, st.engine, cost, order)
+    if order is None:
+        order = _engine_order(policy, sig)
+    candidates, refused = _candidates(policy, sig, st.engine, cost, order, known)
     if pin is not None:
         if pin == st.engine:
             return None
@@ -332,19 +350,34 @@ def _decision(policy: Policy, model: str, sig: Signals, st: ModelState, now: flo
 
 
 def decide(policy: Policy, signals: Mapping[str, Signals], state: Mapping[str, ModelState],
-           now: float) -> list[Decision]:
+           now: float, *,
+           estimates: Mapping[str, Mapping[str, MoveEstimate | None]] | None = None
+           ) -> list[Decision]:
     """Moves the policy wants now, as data (pure: no I/O, no clock, no randomness).
 
     `signals` and `state` are keyed by model; a model missing from either is skipped.
     `now` is epoch seconds; signals must have been computed from data before it.
+    `estimates` (model -> target -> `estimate_move`'s figures, made for a fleet at once by
+    `policies.fleet_estimates`) saves estimating them here; a move it lacks is estimated.
     """
     cost = cost_settings(policy)
     plans: list[_Plan] = []
+    names = _names(policy)  # `selects`, its parts looked up once
+    wanted_labels = policy.doc.spec.selector.labels.items()
+    orders: dict[tuple[str, ...], tuple[str, ...]] = {}  # the facts' engines -> `_engine_order`
     for model in sorted(signals):
         sig, st = signals[model], state.get(model)
-        if st is None or not selects(policy, model, sig.facts.labels):
+        if st is None or not names(model):
             continue
-        plan = _plan_model(policy, model, sig, st, now, cost)
+        labels = sig.facts.labels
+        if wanted_labels and not all(labels.get(k) == v for k, v in wanted_labels):
+            continue
+        engines = tuple(sig.facts.engines)
+        order = orders.get(engines)
+        if order is None:
+            order = orders[engines] = _engine_order(policy, sig)
+        plan = _plan_model(policy, model, sig, st, now, cost,
+                           estimates.get(model) if estimates is not None else None, order)
         if plan is not None:
             plans.append(plan)
     in_flight = sum(1 for s in state.values() if s.migrating_to is not None)

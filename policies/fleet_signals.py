@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gearshift.common.frozen_records import fast_init
 from gearshift.policies.signals import (
     SECONDS_PER_WEEK,
     ModelFacts,
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from gearshift.policies.signals import FloatArray
 
 
+@fast_init
 @dataclass(frozen=True)
 class FleetModel:
     """What a model's signals need besides its rates."""

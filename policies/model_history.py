@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gearshift.common.frozen_records import fast_init
 from gearshift.policies.costmodel import MAX_EXACT_COUNT, REPLICA_EPSILON
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ _MEANS = ("means",)  # ... and of the replica means handed over for one request
 Window = tuple[int, float]  # (samples, scale) of `ModelHistory.replica_means`
 
 
+@fast_init
 @dataclass(frozen=True)
 class ModelHistory:
     """Observations of one model: request-rate samples and revision times (epoch s).
@@ -207,6 +209,9 @@ class ModelHistory:
         return self._cached(("rolling", width, quantile), make)  # type: ignore[no-any-return]
 
 
+COUNT_ROWS = 256  # histories counted per numpy pass (`count_replica_means`): bounded memory
+
+
 def count_replica_means(asks: Sequence[tuple[ModelHistory, int, Sequence[float], float, int,
                                              Sequence[Window]]]) -> None:
     """`ModelHistory.replica_means` for many histories at once, handed over to each
@@ -214,42 +219,110 @@ def count_replica_means(asks: Sequence[tuple[ModelHistory, int, Sequence[float],
     windows), as `replica_means` takes them.
 
     A replay's windows at scale 1 are read from its prefix sums, as `replica_means` reads
-    them; the other windows of one length and one number of capacities are counted in one
-    numpy pass, a row per history: the same elementwise operations on the same values as
-    one history's pass, and sums of whole numbers, exact in any order, so every figure is
-    the one a history counts alone, to the last bit."""
-    import numpy as np
-
+    them. The other windows of a history are grouped by scale, as `replica_means` groups
+    them: each group's longest window is counted and the others are its tails. Groups of
+    the same window lengths and number of capacities are counted together, `COUNT_ROWS`
+    histories per numpy pass (`_count_part`): a capacity whose count is the same at both
+    ends of the window's range is that count, as `replica_means` finds it; the others are
+    counted a row per (history, capacity), the same elementwise operations on the same
+    values as one history's pass, and sums of whole numbers, exact in any order, so
+    every figure is the one a history counts alone, to the last bit. A live tick asks this
+    of every model of the fleet (`economics.prepare_estimates`)."""
     tables = [{c: [0.0] * len(ask[5]) for c in ask[2]} for ask in asks]
-    groups: dict[tuple[int, int], list[tuple[int, int, float]]] = {}  # -> (ask, window, scale)
+    # (longest, lengths, capacities) -> (ask, scale, the windows' indices, as lengths)
+    groups: dict[tuple[int, tuple[int, ...], int], list[tuple[int, float, list[int]]]] = {}
     for i, (history, end, capacities, headroom, min_replicas, windows) in enumerate(asks):
+        scales: dict[float, list[tuple[int, int]]] = {}
         for w, (n, scale) in enumerate(windows):
             if scale == 1.0 and history.replay:
                 for c in capacities:
                     prefix = history.prefix_replicas(c, headroom, min_replicas)
                     tables[i][c][w] = (prefix[end] - prefix[end - n]) / n
             else:
-                groups.setdefault((n, len(capacities)), []).append((i, w, scale))
-    for (n, _), mine in groups.items():
-        picked = [asks[i] for i, _, _ in mine]
-        rates = np.stack([a[0].rps[a[1] - n:a[1]] for a in picked])
-        need = np.multiply(rates, np.array([[s] for _, _, s in mine], dtype=np.float64),
-                           dtype=np.float64)
-        np.multiply(need, np.array([[1 + a[3]] for a in picked], dtype=np.float64), out=need)
-        need = np.divide(need[:, None, :],
-                         np.array([a[2] for a in picked], dtype=np.float64)[:, :, None])
-        np.subtract(need, REPLICA_EPSILON, out=need)
-        np.ceil(need, out=need)
-        np.maximum(need, np.array([a[4] for a in picked], dtype=np.float64)[:, None, None],
-                   out=need)
-        totals = np.add.reduce(need, axis=2).tolist()
-        for (i, w, _), a, sums in zip(mine, picked, totals, strict=True):
-            table = tables[i]
-            for c, total in zip(a[2], sums, strict=True):
-                table[c][w] = total / n
+                scales.setdefault(scale, []).append((w, n))
+        for scale, mine in scales.items():
+            lengths = tuple(n for _, n in mine)
+            groups.setdefault((max(lengths), lengths, len(capacities)), []).append(
+                (i, scale, [w for w, _ in mine]))
+    for (longest, lengths, _), members in groups.items():
+        for first in range(0, len(members), COUNT_ROWS):
+            part = members[first:first + COUNT_ROWS]
+            picked = [asks[i] for i, _, _ in part]
+            _count_part(part, picked, tables, longest, lengths)
     for (history, end, _, headroom, min_replicas, windows), table in zip(asks, tables,
                                                                          strict=True):
         history.know_replica_means(end, headroom, min_replicas, windows, table)
+
+
+def _count_part(part: list[tuple[int, float, list[int]]],
+                picked: list[tuple[ModelHistory, int, Sequence[float], float, int,
+                                   Sequence[Window]]],
+                tables: list[dict[float, list[float]]], longest: int,
+                lengths: tuple[int, ...]) -> None:
+    """`count_replica_means` of histories whose windows (at one scale each) have the same
+    `lengths` and the same number of capacities: `tables` filled for the windows of `part`
+    (ask, scale, the windows' indices)."""
+    means = window_replica_means(
+        [a[0].rps[a[1] - longest:a[1]] for a in picked], [s for _, s, _ in part],
+        [a[3] for a in picked], [a[4] for a in picked], [a[2] for a in picked],
+        [a[0].window_range(a[1], longest) for a in picked], lengths).tolist()
+    for (i, _, ws), a, figures in zip(part, picked, means, strict=True):
+        table = tables[i]
+        for c, per_window in zip(a[2], figures, strict=True):
+            row = table[c]
+            for w, mean in zip(ws, per_window, strict=True):
+                row[w] = mean
+
+
+def window_replica_means(windows: Sequence[RateArray], scales: Sequence[float],
+                         headrooms: Sequence[float], min_replicas: Sequence[int],
+                         capacities: Sequence[Sequence[float]],
+                         ranges: Sequence[tuple[float, float]],
+                         lengths: Sequence[int]) -> FloatArray:
+    """Mean replicas of many series at once, as `ModelHistory.replica_means` counts one:
+    series k (`windows[k]`, its last `longest` rates, the longest of `lengths`; its
+    (lowest, highest) rate `ranges[k]`) times `scales[k]`, on an engine of each of its
+    `capacities[k]` (the same number for every series) with `headrooms[k]` and
+    `min_replicas[k]`, over its last n rates for each n of `lengths`: an array (series,
+    capacity, length).
+
+    A capacity whose count is the same at both ends of the range (`_replicas`: each step of
+    the count is monotonic) needs that count everywhere in it; the others are counted, a
+    row per (series, capacity), by the operations of `replica_means` in its order on the
+    same values (times a scale of 1 is exact: skipped): every figure is the one the series
+    gets alone, to the last bit."""
+    import numpy as np
+
+    f64 = np.float64
+    longest = max(lengths)
+    caps = np.array(capacities, dtype=f64).reshape(len(windows), -1)
+    scale = np.array(scales, dtype=f64)[:, None]
+    grow = np.add(1, np.array(headrooms, dtype=f64))[:, None]
+    least = np.array(min_replicas, dtype=f64)[:, None]
+    bounds = np.array(ranges, dtype=f64).reshape(len(windows), 2)
+    with np.errstate(all="ignore"):  # not finite: not fixed, counted as one series would be
+        lo, hi = (np.subtract(np.multiply(np.multiply(bounds[:, k:k + 1], scale), grow) / caps,
+                              REPLICA_EPSILON) for k in (0, 1))
+        fixed = (np.isfinite(lo) & np.isfinite(hi) & (lo <= MAX_EXACT_COUNT)
+                 & (hi <= MAX_EXACT_COUNT) & (caps > 0))
+        lo = np.maximum(least, np.ceil(lo))
+        fixed &= lo == np.maximum(least, np.ceil(hi))
+    out = np.repeat(lo[:, :, None], len(lengths), axis=2)  # count * n / n, exactly
+    rows, cols = np.nonzero(~fixed)
+    if rows.size:
+        rates = np.stack(windows)[rows]
+        if (scale != 1.0).any():
+            need = np.multiply(rates, scale[rows], dtype=f64)
+            np.multiply(need, grow[rows], out=need)
+        else:
+            need = np.multiply(rates, grow[rows], dtype=f64)
+        np.divide(need, caps[rows, cols][:, None], out=need)
+        np.subtract(need, REPLICA_EPSILON, out=need)
+        np.ceil(need, out=need)
+        np.maximum(need, least[rows], out=need)
+        for k, n in enumerate(lengths):
+            out[rows, cols, k] = np.add.reduce(need[:, longest - n:], axis=1) / n
+    return out  # type: ignore[no-any-return]
 
 
 def _rolling_quantile(rates: list[float], width: int, quantile: float) -> FloatArray:
@@ -290,4 +363,4 @@ def _replicas(rate: float, scale: float, headroom: float, capacity: float,
     return max(min_replicas, math.ceil(need))
 
 
-__all__ = ["ModelHistory", "count_replica_means"]
+__all__ = ["COUNT_ROWS", "ModelHistory", "count_replica_means", "window_replica_means"]

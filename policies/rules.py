@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gearshift.common.frozen_records import fast_init
 from gearshift.policies.economics import NO_PRICE_NOTE, MoveEstimate
 from gearshift.policies.schema import Condition, Rule
 from gearshift.policies.signals import (
@@ -34,6 +35,7 @@ EQUALITY_OPERATORS = frozenset({"eq", "ne"})
 STRING_OPERATORS = frozenset({"eq", "ne", "in"})
 
 
+@fast_init
 @dataclass(frozen=True)
 class RuleContext:
     view: SignalView
@@ -75,6 +77,7 @@ class WriteUp:
     conditions: tuple[ConditionResult, ...] = ()  # what the rule tested, with the values seen
 
 
+@fast_init
 @dataclass(frozen=True)
 class RuleOutcome:
     target: str | None  # None: no opinion; the current engine: hold

@@ -125,6 +125,11 @@ class Signals:
     _stats: tuple[float, float] | None = field(default=None, compare=False, repr=False)
 
     @property
+    def replays(self) -> bool:
+        """The signals read a replayed series (a backtest: `ModelHistory.replay`)."""
+        return self._history.replay
+
+    @property
     def forecast_unused(self) -> str | None:
         """Why the forecast does not set the traffic level; None when it does."""
         fc = self.forecast
@@ -276,6 +281,7 @@ SignalKind = Literal["number", "bool", "string"]
 SignalValue = float | str | bool | None
 
 
+@fast_init
 @dataclass(frozen=True)
 class SignalView:
     """What a condition can read: the signals plus the model's current engine."""

@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gearshift.policies.core import Decision, ModelState, decide
+from gearshift.policies.core import Decision, ModelState, cost_settings, decide
+from gearshift.policies.fleet_estimates import estimate_fleet_moves
 from gearshift.policies.forecast import Forecast, decision_forecast
 from gearshift.policies.loader import load_policy, load_policy_file
 from gearshift.policies.signals import (
@@ -50,7 +51,14 @@ def run(policy, models: dict[str, tuple[list[float], ModelFacts]], now: float,
     settings = policy.signal_settings
     signals = {m: compute_signals(m, history(r), f, now, settings) for m, (r, f) in models.items()}
     states = states or {m: ModelState(engine="vllm", since=T0 - 30 * DAY_S) for m in models}
-    return decide(policy, signals, states, now)
+    decisions = decide(policy, signals, states, now)
+    # The live tick's way: every model's estimates made at once and handed to the core.
+    estimates = estimate_fleet_moves(signals, {m: st.engine for m, st in states.items()},
+                                     cost_settings(policy))
+    assert repr([d.to_dict() for d in decide(policy, signals, states, now,
+                                             estimates=estimates)]) == repr(
+        [d.to_dict() for d in decisions])
+    return decisions
 
 
 def default():

@@ -196,19 +196,12 @@ def _estimate(estimate: Any, *args: Any) -> Any:
         return str(exc)
 
 
-@settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), models=st.integers(1, 300), steps=st.integers(0, 260),
-       gap_share=st.sampled_from([0.0, 0.0, 0.01, 0.3]), at=st.floats(-5.0, 270.0),
-       float32=st.booleans())
-def test_the_same_savings_estimates_as_model_by_model(seed: int, models: int, steps: int,
-                                                      gap_share: float, at: float,
-                                                      float32: bool) -> None:
-    """Every savings estimate a tick makes from the fleet's signals, and the replica counts
-    under it (`Signals.replica_means`, as the cost rule asks and otherwise), are those of
-    each model's own history, to the last bit: rates crossing replica boundaries or on
-    them, idle models, gaps, float32 or float64 rates, forecasts that scale the short
-    window, rates too large to price."""
-    from gearshift.policies.economics import CostSettings, estimate_move
+def _priced_fleet(seed: int, models: int, steps: int, gap_share: float, at: float,
+                  float32: bool) -> tuple[list[str], dict[str, FleetModel], dict[str, Any],
+                                          dict[str, Any]]:
+    """A fleet whose savings estimates cross replica boundaries or sit on them, with idle
+    models, gaps, float32 or float64 rates, forecasts that scale the short window and rates
+    too large to price: (names, wanted, the fleet's signals, each model's own signals)."""
     from gearshift.policies.forecast import Forecast
 
     rng = np.random.default_rng(seed)
@@ -222,8 +215,6 @@ def test_the_same_savings_estimates_as_model_by_model(seed: int, models: int, st
     dtype = np.float32 if float32 else np.float64
     rates = rates.astype(dtype)
     names = [f"m{i}" for i in range(models)]
-    cost = CostSettings(price_per_gpu_hour=None, build_overhead_usd={}, horizon_s=7 * 86400.0,
-                        hysteresis=0.5)
 
     def forecast(k: int) -> Forecast | None:
         if k % 3:
@@ -242,11 +233,34 @@ def test_the_same_savings_estimates_as_model_by_model(seed: int, models: int, st
               for k, m in enumerate(names)}
     blocks = [(names[b:b + 64], rates[b:b + 64]) for b in range(0, models, 64)]
     fleet = compute_fleet_signals(axis, blocks, wanted, now, SETTINGS, STEP_S)
+    ones = {}
     for k, m in enumerate(names):
         have = ~np.isnan(rates[k])
+        ones[m] = compute_signals(m, ModelHistory.of(axis[have], rates[k][have], [], STEP_S),
+                                  wanted[m].facts, now, SETTINGS, wanted[m].forecast)
+    return names, wanted, fleet, ones
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), models=st.integers(1, 300), steps=st.integers(0, 260),
+       gap_share=st.sampled_from([0.0, 0.0, 0.01, 0.3]), at=st.floats(-5.0, 270.0),
+       float32=st.booleans())
+def test_the_same_savings_estimates_as_model_by_model(seed: int, models: int, steps: int,
+                                                      gap_share: float, at: float,
+                                                      float32: bool) -> None:
+    """Every savings estimate a tick makes from the fleet's signals, and the replica counts
+    under it (`Signals.replica_means`, as the cost rule asks and otherwise), are those of
+    each model's own history, to the last bit: rates crossing replica boundaries or on
+    them, idle models, gaps, float32 or float64 rates, forecasts that scale the short
+    window, rates too large to price."""
+    from gearshift.policies.economics import CostSettings, estimate_move
+
+    names, wanted, fleet, ones = _priced_fleet(seed, models, steps, gap_share, at, float32)
+    cost = CostSettings(price_per_gpu_hour=None, build_overhead_usd={}, horizon_s=7 * 86400.0,
+                        hysteresis=0.5)
+    for m in names:
         fm = wanted[m]
-        one = compute_signals(m, ModelHistory.of(axis[have], rates[k][have], [], STEP_S),
-                              fm.facts, now, SETTINGS, fm.forecast)
+        one = ones[m]
         mine = fleet[m]
         for current, target in (("vllm", "tensorrt-llm"), ("tensorrt-llm", "vllm"),
                                 ("vllm", "sglang")):
@@ -259,3 +273,38 @@ def test_the_same_savings_estimates_as_model_by_model(seed: int, models: int, st
             for capacities in (caps, caps[::-1], (0.5, *caps)):
                 args = (capacities, fm.facts.headroom, fm.facts.min_replicas, windows)
                 assert mine.replica_means(*args) == one.replica_means(*args)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), models=st.integers(1, 300), steps=st.integers(0, 260),
+       gap_share=st.sampled_from([0.0, 0.0, 0.01, 0.3]), at=st.floats(-5.0, 270.0),
+       float32=st.booleans(), price=st.sampled_from([None, 2.5]),
+       overhead=st.sampled_from([{}, {"tensorrt-llm": 7.0}]))
+def test_the_same_fleet_estimates_as_model_by_model(seed: int, models: int, steps: int,
+                                                    gap_share: float, at: float, float32: bool,
+                                                    price: float | None,
+                                                    overhead: dict[str, float]) -> None:
+    """The savings estimates of every model at once (`estimate_fleet_moves`, as a live tick
+    makes them) are `estimate_move`'s on each model's own history, to the last bit, from
+    either engine to every other; an estimate it leaves out is one `estimate_move` refuses
+    (a rate too large to price)."""
+    from gearshift.policies.economics import CostSettings, estimate_move
+    from gearshift.policies.fleet_estimates import estimate_fleet_moves
+
+    names, _, fleet, ones = _priced_fleet(seed, models, steps, gap_share, at, float32)
+    cost = CostSettings(price_per_gpu_hour=price, build_overhead_usd=overhead,
+                        horizon_s=7 * 86400.0, hysteresis=0.5)
+    engines = {m: ("vllm", "tensorrt-llm", "sglang")[k % 3] for k, m in enumerate(names)}
+    found = estimate_fleet_moves(fleet, engines, cost)
+    assert set(found) == set(names)
+    for m in names:
+        for target in ("vllm", "tensorrt-llm", "sglang"):
+            if target == engines[m]:
+                assert target not in found[m]
+                continue
+            expected = _estimate(estimate_move, ones[m], engines[m], target, cost)
+            if target in found[m]:
+                assert found[m][target] == expected
+                assert repr(found[m][target]) == repr(expected)  # -0.0 and 0.0 apart
+            else:
+                assert isinstance(expected, str)  # refused: estimated (and raised) by decide
