@@ -138,7 +138,7 @@ def simulate(policy: Policy, trace: Trace, *, blind: bool = False, seed: int = 0
                     trialled[m].add(d.to_engine)
             if learner is not None and world is not None:
                 serving = replays[m].serving  # the engine that served step k
-                learner.observe(m, serving, world.observe(m, serving, k))
+                learner.record(m, serving, world.reading(m, serving, k))
     return {m: r.outcome() for m, r in replays.items()}, accepted
 
 

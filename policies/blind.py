@@ -91,8 +91,9 @@ from gearshift.policies.capacity import (
     CapacityKey,
     CapacityModel,
     LoadObservation,
+    refusal,
 )
-from gearshift.policies.costmodel import replicas
+from gearshift.policies.costmodel import REPLICA_EPSILON
 from gearshift.policies.forecast import Forecast, decision_forecast
 from gearshift.policies.loader import Policy
 from gearshift.policies.priors import (
@@ -157,6 +158,9 @@ class LatencyCurve:
         return self.base_ms * (1 - rho / RHO_SATURATION_RATIO) ** -self.shape
 
 
+Reading = tuple[float, float, float, int]  # ts, load per replica, p99 TTFT (s), replicas
+
+
 @dataclass(frozen=True)
 class Observation:
     """One step of one deployment, as the fleet reports it: load and p99, and how many
@@ -179,20 +183,43 @@ class LatencyWorld:
         for m, e in self.curves:
             rng = np.random.default_rng([seed, zlib.crc32(f"{m}/{e}".encode())])
             self._noise[m, e] = np.exp(NOISE_SIGMA * rng.standard_normal(trace.n_steps)).tolist()
+        # (model, engine) -> every step's reading, made on the first one asked for
+        self._readings: dict[tuple[str, str], list[Reading | None]] = {}
 
     def observe(self, model: str, engine: str, k: int) -> Observation | None:
         """Step k's observation of `model` served by `engine`; None when idle."""
+        found = self.reading(model, engine, k)
+        if found is None:
+            return None
+        ts, load, p99_s, n = found
+        return Observation(LoadObservation(ts, load, p99_s, None), n)
+
+    def reading(self, model: str, engine: str, k: int) -> Reading | None:
+        """`observe` as a plain tuple (ts, load per replica, p99 TTFT s, replicas)."""
+        if (found := self._readings.get((model, engine))) is None:
+            found = self._readings[model, engine] = self._all_readings(model, engine)
+        return found[k]
+
+    def _all_readings(self, model: str, engine: str) -> list[Reading | None]:
+        """Every step's reading of `model` on `engine`: the replicas and loads with numpy
+        (the IEEE operations of `costmodel.replicas` and of r / n, so the same figures),
+        the latency curve's power with Python's, as `LatencyCurve.p99_ms` takes it."""
         t, p = self._trace, self._trace.profiles[model]
-        r = t.series[model].rps[k]
-        if r <= 0:
-            return None
+        r = np.asarray(t.series[model].rps, dtype=np.float64)
         cap = p.capacity_rps[engine]
-        n = replicas(r, cap, t.headroom, p.min_replicas)
-        if n <= 0:
-            return None
-        p99 = self.curves[model, engine].p99_ms(r / (n * cap)) * self._noise[model, engine][k]
-        return Observation(LoadObservation(self._start_s + k * t.step_s, r / n, p99 / 1000.0, None),
-                           n)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            n = np.maximum(p.min_replicas, np.ceil(r * (1 + t.headroom) / cap - REPLICA_EPSILON))
+            live = (r > 0) & (n > 0)
+            n = np.where(live, n, 1.0)
+            rho = np.minimum(np.maximum(r / (n * cap), 0.0), 0.999 * RHO_SATURATION_RATIO)
+            load = r / n
+        slack = (1 - rho / RHO_SATURATION_RATIO).tolist()
+        curve, noise = self.curves[model, engine], self._noise[model, engine]
+        base, power = curve.base_ms, -curve.shape
+        start, step_s = self._start_s, t.step_s
+        return [(start + k * step_s, x, base * s ** power * z / 1000.0, int(c)) if on else None
+                for k, (on, x, s, z, c) in enumerate(zip(live.tolist(), load.tolist(), slack,
+                                                         noise, n.tolist(), strict=True))]
 
 
 def blind_view(trace: Trace) -> Trace:
@@ -212,22 +239,29 @@ class _Engine:
         self.model = CapacityModel(CapacityKey(model, engine, BLIND_ENGINE_VERSION, BLIND_GPU_MODEL),
                                    per_bin=PER_BIN)
         self.count = 0
+        # Observations not yet in `model`: added in one batch when an estimate reads it.
+        self._pending: list[tuple[float, float, float, float]] = []
         self.recent: deque[float] = deque(maxlen=recent_n)  # p99 (ms), last RECENT_P99_S served
         self.scaled_out = False  # ever served by more than the minimum replicas
         self._estimate: CapacityEstimate | None = None
         self.estimated_at = 0  # the observation count of the cached estimate
         self.top_within_sla: float | None = None  # highest load served within the SLA
 
-    def add(self, obs: LoadObservation, replicas_n: int, min_replicas: int) -> None:
-        if self.model.add(obs) is None:
+    def add(self, ts: float, load: float, ttft_s: float | None, itl_s: float | None,
+            replicas_n: int, min_replicas: int) -> None:
+        """One observation, kept when `CapacityModel.add` would keep it."""
+        if refusal(ts, load, ttft_s, itl_s) is None:
+            assert ttft_s is not None
+            self._pending.append((ts, load, ttft_s, math.nan if itl_s is None else itl_s))
             self.count += 1
             self.scaled_out = self.scaled_out or replicas_n > min_replicas
-            assert obs.ttft_p99_s is not None
-            self.recent.append(obs.ttft_p99_s * 1000.0)
+            self.recent.append(ttft_s * 1000.0)
 
     def estimate(self, sla_s: float, refit_n: int) -> CapacityEstimate:
         grown = self.count - self.estimated_at
         if self._estimate is None or grown >= max(1, min(refit_n, REFIT_GROWTH * self.estimated_at)):
+            self.model.extend(self._pending)
+            self._pending = []
             self._estimate = self.model.estimate(sla_s, draws=ESTIMATE_DRAWS)
             self.estimated_at = self.count
             loads, p99 = self.model.series("ttft")
@@ -252,11 +286,19 @@ class BlindLearner:
         self._capacities: dict[str, tuple[tuple[tuple[int | bool, ...], ...],
                                           dict[str, EngineCapacity], dict[str, SignalValue]]] = {}
         self._model_priors: dict[str, Mapping[str, EnginePriors]] = {}
+        self._min_replicas = {m: p.min_replicas for m, p in view.profiles.items()}
 
     def observe(self, model: str, engine: str, obs: Observation | None) -> None:
         if obs is not None:
-            self._engines[model, engine].add(obs.load, obs.replicas,
-                                             self._view.profiles[model].min_replicas)
+            o = obs.load
+            self._engines[model, engine].add(o.ts, o.rps_per_replica, o.ttft_p99_s, o.itl_p99_s,
+                                             obs.replicas, self._min_replicas[model])
+
+    def record(self, model: str, engine: str, reading: Reading | None) -> None:
+        """`observe` of a `LatencyWorld.reading`."""
+        if reading is not None:
+            ts, load, p99_s, n = reading
+            self._engines[model, engine].add(ts, load, p99_s, None, n, self._min_replicas[model])
 
     def _state_key(self, model: str, engine: str) -> tuple[int | bool, ...]:
         """What `measurements` reads of one engine's state: the observation count while
