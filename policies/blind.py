@@ -287,6 +287,12 @@ class BlindLearner:
                                           dict[str, EngineCapacity], dict[str, SignalValue]]] = {}
         self._model_priors: dict[str, Mapping[str, EnginePriors]] = {}
         self._min_replicas = {m: p.min_replicas for m, p in view.profiles.items()}
+        # (model, engine) -> (observations, capacity, the engine's facts, latency from the
+        # prior) of the last `facts`
+        self._engine_facts: dict[tuple[str, str],
+                                 tuple[int, EngineCapacity, EngineFacts, bool]] = {}
+        self._cite_keys = {e: (f"{LATENCY_SOURCE}.{e}", f"capacity_points.{e}")
+                           for e in view.engines}
 
     def observe(self, model: str, engine: str, obs: Observation | None) -> None:
         if obs is not None:
@@ -343,7 +349,7 @@ class BlindLearner:
     def capacities(self, model: str) -> dict[str, EngineCapacity]:
         """One capacity per engine: the shared rule over what was measured and the priors
         (resolved again only when an engine's measurement can have changed)."""
-        key = tuple(self._state_key(model, e) for e in self._view.engines)
+        key = tuple([self._state_key(model, e) for e in self._view.engines])
         cached = self._capacities.get(model)
         if cached is not None and cached[0] == key:
             return cached[1]
@@ -360,27 +366,41 @@ class BlindLearner:
     def facts(self, model: str) -> ModelFacts:
         """Facts for the decision core, citing where each capacity came from."""
         v, p = self._view, self._view.profiles[model]
-        priors = self._priors(model)
         caps = self.capacities(model)
         cite: dict[str, SignalValue] = dict(self._capacities[model][2])
         engines = {}
-        for e in self._view.engines:
-            recent = self._engines[model, e].recent
-            prior = priors.get(e)  # type: ignore[call-overload]
-            # statistics.median: numpy's figure (the mean of the middle two), without
-            # its per-call cost on a dozen values at every step.
-            ttft = (float(statistics.median(recent)) if recent
-                    else prior.ttft_p99_ms if prior is not None else None)
-            if not recent and ttft is not None:
-                cite[f"{LATENCY_SOURCE}.{e}"] = PRIOR_SOURCE
-            engines[e] = EngineFacts(capacity_rps=caps[e].capacity_rps, ttft_p99_ms=ttft,
-                                     cold_start_s=p.cold_start_s[e], build_s=p.build_s[e],
-                                     build_overhead_usd=p.build_overhead_usd[e])
-            cite[f"capacity_points.{e}"] = self._engines[model, e].count
+        for e in v.engines:
+            state = self._engines[model, e]
+            made = self._engine_facts.get((model, e))
+            if made is None or made[0] != state.count or made[1] is not caps[e]:
+                # Made again only when the engine was observed or its capacity changed
+                # (an engine not serving keeps its figures).
+                made = self._engine_facts[model, e] = (state.count, caps[e],
+                                                       *self._engine_facts_of(model, e, caps[e]))
+            engines[e] = made[2]
+            latency_key, points_key = self._cite_keys[e]
+            if made[3]:
+                cite[latency_key] = PRIOR_SOURCE
+            cite[points_key] = state.count
         return ModelFacts(gpus_per_replica=p.gpus_per_replica, min_replicas=p.min_replicas,
                           headroom=v.headroom, overlap_s=v.overlap_s,
                           sla_ttft_p99_ms=p.sla_ttft_p99_ms, engines=engines, nvidia=True,
                           price_per_gpu_hour=v.price_per_gpu_hour, citations=cite)
+
+    def _engine_facts_of(self, model: str, e: str, cap: EngineCapacity
+                         ) -> tuple[EngineFacts, bool]:
+        """One engine's facts, and whether its latency is the prior's (cited so)."""
+        p = self._view.profiles[model]
+        recent = self._engines[model, e].recent
+        prior = self._priors(model).get(e)  # type: ignore[call-overload]
+        # statistics.median: numpy's figure (the mean of the middle two), without
+        # its per-call cost on a dozen values at every step.
+        ttft = (float(statistics.median(recent)) if recent
+                else prior.ttft_p99_ms if prior is not None else None)
+        return (EngineFacts(capacity_rps=cap.capacity_rps, ttft_p99_ms=ttft,
+                            cold_start_s=p.cold_start_s[e], build_s=p.build_s[e],
+                            build_overhead_usd=p.build_overhead_usd[e]),
+                not recent and ttft is not None)
 
     def forecast(self, model: str, history: ModelHistory, now: float) -> Forecast:
         """The rate forecast, made again from the samples before `now` when the last one is

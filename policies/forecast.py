@@ -266,7 +266,10 @@ def _seasonal(times: FloatArray, rates: FloatArray, now: float, key: ModelKey,
         return _recent(rates[times >= now - RECENT_WINDOW_S], now, quantile, key.peak_quantile,
                        horizon_s, "; ".join(notes), points, path_ts)
     bin_ts = now + bin_s * np.arange(-past_bins, future_bins, dtype=np.float64)
-    x = features(grid, bin_ts, bin_s, day_mean, level, day_lag, week_lag)
+
+    def rows(start: int, stop: int | None = None) -> FloatArray:
+        return features(grid, bin_ts, bin_s, day_mean, level, day_lag, week_lag, start, stop)
+
     future_level = level[past_bins:]
     if not np.all(np.isfinite(future_level)):
         # Gap a day before: fall back to the latest known daily level.
@@ -275,14 +278,24 @@ def _seasonal(times: FloatArray, rates: FloatArray, now: float, key: ModelKey,
                                 known[-1] if known.size else float(np.log1p(np.mean(rates))))
     train_rows = int(train.sum())
     model = kept
-    recent = train & (bin_ts[:past_bins] >= now - DRIFT_WINDOW_S)
-    if (model is None or model.due(key, now, train_rows)
-            or model.drifted(x[:past_bins][recent], target[:past_bins][recent])):
+    # Kept trees need the features of the drift window and the horizon only; a fit, all.
+    tail = int(np.searchsorted(bin_ts[:past_bins], now - DRIFT_WINDOW_S, side="left"))
+    x = None
+    if model is not None and not model.due(key, now, train_rows):
+        x_tail = rows(tail)
+        recent = train[tail:]
+        if model.drifted(x_tail[:past_bins - tail][recent], target[tail:past_bins][recent]):
+            x = np.concatenate([rows(0, tail), x_tail])
+        else:
+            x_future = x_tail[past_bins - tail:][:, model.columns]
+    else:
+        x = rows(0)
+    if x is not None:
         x_train = x[:past_bins][train]
         columns = split_columns(x_train)
         model = SeasonalModel.fit(key, now, columns, x_train[:, columns],
                                   target[:past_bins][train], defer_peak=defer_peak)
-    x_future = x[past_bins:][:, model.columns]
+        x_future = x[past_bins:][:, model.columns]
     low_path = np.maximum(0.0, np.expm1(model.low.predict(x_future) + future_level))
 
     keep = path_ts.size > 0
