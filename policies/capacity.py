@@ -214,9 +214,9 @@ class CapacityModel:
         seq_out: array[int] = array("i")
         for b in sorted(old.keys() | groups.keys()):
             kept: list[float] = []
-            if (j := old.get(b)) is not None:
-                kept_rows = self._rows[starts[j]:starts[j] + self._bin_rows[j] * FIELDS]
-                seq_out.append(self._bin_seq[j])
+            if (at := old.get(b)) is not None:
+                kept_rows = self._rows[starts[at]:starts[at] + self._bin_rows[at] * FIELDS]
+                seq_out.append(self._bin_seq[at])
             else:
                 kept_rows = array("d")
                 seq_out.append(seq[b])

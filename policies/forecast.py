@@ -277,17 +277,16 @@ def _seasonal(times: FloatArray, rates: FloatArray, now: float, key: ModelKey,
         future_level = np.where(np.isfinite(future_level), future_level,
                                 known[-1] if known.size else float(np.log1p(np.mean(rates))))
     train_rows = int(train.sum())
-    model = kept
     # Kept trees need the features of the drift window and the horizon only; a fit, all.
     tail = int(np.searchsorted(bin_ts[:past_bins], now - DRIFT_WINDOW_S, side="left"))
     x = None
-    if model is not None and not model.due(key, now, train_rows):
+    if kept is not None and not kept.due(key, now, train_rows):
         x_tail = rows(tail)
         recent = train[tail:]
-        if model.drifted(x_tail[:past_bins - tail][recent], target[tail:past_bins][recent]):
+        if kept.drifted(x_tail[:past_bins - tail][recent], target[tail:past_bins][recent]):
             x = np.concatenate([rows(0, tail), x_tail])
         else:
-            x_future = x_tail[past_bins - tail:][:, model.columns]
+            model, x_future = kept, x_tail[past_bins - tail:][:, kept.columns]
     else:
         x = rows(0)
     if x is not None:

@@ -228,7 +228,7 @@ _decode = json.JSONDecoder().decode  # json.loads without its per-call argument 
 # The decoder's own C scanner: one JSON value from an index, (value, end). A line that
 # is exactly one value (no surrounding whitespace: every line a trace writer makes) is
 # that value; any other line goes to `_decode`, which also words the errors.
-_scan = make_scanner(json.JSONDecoder())
+_scan = make_scanner(json.JSONDecoder())  # type: ignore[arg-type]  # typeshed names the class
 
 
 def _decode_line(line: str) -> Any:

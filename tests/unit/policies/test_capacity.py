@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections import deque
@@ -269,7 +270,7 @@ def test_batches_keep_what_adding_one_by_one_keeps(rows: list[tuple[float, float
     obs = [LoadObservation(float(i), 10.0 ** x, ttft, itl) for i, (x, ttft, itl) in enumerate(rows)]
     kept = sum(one.add(o) is None for o in obs)
     edges = [0, *sorted(cuts), len(obs)]
-    assert sum(batched.add_many(obs[a:b]) for a, b in zip(edges, edges[1:], strict=False)) == kept
+    assert sum(batched.add_many(obs[a:b]) for a, b in itertools.pairwise(edges)) == kept
     assert batched.to_dict() == one.to_dict() and len(batched) == len(one)
     rng = np.random.default_rng(len(rows))
     more = [LoadObservation(1e4 + i, float(10.0 ** x), 0.2, None)
