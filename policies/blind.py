@@ -69,7 +69,13 @@ fits its peak model only when a decision cites the peak (`defer_peak`).
 Cost: per (model, engine) the capacity estimate is refitted only when the
 observations grew by REFIT_GROWTH or REFIT_EVERY_S of serving, and the resolved
 capacities are reused while no engine's measurement can have changed (the same
-estimate, the same count while under MIN_MEASURED_S). On the 30-model, 28-day
+estimate, the same count while under MIN_MEASURED_S). The world makes a (model,
+engine)'s readings for every step when first asked (`reading`: plain tuples, no
+objects per step); the learner counts each observation and keeps its p99 for the
+SLA check at once, but hands them to the `CapacityModel` in one batch when an
+estimate reads it (`CapacityModel.extend`: the state one `add` per observation
+leaves), and an engine's facts are made again only when it was observed or its
+capacity changed. On the 30-model, 28-day
 fleet of `bench/blind.py` the forecasts fit 151 low models (about 5 a model)
 instead of 630 and predict from kept trees the other days (docs/cost-model.md has the
 runtime).

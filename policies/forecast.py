@@ -32,7 +32,8 @@ spends Python time per node). On 28 days of 5-minute bins and a 7-day horizon, o
 loaded 2-core machine, a forecast that fits its low model took 36 ms of CPU with 20
 rounds of 7 leaves (`forecast_model.FIT_ROUNDS`, `FIT_LEAVES`) and 136 ms with the
 former 60 rounds of 15 leaves; one from kept trees 7 ms (grid, features, the
-drift check and the prediction). So a
+drift check and the prediction; the features only of the rows it reads, the drift
+window and the horizon, each row the whole matrix's to the bit: a test compares them). So a
 forecast keeps its fitted trees (`Forecast.model`, a `forecast_model.SeasonalModel`)
 and the next forecast of the same series (`kept=`) predicts from the current
 history's features with them, refitting only when they are due (a week old, the
