@@ -99,7 +99,7 @@ from gearshift.policies.capacity import (
     LoadObservation,
     refusal,
 )
-from gearshift.policies.costmodel import REPLICA_EPSILON
+from gearshift.policies.costmodel import MAX_EXACT_COUNT, REPLICA_EPSILON, replicas
 from gearshift.policies.forecast import Forecast, decision_forecast
 from gearshift.policies.loader import Policy
 from gearshift.policies.priors import (
@@ -209,12 +209,16 @@ class LatencyWorld:
     def _all_readings(self, model: str, engine: str) -> list[Reading | None]:
         """Every step's reading of `model` on `engine`: the replicas and loads with numpy
         (the IEEE operations of `costmodel.replicas` and of r / n, so the same figures),
-        the latency curve's power with Python's, as `LatencyCurve.p99_ms` takes it."""
+        the latency curve's power with Python's, as `LatencyCurve.p99_ms` takes it. A load
+        `replicas` cannot size raises its error here, at the first reading asked for."""
         t, p = self._trace, self._trace.profiles[model]
         r = np.asarray(t.series[model].rps, dtype=np.float64)
         cap = p.capacity_rps[engine]
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            n = np.maximum(p.min_replicas, np.ceil(r * (1 + t.headroom) / cap - REPLICA_EPSILON))
+            needed = r * (1 + t.headroom) / cap - REPLICA_EPSILON
+            if (bad := np.flatnonzero((r > 0) & ~(needed <= MAX_EXACT_COUNT))).size:
+                replicas(float(r[bad[0]]), cap, t.headroom, p.min_replicas)  # raises its error
+            n = np.maximum(p.min_replicas, np.ceil(needed))
             live = (r > 0) & (n > 0)
             n = np.where(live, n, 1.0)
             rho = np.minimum(np.maximum(r / (n * cap), 0.0), 0.999 * RHO_SATURATION_RATIO)
