@@ -103,13 +103,14 @@ def simulate(policy: Policy, trace: Trace, *, blind: bool = False, seed: int = 0
     accepted: dict[str, list[Decision]] = {m: [] for m in models}
     every = max(1, math.ceil(policy.doc.spec.interval / trace.step_s - 1e-9))
     settings = policy.signal_settings
+    in_order = [(m, replays[m]) for m in models]
     for k in range(trace.n_steps):
         now = start + k * trace.step_s
         wanted: dict[str, Decision] = {}
-        for m in models:
+        for m, replay in in_order:
             # The replay serves one engine at a time; a switch in flight keeps the old one.
             # The tenure changes only when that engine does (`advance_tenure`).
-            engine = replays[m].serving_at(k)
+            engine = replay.serving_at(k)
             if engine != last_serving[m]:
                 serving = current_engine({engine: 1})
                 assert serving is not None
@@ -127,9 +128,9 @@ def simulate(policy: Policy, trace: Trace, *, blind: bool = False, seed: int = 0
             state = {m: _state(tenure[m], switches[m], trialled[m], replays[m].switching_at(k))
                      for m in models}
             wanted = {d.model: d for d in decide(policy, signals, state, now)}
-        for m in models:
-            d = wanted.get(m)
-            if replays[m].step(k, d.to_engine if d else None) and d is not None:
+        for m, replay in in_order:
+            d = wanted.get(m) if wanted else None
+            if replay.step(k, d.to_engine if d else None) and d is not None:
                 # The cost model prices a trial as the switch it leads to (its contract has
                 # no trial term); the replay remembers that the target was trialled.
                 accepted[m].append(d)
@@ -137,8 +138,8 @@ def simulate(policy: Policy, trace: Trace, *, blind: bool = False, seed: int = 0
                 if d.trial_share is not None:
                     trialled[m].add(d.to_engine)
             if learner is not None and world is not None:
-                serving = replays[m].serving  # the engine that served step k
-                learner.observe(m, serving, world.observe(m, serving, k))
+                serving = replay.serving  # the engine that served step k
+                learner.record(m, serving, world.reading(m, serving, k))
     return {m: r.outcome() for m, r in replays.items()}, accepted
 
 

@@ -69,7 +69,13 @@ fits its peak model only when a decision cites the peak (`defer_peak`).
 Cost: per (model, engine) the capacity estimate is refitted only when the
 observations grew by REFIT_GROWTH or REFIT_EVERY_S of serving, and the resolved
 capacities are reused while no engine's measurement can have changed (the same
-estimate, the same count while under MIN_MEASURED_S). On the 30-model, 28-day
+estimate, the same count while under MIN_MEASURED_S). The world makes a (model,
+engine)'s readings for every step when first asked (`reading`: plain tuples, no
+objects per step); the learner counts each observation and keeps its p99 for the
+SLA check at once, but hands them to the `CapacityModel` in one batch when an
+estimate reads it (`CapacityModel.extend`: the state one `add` per observation
+leaves), and an engine's facts are made again only when it was observed or its
+capacity changed. On the 30-model, 28-day
 fleet of `bench/blind.py` the forecasts fit 151 low models (about 5 a model)
 instead of 630 and predict from kept trees the other days (docs/cost-model.md has the
 runtime).
@@ -91,8 +97,9 @@ from gearshift.policies.capacity import (
     CapacityKey,
     CapacityModel,
     LoadObservation,
+    refusal,
 )
-from gearshift.policies.costmodel import replicas
+from gearshift.policies.costmodel import MAX_EXACT_COUNT, REPLICA_EPSILON, replicas
 from gearshift.policies.forecast import Forecast, decision_forecast
 from gearshift.policies.loader import Policy
 from gearshift.policies.priors import (
@@ -157,6 +164,9 @@ class LatencyCurve:
         return self.base_ms * (1 - rho / RHO_SATURATION_RATIO) ** -self.shape
 
 
+Reading = tuple[float, float, float, int]  # ts, load per replica, p99 TTFT (s), replicas
+
+
 @dataclass(frozen=True)
 class Observation:
     """One step of one deployment, as the fleet reports it: load and p99, and how many
@@ -179,20 +189,47 @@ class LatencyWorld:
         for m, e in self.curves:
             rng = np.random.default_rng([seed, zlib.crc32(f"{m}/{e}".encode())])
             self._noise[m, e] = np.exp(NOISE_SIGMA * rng.standard_normal(trace.n_steps)).tolist()
+        # (model, engine) -> every step's reading, made on the first one asked for
+        self._readings: dict[tuple[str, str], list[Reading | None]] = {}
 
     def observe(self, model: str, engine: str, k: int) -> Observation | None:
         """Step k's observation of `model` served by `engine`; None when idle."""
+        found = self.reading(model, engine, k)
+        if found is None:
+            return None
+        ts, load, p99_s, n = found
+        return Observation(LoadObservation(ts, load, p99_s, None), n)
+
+    def reading(self, model: str, engine: str, k: int) -> Reading | None:
+        """`observe` as a plain tuple (ts, load per replica, p99 TTFT s, replicas)."""
+        if (found := self._readings.get((model, engine))) is None:
+            found = self._readings[model, engine] = self._all_readings(model, engine)
+        return found[k]
+
+    def _all_readings(self, model: str, engine: str) -> list[Reading | None]:
+        """Every step's reading of `model` on `engine`: the replicas and loads with numpy
+        (the IEEE operations of `costmodel.replicas` and of r / n, so the same figures),
+        the latency curve's power with Python's, as `LatencyCurve.p99_ms` takes it. A load
+        `replicas` cannot size raises its error here, at the first reading asked for."""
         t, p = self._trace, self._trace.profiles[model]
-        r = t.series[model].rps[k]
-        if r <= 0:
-            return None
+        r = np.asarray(t.series[model].rps, dtype=np.float64)
         cap = p.capacity_rps[engine]
-        n = replicas(r, cap, t.headroom, p.min_replicas)
-        if n <= 0:
-            return None
-        p99 = self.curves[model, engine].p99_ms(r / (n * cap)) * self._noise[model, engine][k]
-        return Observation(LoadObservation(self._start_s + k * t.step_s, r / n, p99 / 1000.0, None),
-                           n)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            needed = r * (1 + t.headroom) / cap - REPLICA_EPSILON
+            if (bad := np.flatnonzero((r > 0) & ~(needed <= MAX_EXACT_COUNT))).size:
+                replicas(float(r[bad[0]]), cap, t.headroom, p.min_replicas)  # raises its error
+            n = np.maximum(p.min_replicas, np.ceil(needed))
+            live = (r > 0) & (n > 0)
+            n = np.where(live, n, 1.0)
+            rho = np.minimum(np.maximum(r / (n * cap), 0.0), 0.999 * RHO_SATURATION_RATIO)
+            load = r / n
+        slack = (1 - rho / RHO_SATURATION_RATIO).tolist()
+        curve, noise = self.curves[model, engine], self._noise[model, engine]
+        base, power = curve.base_ms, -curve.shape
+        start, step_s = self._start_s, t.step_s
+        return [(start + k * step_s, x, base * s ** power * z / 1000.0, int(c)) if on else None
+                for k, (on, x, s, z, c) in enumerate(zip(live.tolist(), load.tolist(), slack,
+                                                         noise, n.tolist(), strict=True))]
 
 
 def blind_view(trace: Trace) -> Trace:
@@ -212,22 +249,29 @@ class _Engine:
         self.model = CapacityModel(CapacityKey(model, engine, BLIND_ENGINE_VERSION, BLIND_GPU_MODEL),
                                    per_bin=PER_BIN)
         self.count = 0
+        # Observations not yet in `model`: added in one batch when an estimate reads it.
+        self._pending: list[tuple[float, float, float, float]] = []
         self.recent: deque[float] = deque(maxlen=recent_n)  # p99 (ms), last RECENT_P99_S served
         self.scaled_out = False  # ever served by more than the minimum replicas
         self._estimate: CapacityEstimate | None = None
         self.estimated_at = 0  # the observation count of the cached estimate
         self.top_within_sla: float | None = None  # highest load served within the SLA
 
-    def add(self, obs: LoadObservation, replicas_n: int, min_replicas: int) -> None:
-        if self.model.add(obs) is None:
+    def add(self, ts: float, load: float, ttft_s: float | None, itl_s: float | None,
+            replicas_n: int, min_replicas: int) -> None:
+        """One observation, kept when `CapacityModel.add` would keep it."""
+        if refusal(ts, load, ttft_s, itl_s) is None:
+            assert ttft_s is not None
+            self._pending.append((ts, load, ttft_s, math.nan if itl_s is None else itl_s))
             self.count += 1
             self.scaled_out = self.scaled_out or replicas_n > min_replicas
-            assert obs.ttft_p99_s is not None
-            self.recent.append(obs.ttft_p99_s * 1000.0)
+            self.recent.append(ttft_s * 1000.0)
 
     def estimate(self, sla_s: float, refit_n: int) -> CapacityEstimate:
         grown = self.count - self.estimated_at
         if self._estimate is None or grown >= max(1, min(refit_n, REFIT_GROWTH * self.estimated_at)):
+            self.model.extend(self._pending)
+            self._pending = []
             self._estimate = self.model.estimate(sla_s, draws=ESTIMATE_DRAWS)
             self.estimated_at = self.count
             loads, p99 = self.model.series("ttft")
@@ -252,11 +296,25 @@ class BlindLearner:
         self._capacities: dict[str, tuple[tuple[tuple[int | bool, ...], ...],
                                           dict[str, EngineCapacity], dict[str, SignalValue]]] = {}
         self._model_priors: dict[str, Mapping[str, EnginePriors]] = {}
+        self._min_replicas = {m: p.min_replicas for m, p in view.profiles.items()}
+        # (model, engine) -> (observations, capacity, the engine's facts, latency from the
+        # prior) of the last `facts`
+        self._engine_facts: dict[tuple[str, str],
+                                 tuple[int, EngineCapacity, EngineFacts, bool]] = {}
+        self._cite_keys = {e: (f"{LATENCY_SOURCE}.{e}", f"capacity_points.{e}")
+                           for e in view.engines}
 
     def observe(self, model: str, engine: str, obs: Observation | None) -> None:
         if obs is not None:
-            self._engines[model, engine].add(obs.load, obs.replicas,
-                                             self._view.profiles[model].min_replicas)
+            o = obs.load
+            self._engines[model, engine].add(o.ts, o.rps_per_replica, o.ttft_p99_s, o.itl_p99_s,
+                                             obs.replicas, self._min_replicas[model])
+
+    def record(self, model: str, engine: str, reading: Reading | None) -> None:
+        """`observe` of a `LatencyWorld.reading`."""
+        if reading is not None:
+            ts, load, p99_s, n = reading
+            self._engines[model, engine].add(ts, load, p99_s, None, n, self._min_replicas[model])
 
     def _state_key(self, model: str, engine: str) -> tuple[int | bool, ...]:
         """What `measurements` reads of one engine's state: the observation count while
@@ -301,7 +359,7 @@ class BlindLearner:
     def capacities(self, model: str) -> dict[str, EngineCapacity]:
         """One capacity per engine: the shared rule over what was measured and the priors
         (resolved again only when an engine's measurement can have changed)."""
-        key = tuple(self._state_key(model, e) for e in self._view.engines)
+        key = tuple([self._state_key(model, e) for e in self._view.engines])
         cached = self._capacities.get(model)
         if cached is not None and cached[0] == key:
             return cached[1]
@@ -318,27 +376,41 @@ class BlindLearner:
     def facts(self, model: str) -> ModelFacts:
         """Facts for the decision core, citing where each capacity came from."""
         v, p = self._view, self._view.profiles[model]
-        priors = self._priors(model)
         caps = self.capacities(model)
         cite: dict[str, SignalValue] = dict(self._capacities[model][2])
         engines = {}
-        for e in self._view.engines:
-            recent = self._engines[model, e].recent
-            prior = priors.get(e)  # type: ignore[call-overload]
-            # statistics.median: numpy's figure (the mean of the middle two), without
-            # its per-call cost on a dozen values at every step.
-            ttft = (float(statistics.median(recent)) if recent
-                    else prior.ttft_p99_ms if prior is not None else None)
-            if not recent and ttft is not None:
-                cite[f"{LATENCY_SOURCE}.{e}"] = PRIOR_SOURCE
-            engines[e] = EngineFacts(capacity_rps=caps[e].capacity_rps, ttft_p99_ms=ttft,
-                                     cold_start_s=p.cold_start_s[e], build_s=p.build_s[e],
-                                     build_overhead_usd=p.build_overhead_usd[e])
-            cite[f"capacity_points.{e}"] = self._engines[model, e].count
+        for e in v.engines:
+            state = self._engines[model, e]
+            made = self._engine_facts.get((model, e))
+            if made is None or made[0] != state.count or made[1] is not caps[e]:
+                # Made again only when the engine was observed or its capacity changed
+                # (an engine not serving keeps its figures).
+                made = self._engine_facts[model, e] = (state.count, caps[e],
+                                                       *self._engine_facts_of(model, e, caps[e]))
+            engines[e] = made[2]
+            latency_key, points_key = self._cite_keys[e]
+            if made[3]:
+                cite[latency_key] = PRIOR_SOURCE
+            cite[points_key] = state.count
         return ModelFacts(gpus_per_replica=p.gpus_per_replica, min_replicas=p.min_replicas,
                           headroom=v.headroom, overlap_s=v.overlap_s,
                           sla_ttft_p99_ms=p.sla_ttft_p99_ms, engines=engines, nvidia=True,
                           price_per_gpu_hour=v.price_per_gpu_hour, citations=cite)
+
+    def _engine_facts_of(self, model: str, e: str, cap: EngineCapacity
+                         ) -> tuple[EngineFacts, bool]:
+        """One engine's facts, and whether its latency is the prior's (cited so)."""
+        p = self._view.profiles[model]
+        recent = self._engines[model, e].recent
+        prior = self._priors(model).get(e)  # type: ignore[call-overload]
+        # statistics.median: numpy's figure (the mean of the middle two), without
+        # its per-call cost on a dozen values at every step.
+        ttft = (float(statistics.median(recent)) if recent
+                else prior.ttft_p99_ms if prior is not None else None)
+        return (EngineFacts(capacity_rps=cap.capacity_rps, ttft_p99_ms=ttft,
+                            cold_start_s=p.cold_start_s[e], build_s=p.build_s[e],
+                            build_overhead_usd=p.build_overhead_usd[e]),
+                not recent and ttft is not None)
 
     def forecast(self, model: str, history: ModelHistory, now: float) -> Forecast:
         """The rate forecast, made again from the samples before `now` when the last one is

@@ -101,6 +101,23 @@ def _bin_of(rps: float) -> int:
     return math.floor(math.log(rps) / math.log(BIN_RATIO))
 
 
+def refusal(ts: float, load: float, ttft_p99_s: float | None, itl_p99_s: float | None
+            ) -> str | None:
+    """Why `CapacityModel.add` refuses an observation with these figures; None: it keeps it."""
+    if not math.isfinite(ts):
+        return "timestamp not finite"
+    if not math.isfinite(load) or load < 0:
+        return "load NaN, infinite or negative"
+    if load == 0:
+        return "idle (no requests)"
+    if ttft_p99_s is None and itl_p99_s is None:
+        return "no latency measured"
+    for value in (ttft_p99_s, itl_p99_s):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            return "latency NaN, infinite or negative"
+    return None
+
+
 class CapacityModel:
     """Observations of one `CapacityKey`, in bounded memory, and the estimates from them."""
 
@@ -132,7 +149,13 @@ class CapacityModel:
         if reason is not None:
             self.rejected[reason] = self.rejected.get(reason, 0) + 1
             return reason
-        b = _bin_of(obs.rps_per_replica)
+        self._insert(obs.ts, obs.rps_per_replica, _nan_if_none(obs.ttft_p99_s),
+                     _nan_if_none(obs.itl_p99_s))
+        return None
+
+    def _insert(self, ts: float, load: float, ttft: float, itl: float) -> None:
+        """Keep one valid observation (NaN = not measured)."""
+        b = _bin_of(load)
         ids = self._bin_ids
         i = bisect_left(ids, b)
         if i == len(ids) or ids[i] != b:
@@ -148,9 +171,7 @@ class CapacityModel:
         start = sum(self._bin_rows[:i]) * FIELDS
         n = self._bin_rows[i]
         end = start + n * FIELDS
-        self._rows[end:end] = array("d", (obs.ts, obs.rps_per_replica,
-                                          _nan_if_none(obs.ttft_p99_s),
-                                          _nan_if_none(obs.itl_p99_s)))
+        self._rows[end:end] = array("d", (ts, load, ttft, itl))
         n += 1
         self._count += 1
         if n > self.per_bin:
@@ -161,7 +182,56 @@ class CapacityModel:
         self.accepted += 1
         if len(ids) > MAX_BINS:
             self._drop_stalest_bin()
-        return None
+
+    def extend(self, rows: list[tuple[float, float, float, float]]) -> None:
+        """Keep valid observations given as (ts, load, ttft p99, itl p99) rows (NaN = not
+        measured; each row must pass `refusal`), in order: the state `add` of each leaves,
+        built in one pass over the kept rows instead of one array edit per row (a blind
+        backtest adds a step's observation of every model). When the batch could evict a
+        bin or renumber the bins, the rows go through `add`'s path one by one."""
+        groups: dict[int, list[tuple[float, float, float, float]]] = {}
+        for row in rows:
+            b = _bin_of(row[1])
+            if (group := groups.get(b)) is None:
+                groups[b] = [row]
+            else:
+                group.append(row)
+        old = {b: j for j, b in enumerate(self._bin_ids)}
+        made = [b for b in groups if b not in old]  # in the order `add` would make them
+        if len(old) + len(made) > MAX_BINS or self._next_seq + len(made) > SEQ_LIMIT:
+            for row in rows:
+                self._insert(*row)
+            return
+        seq = {b: self._next_seq + j for j, b in enumerate(made)}
+        starts = [0] * len(old)
+        offset = 0
+        for j, n in enumerate(self._bin_rows):
+            starts[j] = offset
+            offset += n * FIELDS
+        rows_out: array[float] = array("d")
+        ids_out: array[int] = array("i")
+        n_out: array[int] = array("i")
+        seq_out: array[int] = array("i")
+        for b in sorted(old.keys() | groups.keys()):
+            kept: list[float] = []
+            if (at := old.get(b)) is not None:
+                kept_rows = self._rows[starts[at]:starts[at] + self._bin_rows[at] * FIELDS]
+                seq_out.append(self._bin_seq[at])
+            else:
+                kept_rows = array("d")
+                seq_out.append(seq[b])
+            for row in groups.get(b, ()):
+                kept.extend(row)
+            if kept:
+                kept_rows.extend(kept)
+                del kept_rows[:max(0, len(kept_rows) - self.per_bin * FIELDS)]
+            rows_out.extend(kept_rows)
+            ids_out.append(b)
+            n_out.append(len(kept_rows) // FIELDS)
+        self._rows, self._bin_ids, self._bin_rows, self._bin_seq = rows_out, ids_out, n_out, seq_out
+        self._next_seq += len(made)
+        self._count = len(rows_out) // FIELDS
+        self.accepted += len(rows)
 
     def _drop_stalest_bin(self) -> None:
         """The bin with the fewest observations, then the oldest newest one, goes (the
@@ -183,23 +253,21 @@ class CapacityModel:
         del self._bin_seq[j]
 
     def add_many(self, observations: Iterable[LoadObservation]) -> int:
-        """Add each; returns how many were kept."""
-        return sum(self.add(obs) is None for obs in observations)
+        """Add each (as `add` would, one after the other); returns how many were kept."""
+        kept = []
+        for obs in observations:
+            reason = self._refusal(obs)
+            if reason is not None:
+                self.rejected[reason] = self.rejected.get(reason, 0) + 1
+            else:
+                kept.append((obs.ts, obs.rps_per_replica, _nan_if_none(obs.ttft_p99_s),
+                             _nan_if_none(obs.itl_p99_s)))
+        self.extend(kept)
+        return len(kept)
 
     @staticmethod
     def _refusal(obs: LoadObservation) -> str | None:
-        if not math.isfinite(obs.ts):
-            return "timestamp not finite"
-        if not math.isfinite(obs.rps_per_replica) or obs.rps_per_replica < 0:
-            return "load NaN, infinite or negative"
-        if obs.rps_per_replica == 0:
-            return "idle (no requests)"
-        if obs.ttft_p99_s is None and obs.itl_p99_s is None:
-            return "no latency measured"
-        for value in (obs.ttft_p99_s, obs.itl_p99_s):
-            if value is not None and not (math.isfinite(value) and value >= 0):
-                return "latency NaN, infinite or negative"
-        return None
+        return refusal(obs.ts, obs.rps_per_replica, obs.ttft_p99_s, obs.itl_p99_s)
 
     def observations(self) -> list[LoadObservation]:
         """Every kept observation, by load (oldest first within a load bin)."""

@@ -118,7 +118,11 @@ def monotone_fit(loads: FloatArray, lat: FloatArray) -> tuple[FloatArray, FloatA
 
 
 def _crossing(loads: FloatArray, lat: FloatArray, sla: float) -> tuple[float, Status]:
-    x, fit = monotone_fit(loads, lat)
+    return _crossing_of_fit(*monotone_fit(loads, lat), sla)
+
+
+def _crossing_of_fit(x: FloatArray, fit: FloatArray, sla: float) -> tuple[float, Status]:
+    """`_crossing` of the monotone fit `fit` at the loads `x` (ascending)."""
     above = np.nonzero(fit > sla)[0]
     if above.size == 0:
         return float(x[-1]), "lower_bound"
@@ -143,17 +147,18 @@ def _bootstrap(loads: FloatArray, lat: FloatArray, sla: float, draws: int,
     bound). That is the usual case (a fleet sized with headroom), and the check is one
     array operation over every resample; the others are fitted one by one."""
     n = loads.size
-    picks = [rng.integers(0, n, n) for _ in range(draws)]  # the stream of one draw at a time
-    if not picks:
+    if draws <= 0:
         return []
-    pick = np.stack(picks)
+    # One call draws what `draws` calls of n would, in the same order (the generator's
+    # stream does not depend on how the draws are split; a test checks it).
+    pick = rng.integers(0, n, (draws, n))
     x, y = loads[pick], lat[pick]
     by_load = np.take_along_axis(y, np.argsort(x, axis=1, kind="stable"), axis=1)
     suffix_means = np.cumsum(by_load[:, ::-1], axis=1) / np.arange(1, n + 1)
     # The margin covers the rounding of either computation (relative 1e-13 at most).
-    clear = suffix_means.max(axis=1) < sla * (1 - SUFFIX_MEAN_MARGIN)
-    return [float(x[i].max()) if clear[i] else _crossing(x[i], y[i], sla)[0]
-            for i in range(draws)]
+    clear = (suffix_means.max(axis=1) < sla * (1 - SUFFIX_MEAN_MARGIN)).tolist()
+    top = x.max(axis=1).tolist()
+    return [top[i] if clear[i] else _crossing(x[i], y[i], sla)[0] for i in range(draws)]
 
 
 def estimate_metric(metric: str, loads: FloatArray, lat: FloatArray, sla: float, draws: int,
@@ -185,7 +190,7 @@ def estimate_metric(metric: str, loads: FloatArray, lat: FloatArray, sla: float,
     if (noisy := float(np.mean(scatter > math.log(OUTLIER_FACTOR)))) > MAX_OUTLIER_SHARE:
         return insufficient(f"too noisy: {noisy:.0%} of the p99s are over {OUTLIER_FACTOR:g}x "
                             f"off the monotone fit", int(loads.size))
-    value, status = _crossing(loads, lat, sla)
+    value, status = _crossing_of_fit(x, fitted, sla)
     samples = _bootstrap(loads, lat, sla, draws, np.random.default_rng(seed))
     band = np.percentile(samples, BAND_PERCENTILES) if samples else np.array([value, value])
     notes = [f"{int(outliers.sum())} outlier p99(s) ignored"] if outliers.any() else []

@@ -32,7 +32,8 @@ spends Python time per node). On 28 days of 5-minute bins and a 7-day horizon, o
 loaded 2-core machine, a forecast that fits its low model took 36 ms of CPU with 20
 rounds of 7 leaves (`forecast_model.FIT_ROUNDS`, `FIT_LEAVES`) and 136 ms with the
 former 60 rounds of 15 leaves; one from kept trees 7 ms (grid, features, the
-drift check and the prediction). So a
+drift check and the prediction; the features only of the rows it reads, the drift
+window and the horizon, each row the whole matrix's to the bit: a test compares them). So a
 forecast keeps its fitted trees (`Forecast.model`, a `forecast_model.SeasonalModel`)
 and the next forecast of the same series (`kept=`) predicts from the current
 history's features with them, refitting only when they are due (a week old, the
@@ -266,7 +267,10 @@ def _seasonal(times: FloatArray, rates: FloatArray, now: float, key: ModelKey,
         return _recent(rates[times >= now - RECENT_WINDOW_S], now, quantile, key.peak_quantile,
                        horizon_s, "; ".join(notes), points, path_ts)
     bin_ts = now + bin_s * np.arange(-past_bins, future_bins, dtype=np.float64)
-    x = features(grid, bin_ts, bin_s, day_mean, level, day_lag, week_lag)
+
+    def rows(start: int, stop: int | None = None) -> FloatArray:
+        return features(grid, bin_ts, bin_s, day_mean, level, day_lag, week_lag, start, stop)
+
     future_level = level[past_bins:]
     if not np.all(np.isfinite(future_level)):
         # Gap a day before: fall back to the latest known daily level.
@@ -274,15 +278,24 @@ def _seasonal(times: FloatArray, rates: FloatArray, now: float, key: ModelKey,
         future_level = np.where(np.isfinite(future_level), future_level,
                                 known[-1] if known.size else float(np.log1p(np.mean(rates))))
     train_rows = int(train.sum())
-    model = kept
-    recent = train & (bin_ts[:past_bins] >= now - DRIFT_WINDOW_S)
-    if (model is None or model.due(key, now, train_rows)
-            or model.drifted(x[:past_bins][recent], target[:past_bins][recent])):
+    # Kept trees need the features of the drift window and the horizon only; a fit, all.
+    tail = int(np.searchsorted(bin_ts[:past_bins], now - DRIFT_WINDOW_S, side="left"))
+    x = None
+    if kept is not None and not kept.due(key, now, train_rows):
+        x_tail = rows(tail)
+        recent = train[tail:]
+        if kept.drifted(x_tail[:past_bins - tail][recent], target[tail:past_bins][recent]):
+            x = np.concatenate([rows(0, tail), x_tail])
+        else:
+            model, x_future = kept, x_tail[past_bins - tail:][:, kept.columns]
+    else:
+        x = rows(0)
+    if x is not None:
         x_train = x[:past_bins][train]
         columns = split_columns(x_train)
         model = SeasonalModel.fit(key, now, columns, x_train[:, columns],
                                   target[:past_bins][train], defer_peak=defer_peak)
-    x_future = x[past_bins:][:, model.columns]
+        x_future = x[past_bins:][:, model.columns]
     low_path = np.maximum(0.0, np.expm1(model.low.predict(x_future) + future_level))
 
     keep = path_ts.size > 0

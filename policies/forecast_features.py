@@ -60,14 +60,19 @@ def daily_level(grid: FloatArray, bin_s: float, day_lag: int) -> tuple[FloatArra
 
 
 def features(grid: FloatArray, bin_ts: FloatArray, bin_s: float, day_mean: FloatArray,
-             level: FloatArray, day_lag: int, week_lag: int) -> FloatArray:
-    """The feature matrix per bin; the target is log1p(rate) - log level."""
+             level: FloatArray, day_lag: int, week_lag: int, start: int = 0,
+             stop: int | None = None) -> FloatArray:
+    """The feature matrix per bin; the target is log1p(rate) - log level. `start`, `stop`:
+    only the rows of those bins, each the same figures as in the whole matrix (the
+    element-wise functions see the same values)."""
     half = max(0, round(LAG_SMOOTH_S / bin_s))
     smooth = window_mean(grid, half, half)
-    lag_day = np.log1p(shift(smooth, day_lag)) - level
-    lag_week = np.log1p(shift(smooth, week_lag)) - level
-    week_level = np.log1p(shift(day_mean, week_lag)) - level
-    centre = bin_ts + bin_s / 2
+    rows = slice(start, stop)
+    level = level[rows]
+    lag_day = np.log1p(shift(smooth, day_lag)[rows]) - level
+    lag_week = np.log1p(shift(smooth, week_lag)[rows]) - level
+    week_level = np.log1p(shift(day_mean, week_lag)[rows]) - level
+    centre = bin_ts[rows] + bin_s / 2
     hour = 2 * np.pi * (centre % SECONDS_PER_DAY) / SECONDS_PER_DAY
     # 1970-01-01 was a Thursday: +3 days makes Monday 0.
     dow = 2 * np.pi * (((centre // SECONDS_PER_DAY) + 3) % 7) / 7

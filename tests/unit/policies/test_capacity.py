@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections import deque
@@ -253,6 +254,33 @@ def test_beyond_max_bins_the_emptiest_oldest_bin_goes() -> None:
     assert MAX_BINS < len(expected) <= 3 * MAX_BINS  # bins were dropped
     assert model.observations() == expected
     assert len(model) == len(expected)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.floats(-2.0, 4.0), st.sampled_from([None, 0.2, 0.7, math.nan]),
+                          st.sampled_from([None, 0.05])), min_size=1, max_size=300),
+       st.integers(1, 4), st.lists(st.integers(0, 300), max_size=6))
+def test_batches_keep_what_adding_one_by_one_keeps(rows: list[tuple[float, float | None,
+                                                                    float | None]],
+                                                   per_bin: int, cuts: list[int]) -> None:
+    """`add_many` (one pass per batch) leaves the state `add` of each row leaves: the kept
+    observations, the counts, and which bin goes first when bins are dropped later."""
+    one = CapacityModel(CapacityKey("m", "vllm", "1", "H100"), per_bin=per_bin)
+    batched = CapacityModel(CapacityKey("m", "vllm", "1", "H100"), per_bin=per_bin)
+    obs = [LoadObservation(float(i), 10.0 ** x, ttft, itl) for i, (x, ttft, itl) in enumerate(rows)]
+    kept = sum(one.add(o) is None for o in obs)
+    edges = [0, *sorted(cuts), len(obs)]
+    assert sum(batched.add_many(obs[a:b]) for a, b in itertools.pairwise(edges)) == kept
+    assert batched.to_dict() == one.to_dict() and len(batched) == len(one)
+    rng = np.random.default_rng(len(rows))
+    more = [LoadObservation(1e4 + i, float(10.0 ** x), 0.2, None)
+            for i, x in enumerate(rng.uniform(-2.0, 4.0, 2 * MAX_BINS))]
+    for o in more:  # past MAX_BINS: the emptiest-oldest bins go, in the same order
+        one.add(o)
+    batched.add_many(more[:MAX_BINS // 2])
+    for o in more[MAX_BINS // 2:]:
+        batched.add(o)
+    assert batched.to_dict() == one.to_dict()
 
 
 def _crossing_by_fit(loads: np.ndarray, lat: np.ndarray, sla: float) -> float:

@@ -13,6 +13,7 @@ import pytest
 from gearshift.controller.learning import Forecaster
 from gearshift.policies.blind import BlindLearner, blind_view
 from gearshift.policies.forecast import SECONDS_PER_DAY, forecast_rate
+from gearshift.policies.forecast_features import daily_level, features, grid_means
 from gearshift.policies.forecast_model import MODEL_REFIT_GROWTH, MODEL_REFIT_S
 from gearshift.policies.loader import load_policy_file
 from gearshift.policies.signals import ModelHistory
@@ -126,3 +127,23 @@ def test_the_blind_backtest_and_the_controller_refit_at_the_same_times() -> None
         live_fits.append(None if controller.model is None else controller.model.fitted_at)
     assert blind_fits == live_fits
     assert 1 < len(set(blind_fits)) < len(blind_fits)  # refitted, but not every day
+
+
+@pytest.mark.parametrize(("start", "stop"), [(0, None), (0, 100), (3000, None), (8063, 8100),
+                                             (9000, None), (5, 6)])
+def test_feature_rows_are_those_of_the_whole_matrix(start: int, stop: int | None) -> None:
+    """Kept trees predict from the features of the last rows only: each row must be the
+    whole matrix's to the bit (gaps, and so NaN features, included)."""
+    ts, rps = seasonal(30)
+    rps = np.where((ts % (5 * SECONDS_PER_DAY)) < 4 * 3600, np.nan, rps)  # gaps
+    now, bin_s, day_lag, week_lag = _at(29), STEP_S, 288, 2016
+    past, future = 8064, 2016
+    keep = np.isfinite(rps) & (ts < now)
+    grid = grid_means(ts[keep], rps[keep], now, bin_s, past, future)
+    day_mean, level = daily_level(grid, bin_s, day_lag)
+    bin_ts = now + bin_s * np.arange(-past, future, dtype=np.float64)
+    whole = features(grid, bin_ts, bin_s, day_mean, level, day_lag, week_lag)
+    part = features(grid, bin_ts, bin_s, day_mean, level, day_lag, week_lag, start, stop)
+    assert np.isnan(whole).any()
+    np.testing.assert_array_equal(part, whole[start:stop])
+    assert part.tobytes() == whole[start:stop].tobytes()
