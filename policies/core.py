@@ -290,9 +290,11 @@ def _plan_model(policy: Policy, model: str, sig: Signals, st: ModelState, now: f
         young = sig.history_s < policy.doc.spec.signals.min_history
         if young and not breach_is_measured(sig.facts, st.engine):
             return None
-        best = max((e for e in candidates.values() if e is not None), default=None,
-                   key=lambda e: e.net_usd)
-        view = SignalView(sig, st.engine, now - st.since, None if best is None else best.net_usd)
+        best_net: float | None = None  # the best candidate's net savings (one or two)
+        for e in candidates.values():
+            if e is not None and (best_net is None or e.net_usd > best_net):
+                best_net = e.net_usd
+        view = SignalView(sig, st.engine, now - st.since, best_net)
         ctx = RuleContext(view, candidates, order,
                           price_known=price_of(sig.facts, cost) is not None)
         ev = _evaluate(policy, ctx, refused,

@@ -71,7 +71,8 @@ class Measurement:
 def priors_for(models: Mapping[str, ModelPriors], model: str) -> ModelPriors:
     """The first `spec.models` entry whose name or glob matches `model`."""
     for pattern, priors in models.items():
-        if pattern == model or fnmatch.fnmatchcase(model, pattern):
+        # "*" matches every name: the common catch-all needs no glob match per model.
+        if pattern in ("*", model) or fnmatch.fnmatchcase(model, pattern):
             return priors
     return ModelPriors()
 

@@ -294,7 +294,9 @@ def _savings(rule: Rule, params: SavingsParams, ctx: RuleContext) -> RuleOutcome
             return RuleOutcome(None, lambda: WriteUp(NO_PRICE_NOTE))
         return RuleOutcome(None, lambda: WriteUp(
             "no engine to compare with (capacity or traffic not measured)"))
-    best = max(known.values(), key=lambda est: (est.net_usd, -ctx.order.index(est.target)))
+    ests = list(known.values())  # most models have one candidate: no ranking to do
+    best = ests[0] if len(ests) == 1 else max(
+        ests, key=lambda est: (est.net_usd, -ctx.order.index(est.target)))
     margin = best.margin_usd + params.min_net_savings_usd
     pays = best.net_usd > margin
 
