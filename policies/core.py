@@ -364,15 +364,10 @@ def decide(policy: Policy, signals: Mapping[str, Signals], state: Mapping[str, M
     """
     cost = cost_settings(policy)
     plans: list[_Plan] = []
-    names = _names(policy)  # `selects`, its parts looked up once
-    wanted_labels = policy.doc.spec.selector.labels.items()
     orders: dict[tuple[str, ...], tuple[str, ...]] = {}  # the facts' engines -> `_engine_order`
     for model in sorted(signals):
         sig, st = signals[model], state.get(model)
-        if st is None or not names(model):
-            continue
-        labels = sig.facts.labels
-        if wanted_labels and not all(labels.get(k) == v for k, v in wanted_labels):
+        if st is None or not selects(policy, model, sig.facts.labels):
             continue
         engines = tuple(sig.facts.engines)
         order = orders.get(engines)
