@@ -226,8 +226,9 @@ def count_replica_means(asks: Sequence[tuple[ModelHistory, int, Sequence[float],
     ends of the window's range is that count, as `replica_means` finds it; the others are
     counted a row per (history, capacity), the same elementwise operations on the same
     values as one history's pass, and sums of whole numbers, exact in any order, so
-    every figure is the one a history counts alone, to the last bit. A live tick asks this
-    of every model of the fleet (`economics.prepare_estimates`)."""
+    every figure is the one a history counts alone, to the last bit. A backtest asks this
+    of every model at each step (`economics.prepare_estimates`); a live tick counts
+    through `window_replica_means` (`policies.fleet_estimates`)."""
     tables = [{c: [0.0] * len(ask[5]) for c in ask[2]} for ask in asks]
     # (longest, lengths, capacities) -> (ask, scale, the windows' indices, as lengths)
     groups: dict[tuple[int, tuple[int, ...], int], list[tuple[int, float, list[int]]]] = {}
