@@ -3,8 +3,8 @@
 `model_facts` builds a model's `ModelFacts` from its ready deployments: replica
 size, GPU model, measured latency (else the policy's priors), capacities by the
 rule shared with the blind backtest (`controller.learning.live_capacities`), and
-the results of earlier trials, each figure cited by its source. `rate_forecast`
-is the rate forecast over the policy's horizon. Both are pure reads.
+the results of earlier trials, each figure cited by its source. `rate_forecasts`
+gives each model's rate forecast over the policy's horizon. Both are pure reads.
 """
 
 from __future__ import annotations
@@ -285,16 +285,21 @@ def sla_signals(ready: list[tuple[str, agent_pb2.DeploymentReport]]) -> dict[str
     return out
 
 
-def rate_forecast(forecaster: Forecaster | None, model: str, policy: Policy,
-                  now: float) -> Forecast | None:
-    """The latest rate forecast over the policy's horizon at its sustained quantile (it
-    sets the traffic level of the savings estimate; `policies.economics`); None until
-    one was fitted (`refresh_forecasts`)."""
+def rate_forecasts(forecaster: Forecaster | None, policy: Policy,
+                   now: float) -> Callable[[str], Forecast | None]:
+    """A model's latest rate forecast over the policy's horizon at its sustained quantile
+    (it sets the traffic level of the savings estimate; `policies.economics`), None until
+    one was fitted (`refresh_forecasts`): what the policy and `now` fix looked up once,
+    for a tick that asks it of every model."""
     if forecaster is None:
-        return None
+        return lambda model: None
     spec = policy.doc.spec
-    return forecaster.cached(model, now, horizon_s=spec.cost.horizon,
-                             quantile=spec.signals.sustained_quantile)
+    cached, horizon_s, quantile = (forecaster.cached, spec.cost.horizon,
+                                   spec.signals.sustained_quantile)
+
+    def of(model: str) -> Forecast | None:
+        return cached(model, now, horizon_s=horizon_s, quantile=quantile)
+    return of
 
 
 def refresh_forecasts(forecaster: Forecaster | None, models: Iterable[str], policy: Policy,

@@ -310,8 +310,8 @@ def window_replica_means(windows: Sequence[RateArray], scales: Sequence[float],
         fixed &= lo == np.maximum(least, np.ceil(hi))
     out = np.repeat(lo[:, :, None], len(lengths), axis=2)  # count * n / n, exactly
     rows, cols = np.nonzero(~fixed)
-    if rows.size:
-        rates = np.stack(windows)[rows]
+    if rows.size:  # the counted rows alone (most of a fleet's rows are not)
+        rates = np.stack([windows[r] for r in rows.tolist()])
         if (scale != 1.0).any():
             need = np.multiply(rates, scale[rows], dtype=f64)
             np.multiply(need, grow[rows], out=need)
