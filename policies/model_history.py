@@ -68,6 +68,16 @@ class ModelHistory:
             a.setflags(write=False)
         return ModelHistory(ts, values, revisions, float(sample_period_s), replay)
 
+    @staticmethod
+    def with_ranges(sample_ts: FloatArray, rps: RateArray, revision_ts: FloatArray,
+                    sample_period_s: float, end: int,
+                    ranges: dict[int, tuple[float, float]]) -> ModelHistory:
+        """A history (not a replay) handed its `window_range(end, n)` for each length n of
+        `ranges` (n -> (lowest, highest)) as it is made: `know_ranges` without the call (a
+        live tick makes 10,000 at a time: `policies.fleet_signals`)."""
+        return ModelHistory(sample_ts, rps, revision_ts, sample_period_s, False,
+                            {_RANGES: (end, ranges)})
+
     def _cached(self, key: tuple[object, ...], make: Callable[[], Any]) -> Any:
         if key not in self._cache:
             self._cache[key] = make()
