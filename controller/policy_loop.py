@@ -329,8 +329,9 @@ class PolicyLoop:
         collecting = gc.isenabled()
         # The tick's records (facts, signals, states, estimates: tens of objects a model)
         # live until its end and then go with their references, so the young collections
-        # their allocation starts (about 800 at 10,000 models) would find nothing to free:
-        # none run during the tick (the controller's scheduled ones follow it: gc_policy).
+        # their allocation starts (about 800 at 10,000 models, 50-70 ms) free almost
+        # nothing (under 200 objects): none run during the tick; the collector's schedule
+        # (`controller.gc_policy`) resumes after it.
         gc.disable()
         try:
             return self._evaluate(models, version, policy, now)
