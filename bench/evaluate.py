@@ -29,10 +29,10 @@ by the whole fleet (`rss_mb`: over the process before the fleet was built, both
 after a collection and malloc_trim, so that the set-up's freed garbage is not
 counted).
 Targets: tick_s <= 1 s and rss_mb <= 300 MB at 10,000 models. Measured (docs/architecture.md,
-"The control loop", on two slower cores shared with other work): rss_mb 197 to 210 (the
-rate history keeps float32 rates); tick_s 1.73 and 1.82 against 2.56 and 2.64 for the
-code before the per-block window ranges, order statistics and prefix sums, in paired
-runs.
+"The control loop", on two cores shared with other work, where a Python loop of 1e7
+additions takes 0.54 to 0.87 s): tick_s 0.60 to 0.64 (the tick without garbage
+collection, in pairs with the code before: 0.65 to 0.86), rss_mb 211 to 218 (the rate
+history keeps float32 rates).
 Prints one JSON
 object: models, tick_s, tick_cpu_s, per_model_us, rss_mb, decisions, the price and
 priors it ran with, what the forecast worker (as the controller runs it, on its own

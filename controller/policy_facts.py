@@ -3,8 +3,8 @@
 `model_facts` builds a model's `ModelFacts` from its ready deployments: replica
 size, GPU model, measured latency (else the policy's priors), capacities by the
 rule shared with the blind backtest (`controller.learning.live_capacities`), and
-the results of earlier trials, each figure cited by its source. `rate_forecast`
-is the rate forecast over the policy's horizon. Both are pure reads.
+the results of earlier trials, each figure cited by its source. `rate_forecasts`
+gives each model's rate forecast over the policy's horizon. Both are pure reads.
 """
 
 from __future__ import annotations
@@ -48,6 +48,16 @@ class Placement(NamedTuple):
     price_source: str
 
 
+class EnginePlan(NamedTuple):
+    """What a model's priors and the policy fix of one engine's facts
+    (`FactsCache.engine_plan`)."""
+
+    engine: str
+    prior: EnginePriors | None
+    build_overhead_usd: float | None
+    prior_latency: bool  # the priors give a latency figure (cited when none is measured)
+
+
 # (model, engine) -> stored result; None in place of one: no model has a trial result
 TrialResult = Callable[[str, str], dict[str, Any] | None]
 
@@ -72,6 +82,7 @@ class FactsCache:
         self._engines: dict[tuple[str, float | None, int], tuple[ModelPriors, EngineFacts]] = {}
         self._unmeasured: dict[int, tuple[ModelPriors, dict[str, EngineCapacity],
                                           dict[str, SignalValue]]] = {}
+        self._plans: dict[int, tuple[ModelPriors, tuple[EnginePlan, ...]]] = {}
 
     def priors(self, model: str) -> ModelPriors:
         found = self._priors.get(model)
@@ -125,6 +136,22 @@ class FactsCache:
             found = self._engines[key] = (priors, EngineFacts(**_figures(capacity_rps, prior, overhead)))
         return found[1]
 
+    def engine_plan(self, priors: ModelPriors) -> tuple[EnginePlan, ...]:
+        """Each catalog engine's part of a model's facts that its priors and the policy
+        fix: the same for every model with these priors."""
+        found = self._plans.get(id(priors))
+        if found is None or found[0] is not priors:
+            overheads = self.policy.doc.spec.cost.build_overhead_usd
+            plan = []
+            for e in ENGINES:
+                prior = priors.engines.get(e)  # type: ignore[call-overload]
+                plan.append(EnginePlan(
+                    e, prior, overheads.get(e),  # type: ignore[call-overload]
+                    prior is not None and (prior.ttft_p99_ms is not None
+                                           or prior.itl_p99_ms is not None)))
+            found = self._plans[id(priors)] = (priors, tuple(plan))
+        return found[1]
+
     def capacities(self, model: str, gpu_model: str | None, priors: ModelPriors
                    ) -> tuple[dict[str, EngineCapacity], dict[str, SignalValue]]:
         """`live_capacities` (the citations shared between models: not to be changed)."""
@@ -144,9 +171,16 @@ def model_facts(fleet: FleetState, ready: list[tuple[str, agent_pb2.DeploymentRe
     shares the tick's work between models (its policy and learner are these);
     `trial_result` None: no model has a trial result (a tick with none asks no model)."""
     cache = cache or FactsCache(policy, learner)
-    gpus_per_replica = priors.gpus_per_replica or max(
-        (d.tensor_parallel_size or len(d.gpu_indices) or 1) for _, d in ready)
-    placed = cache.placement(fleet, tuple(h for h, _ in ready))
+    if len(ready) == 1:  # most models: one ready deployment
+        host, d = ready[0]
+        host_ids: tuple[str, ...] = (host,)
+        gpus_per_replica = priors.gpus_per_replica or (
+            d.tensor_parallel_size or len(d.gpu_indices) or 1)
+    else:
+        host_ids = tuple(h for h, _ in ready)
+        gpus_per_replica = priors.gpus_per_replica or max(
+            (d.tensor_parallel_size or len(d.gpu_indices) or 1) for _, d in ready)
+    placed = cache.placement(fleet, host_ids)
     measured_ttft: dict[str, float] = {}
     measured_itl: dict[str, float] = {}
     for _, d in ready:
@@ -157,26 +191,27 @@ def model_facts(fleet: FleetState, ready: list[tuple[str, agent_pb2.DeploymentRe
     sla = sla_signals(ready)
     caps, shared_cite = cache.capacities(model, placed.gpu_model, priors)
     cite: dict[str, SignalValue] = {}  # the model's own citations, after the shared ones
-    overheads = policy.doc.spec.cost.build_overhead_usd
     engines = {}
-    for e in ENGINES:
-        prior = priors.engines.get(e)  # type: ignore[call-overload]
-        trial = trial_result(model, e) if trial_result is not None else None
-        if trial is not None:
+    for e, prior, overhead, prior_latency in cache.engine_plan(priors):
+        if trial_result is not None and (trial := trial_result(model, e)) is not None:
             cite[f"trial.{e}"] = f"{trial['migration']} {trial['outcome']}: {trial['reason']}"
             for k in ("candidate_ttft_p99_s", "candidate_itl_p99_s"):
                 if isinstance(trial.get("figures"), dict) and k in trial["figures"]:
                     cite[f"trial_{k}.{e}"] = trial["figures"][k]
-        if e not in measured_ttft and e not in measured_itl and prior is not None and (
-                prior.ttft_p99_ms is not None or prior.itl_p99_ms is not None):
-            cite[f"{LATENCY_SOURCE}.{e}"] = PRIOR_SOURCE
+        ttft = measured_ttft.get(e)  # None: not measured
+        itl = measured_itl.get(e)
         measured = sla.get(e, NO_SLA_SIGNALS)
-        if measured is NO_SLA_SIGNALS and e not in measured_ttft and e not in measured_itl:
-            engines[e] = cache.unmeasured_engine(e, caps[e].capacity_rps, priors, prior)
-            continue
-        figures = _figures(caps[e].capacity_rps, prior, overheads.get(e))  # type: ignore[call-overload]
-        figures["ttft_p99_ms"] = measured_ttft.get(e, figures["ttft_p99_ms"])
-        figures["itl_p99_ms"] = measured_itl.get(e, figures["itl_p99_ms"])
+        if ttft is None and itl is None:
+            if prior_latency:
+                cite[f"{LATENCY_SOURCE}.{e}"] = PRIOR_SOURCE
+            if measured is NO_SLA_SIGNALS:
+                engines[e] = cache.unmeasured_engine(e, caps[e].capacity_rps, priors, prior)
+                continue
+        figures = _figures(caps[e].capacity_rps, prior, overhead)
+        if ttft is not None:
+            figures["ttft_p99_ms"] = ttft
+        if itl is not None:
+            figures["itl_p99_ms"] = itl
         engines[e] = EngineFacts(**figures) if measured is NO_SLA_SIGNALS else replace(
             measured, **figures)
     # Most models add nothing: they share the one dictionary (memory for a large fleet).
@@ -250,16 +285,21 @@ def sla_signals(ready: list[tuple[str, agent_pb2.DeploymentReport]]) -> dict[str
     return out
 
 
-def rate_forecast(forecaster: Forecaster | None, model: str, policy: Policy,
-                  now: float) -> Forecast | None:
-    """The latest rate forecast over the policy's horizon at its sustained quantile (it
-    sets the traffic level of the savings estimate; `policies.economics`); None until
-    one was fitted (`refresh_forecasts`)."""
+def rate_forecasts(forecaster: Forecaster | None, policy: Policy,
+                   now: float) -> Callable[[str], Forecast | None]:
+    """A model's latest rate forecast over the policy's horizon at its sustained quantile
+    (it sets the traffic level of the savings estimate; `policies.economics`), None until
+    one was fitted (`refresh_forecasts`): what the policy and `now` fix looked up once,
+    for a tick that asks it of every model."""
     if forecaster is None:
-        return None
+        return lambda model: None
     spec = policy.doc.spec
-    return forecaster.cached(model, now, horizon_s=spec.cost.horizon,
-                             quantile=spec.signals.sustained_quantile)
+    cached, horizon_s, quantile = (forecaster.cached, spec.cost.horizon,
+                                   spec.signals.sustained_quantile)
+
+    def of(model: str) -> Forecast | None:
+        return cached(model, now, horizon_s=horizon_s, quantile=quantile)
+    return of
 
 
 def refresh_forecasts(forecaster: Forecaster | None, models: Iterable[str], policy: Policy,

@@ -74,6 +74,11 @@ def compute_fleet_signals(axis: FloatArray, blocks: Iterable[tuple[list[str], Ra
             upto_start, upto_end = _prefix_sums(rates, start, end)
             current = rates[:, end - 1].tolist()
             ranges = _ranges(rates, end, (n, end - long_start))
+            # each row's (length -> (lowest, highest)) over the window lengths
+            lengths = [w for w, _, _ in ranges]
+            known = [dict(zip(lengths, row, strict=True))
+                     for row in zip(*(zip(lo, hi, strict=True) for _, lo, hi in ranges),
+                                    strict=True)] if ranges else None
             stats = _order_stats(rates, end, n, settings.sustained_quantile,
                                  [i for i in rows if not gaps[i] and models[i] in scaled])
         for i in rows:
@@ -85,9 +90,12 @@ def compute_fleet_signals(axis: FloatArray, blocks: Iterable[tuple[list[str], Ra
                 hist = ModelHistory.of(axis[have], rates[i][have], revs, sample_period_s)
                 out[model] = compute_signals(model, hist, fm.facts, now, settings, fm.forecast)
                 continue
-            hist = ModelHistory(axis, rates[i], np.array(revs, dtype=np.float64), sample_period_s)
-            if end:
-                hist.know_ranges(end, [(w, lo[i], hi[i]) for w, lo, hi in ranges])
+            if end and known is not None:
+                hist = ModelHistory.with_ranges(axis, rates[i], np.array(revs, dtype=np.float64),
+                                                sample_period_s, end, known[i])
+            else:
+                hist = ModelHistory(axis, rates[i], np.array(revs, dtype=np.float64),
+                                    sample_period_s)
             rev_end = bisect_left(revs, now)
             rev_start = bisect_left(revs, now - settings.revision_window_s)
             out[model] = Signals(

@@ -68,6 +68,16 @@ class ModelHistory:
             a.setflags(write=False)
         return ModelHistory(ts, values, revisions, float(sample_period_s), replay)
 
+    @staticmethod
+    def with_ranges(sample_ts: FloatArray, rps: RateArray, revision_ts: FloatArray,
+                    sample_period_s: float, end: int,
+                    ranges: dict[int, tuple[float, float]]) -> ModelHistory:
+        """A history (not a replay) handed its `window_range(end, n)` for each length n of
+        `ranges` (n -> (lowest, highest)) as it is made: `know_ranges` without the call (a
+        live tick makes 10,000 at a time: `policies.fleet_signals`)."""
+        return ModelHistory(sample_ts, rps, revision_ts, sample_period_s, False,
+                            {_RANGES: (end, ranges)})
+
     def _cached(self, key: tuple[object, ...], make: Callable[[], Any]) -> Any:
         if key not in self._cache:
             self._cache[key] = make()
@@ -310,8 +320,8 @@ def window_replica_means(windows: Sequence[RateArray], scales: Sequence[float],
         fixed &= lo == np.maximum(least, np.ceil(hi))
     out = np.repeat(lo[:, :, None], len(lengths), axis=2)  # count * n / n, exactly
     rows, cols = np.nonzero(~fixed)
-    if rows.size:
-        rates = np.stack(windows)[rows]
+    if rows.size:  # the counted rows alone (most of a fleet's rows are not)
+        rates = np.stack([windows[r] for r in rows.tolist()])
         if (scale != 1.0).any():
             need = np.multiply(rates, scale[rows], dtype=f64)
             np.multiply(need, grow[rows], out=need)

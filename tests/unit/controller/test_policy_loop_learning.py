@@ -4,6 +4,7 @@ forecast, each cited in the decision and explained in plain words."""
 
 from __future__ import annotations
 
+import gc
 import math
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -165,6 +166,24 @@ def test_the_forecast_sets_the_traffic_level_of_live_decisions(store: Store) -> 
     assert i["traffic_level_rps"] == i["forecast_sustained_rps"]
     assert i["traffic_scale"] == pytest.approx(i["forecast_sustained_rps"] / i["rps_sustained"])
     assert "the FORECAST sustained rate (seasonal-gbm" in decision_report(decision_msg(row))
+
+
+def test_no_collection_runs_during_a_tick_and_the_collector_is_left_as_found(
+        store: Store) -> None:
+    """The tick's records die with it: the collector is off while it evaluates (a decision
+    is observed inside), on again after it, and left off by a tick that found it off."""
+    loop = _loop(store, _daily(9))
+    seen: list[bool] = []
+    loop.on_decision = lambda rule, status: seen.append(gc.isenabled())
+    assert gc.isenabled()
+    assert len(loop.evaluate(NOW)) == 1
+    assert seen and not any(seen) and gc.isenabled()
+    gc.disable()
+    try:
+        loop.evaluate(NOW)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_too_little_history_uses_the_observed_level_and_says_why(store: Store) -> None:
