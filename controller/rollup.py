@@ -65,6 +65,7 @@ BASELINE_SWEEP_S = 60.0  # look for such baselines at most this often
 P99_TAIL_FRACTION = 0.01
 ROWS_SLICE_S = 0.004  # `to_rows_in_slices`: the event loop's longest wait for it
 _N = TypeVar("_N", int, float)
+_MAX_U32 = (1 << 32) - 1
 
 
 class _Deployment:
@@ -89,25 +90,25 @@ class _Deployment:
 
 class _Latency:
     """Count-weighted p50 sum and the p99s (with weights) of one latency kind (added to
-    by `RollupAggregator.add`)."""
+    by `RollupAggregator.add`, inline)."""
 
     __slots__ = ("count", "p50_wsum", "p99_weights", "p99s")
 
     def __init__(self) -> None:
         self.count = 0
         self.p50_wsum = 0.0
-        # array('d') appends as fast as a list and hands numpy its buffer without a copy
+        # array('d') appends as fast as a list and hands numpy its buffer without a copy.
+        # Weights are request counts: 4 bytes each (array('I')) until one does not fit,
+        # then doubles (`add_weight`); either way the same float64s reach the percentile.
         self.p99s = array("d")
-        self.p99_weights = array("d")
+        self.p99_weights: array[int] | array[float] = array("I")
 
-    def add(self, quantiles: agent_pb2.Quantiles, p50: float, p99: float) -> None:
-        """Add one report's `quantiles` (their p50 and p99 as the fold already read them)."""
-        if quantiles.present:
-            w = quantiles.count or 1
-            self.count += w
-            self.p50_wsum += p50 * w
-            self.p99s.append(p99)
-            self.p99_weights.append(w)
+    def add_weight(self, w: int) -> None:
+        """Append a weight that does not fit 32 bits (rare): the weights become doubles,
+        each converted from the same integer as before, so nothing changes in `p99`."""
+        if self.p99_weights.typecode == "I":
+            self.p99_weights = array("d", self.p99_weights)
+        self.p99_weights.append(w)
 
     def p50(self) -> float | None:
         return self.p50_wsum / self.count if self.count else None
@@ -118,7 +119,9 @@ class _Latency:
             return None
         values = np.frombuffer(self.p99s, dtype=np.float64)
         order = np.argsort(-values, kind="stable")  # slowest first
-        cumulative = np.cumsum(np.frombuffer(self.p99_weights, dtype=np.float64)[order])
+        weights = np.frombuffer(self.p99_weights, dtype=np.uint32 if
+                                self.p99_weights.typecode == "I" else np.float64)
+        cumulative = np.cumsum(weights.astype(np.float64)[order])
         first = int(np.searchsorted(cumulative, self.count * P99_TAIL_FRACTION, side="left"))
         return float(values[order[min(first, len(order) - 1)]])
 
@@ -149,17 +152,14 @@ class _Bucket:
 
 
 class _Mean:
-    """The mean of the reports that have a value (added to by `RollupAggregator.add`)."""
+    """The mean of the reports that have a value (added to by `RollupAggregator.add`,
+    inline)."""
 
     __slots__ = ("n", "total")
 
     def __init__(self) -> None:
         self.n = 0
         self.total = 0.0
-
-    def add(self, value: float) -> None:
-        self.n += 1
-        self.total += value
 
     def value(self) -> float | None:
         return self.total / self.n if self.n else None
@@ -241,20 +241,65 @@ class RollupAggregator:
         dep.gen_sum += gen
         bucket.reports += 1
         bucket.kv_sum += kv
-        bucket.ttft.add(t, t50, t99)
-        bucket.itl.add(i, i50, i99)
-        bucket.e2e.add(e, e50, e99)
-        bucket.queue.add(q, q50, q99)
-        has = report.HasField  # an optional signal that is not set reads 0: ask
-        if has("preemptions_per_s"):
+        # The four latencies, inline (a method call each cost as much as its work).
+        if t.present:
+            w = t.count or 1
+            lat = bucket.ttft
+            lat.count += w
+            lat.p50_wsum += t50 * w
+            lat.p99s.append(t99)
+            if w <= _MAX_U32:
+                lat.p99_weights.append(w)
+            else:
+                lat.add_weight(w)
+        if i.present:
+            w = i.count or 1
+            lat = bucket.itl
+            lat.count += w
+            lat.p50_wsum += i50 * w
+            lat.p99s.append(i99)
+            if w <= _MAX_U32:
+                lat.p99_weights.append(w)
+            else:
+                lat.add_weight(w)
+        if e.present:
+            w = e.count or 1
+            lat = bucket.e2e
+            lat.count += w
+            lat.p50_wsum += e50 * w
+            lat.p99s.append(e99)
+            if w <= _MAX_U32:
+                lat.p99_weights.append(w)
+            else:
+                lat.add_weight(w)
+        if q.present:
+            w = q.count or 1
+            lat = bucket.queue
+            lat.count += w
+            lat.p50_wsum += q50 * w
+            lat.p99s.append(q99)
+            if w <= _MAX_U32:
+                lat.p99_weights.append(w)
+            else:
+                lat.add_weight(w)
+        # An optional signal that is not set reads 0: a figure that is not 0 was set, and
+        # only a 0 needs the (dearer) question.
+        has = report.HasField
+        if preempt or has("preemptions_per_s"):
             dep.preempt_n += 1
             dep.preempt_sum += preempt
-        if has("prefix_cache_hit_rate"):
-            bucket.hit_rate.add(hit_rate)
-        if has("mean_prompt_tokens"):
-            bucket.prompt_len.add(prompt_len)
-        if has("mean_generation_tokens"):
-            bucket.gen_len.add(gen_len)
+        if hit_rate or has("prefix_cache_hit_rate"):
+            mean = bucket.hit_rate
+            mean.n += 1
+            mean.total += hit_rate
+        if prompt_len or has("mean_prompt_tokens"):
+            mean = bucket.prompt_len
+            mean.n += 1
+            mean.total += prompt_len
+        if gen_len or has("mean_generation_tokens"):
+            mean = bucket.gen_len
+            mean.n += 1
+            mean.total += gen_len
         dep.sleeping = report.sleep_state in _ASLEEP
         if has("kv_blocks_total"):
             dep.blocks_total = report.kv_blocks_total

@@ -275,13 +275,14 @@ def check_report(report: agent_pb2.Report, host_id: str = "",
         raise InvalidArgument(
             f"report.deployments: at most {MAX_DEPLOYMENTS_PER_REPORT}, "
             f"found {len(report.deployments)}")
-    seen: dict[str, int] = {}
+    seen: set[str] = set()
     for i, d in enumerate(report.deployments):
         dep_id = d.deployment_id
-        first = seen.setdefault(dep_id, i)
-        if first != i:
+        if dep_id in seen:
+            first = [x.deployment_id for x in report.deployments].index(dep_id)
             raise InvalidArgument(f"report.deployments[{i}].deployment_id: {dep_id!r} "
                                   f"again (first at deployments[{first}]); ids must be unique")
+        seen.add(dep_id)
         endpoint = d.endpoint
         if endpoint and (endpoints_ok is None or endpoint not in endpoints_ok):
             check_endpoint(f"report.deployments[{i}].endpoint", endpoint, host_id, peer)
