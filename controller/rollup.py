@@ -68,24 +68,43 @@ _N = TypeVar("_N", int, float)
 _MAX_U32 = (1 << 32) - 1
 
 
-class _Deployment:
-    """One deployment's sums within one bucket."""
+class _Deployments:
+    """Each deployment's sums within one bucket, in columns: a deployment is a slot (its
+    index, in order of first report), each figure an array of numbers. An object per
+    deployment with its own float objects took about 290 bytes and one object for the
+    garbage collector to walk; a slot takes about 160 and none (80,000 a minute at
+    10,000 hosts, two minutes open at each minute's turn)."""
 
-    __slots__ = ("blocks_total", "blocks_used", "gen_sum", "n", "preempt_n", "preempt_sum",
-                 "rate_latest", "rate_sum", "running_sum", "sleeping", "waiting_sum")
+    __slots__ = ("blocks_set", "blocks_total", "blocks_used", "gen_sum", "n", "preempt_n",
+                 "preempt_sum", "rate_latest", "rate_sum", "running_sum", "sleeping", "slot",
+                 "waiting_sum")
 
     def __init__(self) -> None:
-        self.preempt_n = 0
-        self.preempt_sum = 0.0
-        self.sleeping = False
-        self.blocks_total: int | None = None
-        self.blocks_used: int | None = None
-        self.n = 0
-        self.rate_sum = 0.0
-        self.rate_latest = 0.0
-        self.running_sum = 0.0
-        self.waiting_sum = 0.0
-        self.gen_sum = 0.0
+        self.slot: dict[str, int] = {}  # deployment id -> its slot
+        self.n = array("q")  # reports
+        self.rate_sum = array("d")
+        self.rate_latest = array("d")
+        self.running_sum = array("d")
+        self.waiting_sum = array("d")
+        self.gen_sum = array("d")
+        self.preempt_n = array("q")
+        self.preempt_sum = array("d")
+        self.sleeping = bytearray()
+        self.blocks_set = bytearray()  # 1: kv_blocks_total was reported, 2: kv_blocks_used
+        self.blocks_total = array("Q")  # the latest reported (uint64, as in the report)
+        self.blocks_used = array("Q")
+
+    def add(self, dep_id: str) -> int:
+        """A new deployment's slot, its sums at 0."""
+        k = self.slot[dep_id] = len(self.n)
+        for column in (self.n, self.preempt_n, self.blocks_total, self.blocks_used):
+            column.append(0)
+        for column in (self.rate_sum, self.rate_latest, self.running_sum, self.waiting_sum,
+                       self.gen_sum, self.preempt_sum):
+            column.append(0.0)
+        self.sleeping.append(0)
+        self.blocks_set.append(0)
+        return k
 
 
 class _Latency:
@@ -129,12 +148,12 @@ class _Latency:
 class _Bucket:
     """Everything known about one (model, engine, minute)."""
 
-    __slots__ = ("deployments", "e2e", "engine_version", "errors", "gen_len", "gpu_model",
+    __slots__ = ("deps", "e2e", "engine_version", "errors", "gen_len", "gpu_model",
                  "hit_rate", "itl", "kv_sum", "prompt_len", "queue", "rate_max", "rate_total",
                  "reports", "ttft")
 
     def __init__(self) -> None:
-        self.deployments: dict[str, _Deployment] = {}
+        self.deps = _Deployments()
         self.reports = 0
         self.kv_sum = 0.0
         self.rate_total = 0.0
@@ -226,19 +245,21 @@ class RollupAggregator:
         if bucket is None:
             bucket = self._buckets[key] = _Bucket()
         dep_id = report.deployment_id
-        dep = bucket.deployments.get(dep_id)
-        if dep is None:
+        deps = bucket.deps
+        k = deps.slot.get(dep_id)
+        if k is None:
             dep_id = intern(dep_id)  # kept: one string with the fleet's (see fleet._kept_shape)
-            dep = bucket.deployments[dep_id] = _Deployment()
-        dep.n += 1
-        dep.rate_sum += rate
-        bucket.rate_total += rate - dep.rate_latest
-        dep.rate_latest = rate
+            k = deps.add(dep_id)
+        deps.n[k] += 1
+        deps.rate_sum[k] += rate
+        rate_latest = deps.rate_latest
+        bucket.rate_total += rate - rate_latest[k]
+        rate_latest[k] = rate
         if bucket.rate_total > bucket.rate_max:
             bucket.rate_max = bucket.rate_total
-        dep.running_sum += running
-        dep.waiting_sum += waiting
-        dep.gen_sum += gen
+        deps.running_sum[k] += running
+        deps.waiting_sum[k] += waiting
+        deps.gen_sum[k] += gen
         bucket.reports += 1
         bucket.kv_sum += kv
         # The four latencies, inline (a method call each cost as much as its work).
@@ -286,8 +307,8 @@ class RollupAggregator:
         # only a 0 needs the (dearer) question.
         has = report.HasField
         if preempt or has("preemptions_per_s"):
-            dep.preempt_n += 1
-            dep.preempt_sum += preempt
+            deps.preempt_n[k] += 1
+            deps.preempt_sum[k] += preempt
         if hit_rate or has("prefix_cache_hit_rate"):
             mean = bucket.hit_rate
             mean.n += 1
@@ -300,11 +321,13 @@ class RollupAggregator:
             mean = bucket.gen_len
             mean.n += 1
             mean.total += gen_len
-        dep.sleeping = report.sleep_state in _ASLEEP
+        deps.sleeping[k] = report.sleep_state in _ASLEEP
         if has("kv_blocks_total"):
-            dep.blocks_total = report.kv_blocks_total
+            deps.blocks_total[k] = report.kv_blocks_total
+            deps.blocks_set[k] |= 1
         if has("kv_blocks_used"):
-            dep.blocks_used = report.kv_blocks_used
+            deps.blocks_used[k] = report.kv_blocks_used
+            deps.blocks_set[k] |= 2
         version = report.engine_version
         if version:
             bucket.engine_version = version
@@ -315,7 +338,7 @@ class RollupAggregator:
         prev = totals.get(dep_id)
         if prev is not None:
             bucket.errors += errors_total - prev if errors_total >= prev else errors_total
-        totals[dep_id] = errors_total  # a new key: interned when its bucket was made
+        totals[dep_id] = errors_total  # a new key: interned when its first slot was made
         self._errors_seen[dep_id] = ts
 
     def flush_completed(self, now: float) -> list[RollupRow]:
@@ -377,7 +400,10 @@ async def to_rows_in_slices(popped: list[tuple[tuple[str, str, int], _Bucket]], 
 
 def _row(key: tuple[str, str, int], b: _Bucket) -> RollupRow:
     model, engine, minute = key
-    deps = b.deployments.values()
+    d = b.deps
+    n = d.n
+    # Sums over the deployments in slot order (their order of first report), one at a
+    # time from 0, as Python's sum adds.
     return RollupRow(
         model=model,
         engine=engine,
@@ -385,28 +411,31 @@ def _row(key: tuple[str, str, int], b: _Bucket) -> RollupRow:
         engine_version=b.engine_version,
         gpu_model=b.gpu_model,
         reports=b.reports,
-        replicas=len(b.deployments),
-        request_rate_mean=sum(d.rate_sum / d.n for d in deps),
+        replicas=len(n),
+        request_rate_mean=sum(s / c for s, c in zip(d.rate_sum, n, strict=True)),
         request_rate_max=b.rate_max,
-        running_mean=sum(d.running_sum / d.n for d in deps),
-        waiting_mean=sum(d.waiting_sum / d.n for d in deps),
+        running_mean=sum(s / c for s, c in zip(d.running_sum, n, strict=True)),
+        waiting_mean=sum(s / c for s, c in zip(d.waiting_sum, n, strict=True)),
         ttft_p50_s=b.ttft.p50(),
         ttft_p99_s=b.ttft.p99(),
         itl_p50_s=b.itl.p50(),
         itl_p99_s=b.itl.p99(),
         e2e_p99_s=b.e2e.p99(),
-        generation_tokens_per_s=sum(d.gen_sum / d.n for d in deps),
+        generation_tokens_per_s=sum(s / c for s, c in zip(d.gen_sum, n, strict=True)),
         kv_cache_usage_mean=b.kv_sum / b.reports,
         errors=b.errors,
         queue_p50_s=b.queue.p50(),
         queue_p99_s=b.queue.p99(),
-        preemptions_per_s=_sum_or_none(d.preempt_sum / d.preempt_n for d in deps if d.preempt_n),
+        preemptions_per_s=_sum_or_none(s / c for s, c in zip(d.preempt_sum, d.preempt_n,
+                                                               strict=True) if c),
         prefix_cache_hit_rate=b.hit_rate.value(),
         mean_prompt_tokens=b.prompt_len.value(),
         mean_generation_tokens=b.gen_len.value(),
-        sleeping_replicas=sum(1 for d in deps if d.sleeping),
-        kv_blocks_total=_sum_or_none(d.blocks_total for d in deps if d.blocks_total is not None),
-        kv_blocks_used=_sum_or_none(d.blocks_used for d in deps if d.blocks_used is not None),
+        sleeping_replicas=sum(d.sleeping),
+        kv_blocks_total=_sum_or_none(v for v, f in zip(d.blocks_total, d.blocks_set,
+                                                       strict=True) if f & 1),
+        kv_blocks_used=_sum_or_none(v for v, f in zip(d.blocks_used, d.blocks_set,
+                                                      strict=True) if f & 2),
     )
 
 
