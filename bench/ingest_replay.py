@@ -82,7 +82,7 @@ def record(args: argparse.Namespace) -> None:
                          "port": 8000 + i if rng.random() < 0.97 else 0,
                          "phase": agent_pb2.DEPLOYMENT_PHASE_READY, "restarts": 0})
         states.append({"seq": 0, "deps": deps, "start": rng.uniform(0, args.interval_s)})
-    out = open(args.output, "wb")
+    out = bytearray()
     events: list[tuple[float, int, int]] = []  # (time, host, interval)
     for a, st in enumerate(states):
         for k in range(args.intervals):
@@ -90,8 +90,8 @@ def record(args: argparse.Namespace) -> None:
     events.sort()
 
     def write(kind: int, ts: float, host: int, data: bytes) -> None:
-        out.write(_HEAD.pack(kind, ts, host, len(data)))
-        out.write(data)
+        out.extend(_HEAD.pack(kind, ts, host, len(data)))
+        out.extend(data)
 
     def hello(a: int, ts: float) -> None:
         msg = agent_pb2.AgentMessage()
@@ -170,7 +170,7 @@ def record(args: argparse.Namespace) -> None:
         write(REPORT, ts + rng.uniform(0, 0.05), a, msg.SerializeToString())
         if bad:
             hello(a, ts + 1.0)
-    out.close()
+    Path(args.output).write_bytes(out)
 
 
 # -- replay ----------------------------------------------------------------------------
@@ -346,7 +346,7 @@ def _stored_text(url: str) -> str:
         columns = [c[1] for c in db.execute(f'PRAGMA table_info("{table}")')
                    if (table, c[1]) not in WALL_CLOCK_COLUMNS]
         listed = ", ".join(f'"{c}"' for c in columns)
-        for row in db.execute(f'SELECT {listed} FROM "{table}" ORDER BY 1, 2, 3'):  # noqa: S608
+        for row in db.execute(f'SELECT {listed} FROM "{table}" ORDER BY 1, 2, 3'):
             lines.append(f"{table} " + " ".join(
                 v.hex() if isinstance(v, float) else repr(v) for v in row))
     db.close()

@@ -97,37 +97,65 @@ class _Deployments:
     def add(self, dep_id: str) -> int:
         """A new deployment's slot, its sums at 0."""
         k = self.slot[dep_id] = len(self.n)
-        for column in (self.n, self.preempt_n, self.blocks_total, self.blocks_used):
-            column.append(0)
-        for column in (self.rate_sum, self.rate_latest, self.running_sum, self.waiting_sum,
-                       self.gen_sum, self.preempt_sum):
-            column.append(0.0)
+        self.n.append(0)
+        self.preempt_n.append(0)
+        self.blocks_total.append(0)
+        self.blocks_used.append(0)
+        self.rate_sum.append(0.0)
+        self.rate_latest.append(0.0)
+        self.running_sum.append(0.0)
+        self.waiting_sum.append(0.0)
+        self.gen_sum.append(0.0)
+        self.preempt_sum.append(0.0)
         self.sleeping.append(0)
         self.blocks_set.append(0)
         return k
 
 
 class _Latency:
-    """Count-weighted p50 sum and the p99s (with weights) of one latency kind (added to
-    by `RollupAggregator.add`, inline)."""
+    """Count-weighted p50 sum and the p99s (with weights) of one latency kind.
 
-    __slots__ = ("count", "p50_wsum", "p99_weights", "p99s")
+    The p99s are kept in insertion order as runs: a report whose p99 and weight equal the
+    previous report's (a p99 at a histogram bound, a fleet of like deployments) lengthens
+    the last run instead of adding a sample. `p99` expands the runs back into the very
+    sequence of samples, so the percentile is computed on the same float64s in the same
+    order. A sample takes 12 bytes (its p99 as a double, its weight in 4 bytes until one
+    does not fit, then doubles), and 4 more once some run is longer than one; a run of
+    any length takes one sample's bytes."""
+
+    __slots__ = ("count", "last_p99", "last_w", "p50_wsum", "p99_weights", "p99s", "runs")
 
     def __init__(self) -> None:
         self.count = 0
         self.p50_wsum = 0.0
-        # array('d') appends as fast as a list and hands numpy its buffer without a copy.
-        # Weights are request counts: 4 bytes each (array('I')) until one does not fit,
-        # then doubles (`add_weight`); either way the same float64s reach the percentile.
+        # array('d') appends as fast as a list and hands numpy its buffer without a copy
         self.p99s = array("d")
         self.p99_weights: array[int] | array[float] = array("I")
+        self.runs: array[int] | None = None  # each sample's run length; None: all 1
+        self.last_p99 = 0.0  # of the last sample (a 0 never starts a run: -0.0 == 0.0)
+        self.last_w = 0
 
-    def add_weight(self, w: int) -> None:
-        """Append a weight that does not fit 32 bits (rare): the weights become doubles,
-        each converted from the same integer as before, so nothing changes in `p99`."""
-        if self.p99_weights.typecode == "I":
-            self.p99_weights = array("d", self.p99_weights)
-        self.p99_weights.append(w)
+    def add(self, quantiles: agent_pb2.Quantiles, p50: float, p99: float) -> None:
+        """Add one report's `quantiles` (their p50 and p99 as the fold already read them)."""
+        if quantiles.present:
+            w = quantiles.count or 1
+            self.count += w
+            self.p50_wsum += p50 * w
+            if p99 == self.last_p99 and w == self.last_w and p99:
+                runs = self.runs
+                if runs is None:
+                    runs = self.runs = array("I", [1]) * len(self.p99s)
+                runs[-1] += 1
+                return
+            self.last_p99, self.last_w = p99, w
+            self.p99s.append(p99)
+            if self.runs is not None:
+                self.runs.append(1)
+            weights = self.p99_weights
+            if w > _MAX_U32 and weights.typecode == "I":
+                # doubles from here on, each converted from the same integer as before
+                weights = self.p99_weights = array("d", weights)
+            weights.append(w)
 
     def p50(self) -> float | None:
         return self.p50_wsum / self.count if self.count else None
@@ -137,10 +165,14 @@ class _Latency:
         if not self.count:
             return None
         values = np.frombuffer(self.p99s, dtype=np.float64)
-        order = np.argsort(-values, kind="stable")  # slowest first
         weights = np.frombuffer(self.p99_weights, dtype=np.uint32 if
                                 self.p99_weights.typecode == "I" else np.float64)
-        cumulative = np.cumsum(weights.astype(np.float64)[order])
+        weights = weights.astype(np.float64)
+        if self.runs is not None:
+            runs = np.frombuffer(self.runs, dtype=np.uint32)
+            values, weights = np.repeat(values, runs), np.repeat(weights, runs)
+        order = np.argsort(-values, kind="stable")  # slowest first
+        cumulative = np.cumsum(weights[order])
         first = int(np.searchsorted(cumulative, self.count * P99_TAIL_FRACTION, side="left"))
         return float(values[order[min(first, len(order) - 1)]])
 
@@ -262,47 +294,10 @@ class RollupAggregator:
         deps.gen_sum[k] += gen
         bucket.reports += 1
         bucket.kv_sum += kv
-        # The four latencies, inline (a method call each cost as much as its work).
-        if t.present:
-            w = t.count or 1
-            lat = bucket.ttft
-            lat.count += w
-            lat.p50_wsum += t50 * w
-            lat.p99s.append(t99)
-            if w <= _MAX_U32:
-                lat.p99_weights.append(w)
-            else:
-                lat.add_weight(w)
-        if i.present:
-            w = i.count or 1
-            lat = bucket.itl
-            lat.count += w
-            lat.p50_wsum += i50 * w
-            lat.p99s.append(i99)
-            if w <= _MAX_U32:
-                lat.p99_weights.append(w)
-            else:
-                lat.add_weight(w)
-        if e.present:
-            w = e.count or 1
-            lat = bucket.e2e
-            lat.count += w
-            lat.p50_wsum += e50 * w
-            lat.p99s.append(e99)
-            if w <= _MAX_U32:
-                lat.p99_weights.append(w)
-            else:
-                lat.add_weight(w)
-        if q.present:
-            w = q.count or 1
-            lat = bucket.queue
-            lat.count += w
-            lat.p50_wsum += q50 * w
-            lat.p99s.append(q99)
-            if w <= _MAX_U32:
-                lat.p99_weights.append(w)
-            else:
-                lat.add_weight(w)
+        bucket.ttft.add(t, t50, t99)
+        bucket.itl.add(i, i50, i99)
+        bucket.e2e.add(e, e50, e99)
+        bucket.queue.add(q, q50, q99)
         # An optional signal that is not set reads 0: a figure that is not 0 was set, and
         # only a 0 needs the (dearer) question.
         has = report.HasField

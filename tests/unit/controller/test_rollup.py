@@ -216,3 +216,21 @@ def test_an_sla_signal_set_to_zero_counts_and_one_not_set_does_not() -> None:
     assert row.preemptions_per_s == 0.0  # set (to -0.0) in one report
     assert row.mean_prompt_tokens == 0.0
     assert row.mean_generation_tokens is None  # set in none
+
+
+@pytest.mark.parametrize("samples", [
+    [(0.5, 100)] * 5 + [(0.25, 100), (0.5, 100), (0.5, 100)],  # runs, broken and resumed
+    [(0.2, 100)] * 300 + [(3.0, 2)] * 2 + [(0.2, 100)] * 3,  # the slow tail under 1 %
+    [(0.0, 3), (-0.0, 3), (0.0, 3), (-0.0, 3)] * 30,  # zeros of both signs: no runs
+    [(0.25, (1 << 53) + 1)] * 3 + [(0.5, 1)] * 2 + [(0.25, 7)] * 2,  # doubles that round
+])
+def test_p99_over_repeated_samples_is_the_percentile_of_every_sample(
+        samples: list[tuple[float, int]]) -> None:
+    agg = RollupAggregator()
+    for n, (p99, count) in enumerate(samples):
+        agg.add("h1", rep(f"d{n % 7}", ttft=q(0.1, p99, count)), M + n * 0.1)
+    row = only(agg.flush_completed(M + 120))
+    expected = _p99_as_doubles(samples)
+    assert row.ttft_p99_s is not None
+    assert (row.ttft_p99_s, math.copysign(1.0, row.ttft_p99_s)) \
+        == (expected, math.copysign(1.0, expected))
