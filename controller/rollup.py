@@ -40,12 +40,8 @@ reports, hence the hand-written fold):
   `kv_blocks_total` / `kv_blocks_used` the sum over deployments of each one's latest.
   A signal no report of the minute had is NULL, never 0.
 
-How a minute is held until it is handed back (it is the larger part of the controller's
-memory after gRPC's: 80,000 deployments of 10,000 hosts, two minutes open at each
-minute's turn): a bucket's per-deployment sums are columns of numbers by slot
-(`_Deployments`), and a latency's p99s are runs of equal samples (`_Latency`), each
-expanded back into the very sequence of samples when the row is made, so every row
-is what a list of every report's figures would give, to the last bit.
+How a minute is held until it is handed back (numbers, not an object per deployment or
+per sample, with every figure read back exactly as added): `controller.rollup_minute`.
 """
 
 from __future__ import annotations
@@ -53,15 +49,14 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from array import array
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from sys import intern
 from typing import TypeVar
 
-import numpy as np
-
 from gearshift.common.errors import InvalidArgument
+from gearshift.controller.rollup_minute import P99_TAIL_FRACTION as P99_TAIL_FRACTION
+from gearshift.controller.rollup_minute import Bucket
 from gearshift.controller.tables import RollupRow
 from gearshift.v1 import agent_pb2
 
@@ -69,158 +64,8 @@ MINUTE_S = 60
 LATENESS_S = 5.0  # reports may arrive this long after their minute ended
 BASELINE_TTL_S = 600.0  # forget a deployment's errors_total baseline after this long unseen
 BASELINE_SWEEP_S = 60.0  # look for such baselines at most this often
-P99_TAIL_FRACTION = 0.01
 ROWS_SLICE_S = 0.004  # `to_rows_in_slices`: the event loop's longest wait for it
 _N = TypeVar("_N", int, float)
-_MAX_U32 = (1 << 32) - 1
-
-
-class _Deployments:
-    """Each deployment's sums within one bucket, in columns: a deployment is a slot (its
-    index, in order of first report), each figure an array of numbers. An object per
-    deployment with its own float objects took about 290 bytes and one object for the
-    garbage collector to walk; a slot takes about 160 and none (80,000 a minute at
-    10,000 hosts, two minutes open at each minute's turn)."""
-
-    __slots__ = ("blocks_set", "blocks_total", "blocks_used", "gen_sum", "n", "preempt_n",
-                 "preempt_sum", "rate_latest", "rate_sum", "running_sum", "sleeping", "slot",
-                 "waiting_sum")
-
-    def __init__(self) -> None:
-        self.slot: dict[str, int] = {}  # deployment id -> its slot
-        self.n = array("q")  # reports
-        self.rate_sum = array("d")
-        self.rate_latest = array("d")
-        self.running_sum = array("d")
-        self.waiting_sum = array("d")
-        self.gen_sum = array("d")
-        self.preempt_n = array("q")
-        self.preempt_sum = array("d")
-        self.sleeping = bytearray()
-        self.blocks_set = bytearray()  # 1: kv_blocks_total was reported, 2: kv_blocks_used
-        self.blocks_total = array("Q")  # the latest reported (uint64, as in the report)
-        self.blocks_used = array("Q")
-
-    def add(self, dep_id: str) -> int:
-        """A new deployment's slot, its sums at 0."""
-        k = self.slot[dep_id] = len(self.n)
-        self.n.append(0)
-        self.preempt_n.append(0)
-        self.blocks_total.append(0)
-        self.blocks_used.append(0)
-        self.rate_sum.append(0.0)
-        self.rate_latest.append(0.0)
-        self.running_sum.append(0.0)
-        self.waiting_sum.append(0.0)
-        self.gen_sum.append(0.0)
-        self.preempt_sum.append(0.0)
-        self.sleeping.append(0)
-        self.blocks_set.append(0)
-        return k
-
-
-class _Latency:
-    """Count-weighted p50 sum and the p99s (with weights) of one latency kind.
-
-    The p99s are kept in insertion order as runs: a report whose p99 and weight equal the
-    previous report's (a p99 at a histogram bound, a fleet of like deployments) lengthens
-    the last run instead of adding a sample. `p99` expands the runs back into the very
-    sequence of samples, so the percentile is computed on the same float64s in the same
-    order. A sample takes 12 bytes (its p99 as a double, its weight in 4 bytes until one
-    does not fit, then doubles), and 4 more once some run is longer than one; a run of
-    any length takes one sample's bytes."""
-
-    __slots__ = ("count", "last_p99", "last_w", "p50_wsum", "p99_weights", "p99s", "runs")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.p50_wsum = 0.0
-        # array('d') appends as fast as a list and hands numpy its buffer without a copy
-        self.p99s = array("d")
-        self.p99_weights: array[int] | array[float] = array("I")
-        self.runs: array[int] | None = None  # each sample's run length; None: all 1
-        self.last_p99 = 0.0  # of the last sample (a 0 never starts a run: -0.0 == 0.0)
-        self.last_w = 0
-
-    def add(self, quantiles: agent_pb2.Quantiles, p50: float, p99: float) -> None:
-        """Add one report's `quantiles` (their p50 and p99 as the fold already read them)."""
-        if quantiles.present:
-            w = quantiles.count or 1
-            self.count += w
-            self.p50_wsum += p50 * w
-            if p99 == self.last_p99 and w == self.last_w and p99:
-                runs = self.runs
-                if runs is None:
-                    runs = self.runs = array("I", [1]) * len(self.p99s)
-                runs[-1] += 1
-                return
-            self.last_p99, self.last_w = p99, w
-            self.p99s.append(p99)
-            if self.runs is not None:
-                self.runs.append(1)
-            weights = self.p99_weights
-            if w > _MAX_U32 and weights.typecode == "I":
-                # doubles from here on, each converted from the same integer as before
-                weights = self.p99_weights = array("d", weights)
-            weights.append(w)
-
-    def p50(self) -> float | None:
-        return self.p50_wsum / self.count if self.count else None
-
-    def p99(self) -> float | None:
-        """The count-weighted 99th percentile of the report p99s (see the module doc)."""
-        if not self.count:
-            return None
-        values = np.frombuffer(self.p99s, dtype=np.float64)
-        weights = np.frombuffer(self.p99_weights, dtype=np.uint32 if
-                                self.p99_weights.typecode == "I" else np.float64)
-        weights = weights.astype(np.float64)
-        if self.runs is not None:
-            runs = np.frombuffer(self.runs, dtype=np.uint32)
-            values, weights = np.repeat(values, runs), np.repeat(weights, runs)
-        order = np.argsort(-values, kind="stable")  # slowest first
-        cumulative = np.cumsum(weights[order])
-        first = int(np.searchsorted(cumulative, self.count * P99_TAIL_FRACTION, side="left"))
-        return float(values[order[min(first, len(order) - 1)]])
-
-
-class _Bucket:
-    """Everything known about one (model, engine, minute)."""
-
-    __slots__ = ("deps", "e2e", "engine_version", "errors", "gen_len", "gpu_model",
-                 "hit_rate", "itl", "kv_sum", "prompt_len", "queue", "rate_max", "rate_total",
-                 "reports", "ttft")
-
-    def __init__(self) -> None:
-        self.deps = _Deployments()
-        self.reports = 0
-        self.kv_sum = 0.0
-        self.rate_total = 0.0
-        self.rate_max = 0.0
-        self.errors = 0
-        self.engine_version = ""
-        self.gpu_model = ""
-        self.ttft = _Latency()
-        self.itl = _Latency()
-        self.e2e = _Latency()
-        self.queue = _Latency()
-        self.hit_rate = _Mean()
-        self.prompt_len = _Mean()
-        self.gen_len = _Mean()
-
-
-class _Mean:
-    """The mean of the reports that have a value (added to by `RollupAggregator.add`,
-    inline)."""
-
-    __slots__ = ("n", "total")
-
-    def __init__(self) -> None:
-        self.n = 0
-        self.total = 0.0
-
-    def value(self) -> float | None:
-        return self.total / self.n if self.n else None
 
 
 _ASLEEP = frozenset({agent_pb2.ENGINE_SLEEP_STATE_WEIGHTS_OFFLOADED,
@@ -233,7 +78,7 @@ class RollupAggregator:
 
     def __init__(self, lateness_s: float = LATENESS_S) -> None:
         self._lateness_s = lateness_s
-        self._buckets: dict[tuple[str, str, int], _Bucket] = {}
+        self._buckets: dict[tuple[str, str, int], Bucket] = {}
         # Deployment id -> errors_total and when it was reported, in two dicts of numbers
         # (not one of tuples): updating them allocates nothing the garbage collector
         # walks, where a tuple per deployment per report was 80,000 every interval at
@@ -282,7 +127,7 @@ class RollupAggregator:
         key = (report.model, report.engine, minute)
         bucket = self._buckets.get(key)
         if bucket is None:
-            bucket = self._buckets[key] = _Bucket()
+            bucket = self._buckets[key] = Bucket()
         dep_id = report.deployment_id
         deps = bucket.deps
         k = deps.slot.get(dep_id)
@@ -347,7 +192,7 @@ class RollupAggregator:
         """Rows of every minute complete at `now`; later reports for them are dropped."""
         return to_rows(self.pop_completed(now))
 
-    def pop_completed(self, now: float) -> list[tuple[tuple[str, str, int], _Bucket]]:
+    def pop_completed(self, now: float) -> list[tuple[tuple[str, str, int], Bucket]]:
         """Detach the minutes complete at `now` (cheap); `to_rows` turns them into rows and
         may run on another thread, since the detached buckets are no longer shared."""
         watermark = int((now - self._lateness_s) // MINUTE_S) * MINUTE_S
@@ -375,11 +220,11 @@ class RollupAggregator:
         return len(self._buckets)
 
 
-def to_rows(popped: list[tuple[tuple[str, str, int], _Bucket]]) -> list[RollupRow]:
+def to_rows(popped: list[tuple[tuple[str, str, int], Bucket]]) -> list[RollupRow]:
     return [_row(k, b) for k, b in popped]
 
 
-async def to_rows_in_slices(popped: list[tuple[tuple[str, str, int], _Bucket]], *,
+async def to_rows_in_slices(popped: list[tuple[tuple[str, str, int], Bucket]], *,
                             slice_s: float = ROWS_SLICE_S) -> list[RollupRow]:
     """`to_rows` on the event loop, handing it back every `slice_s` of work.
 
@@ -400,7 +245,7 @@ async def to_rows_in_slices(popped: list[tuple[tuple[str, str, int], _Bucket]], 
     return rows
 
 
-def _row(key: tuple[str, str, int], b: _Bucket) -> RollupRow:
+def _row(key: tuple[str, str, int], b: Bucket) -> RollupRow:
     model, engine, minute = key
     d = b.deps
     n = d.n
