@@ -75,7 +75,7 @@ class AgentConnection:
         self.token = secrets.token_urlsafe(24)
         self.peer = peer
         self.peer_addr = peer_addr  # parsed once: endpoints must be on it
-        self.endpoints_ok: set[str] = set()  # already checked on this stream
+        self.endpoints_ok: list[str] = []  # already checked on this stream (check_report)
         # Why the controller ended the stream (None: the agent ended it, or a refusal below).
         self.end_status: grpc.StatusCode | None = None
         self.end_message = ""

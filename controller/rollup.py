@@ -39,6 +39,9 @@ reports, hence the hand-written fold):
   `sleeping_replicas` the deployments whose latest report in the minute says asleep;
   `kv_blocks_total` / `kv_blocks_used` the sum over deployments of each one's latest.
   A signal no report of the minute had is NULL, never 0.
+
+How a minute is held until it is handed back (numbers, not an object per deployment or
+per sample, with every figure read back exactly as added): `controller.rollup_minute`.
 """
 
 from __future__ import annotations
@@ -46,15 +49,14 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from array import array
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from sys import intern
 from typing import TypeVar
 
-import numpy as np
-
 from gearshift.common.errors import InvalidArgument
+from gearshift.controller.rollup_minute import P99_TAIL_FRACTION as P99_TAIL_FRACTION
+from gearshift.controller.rollup_minute import Bucket
 from gearshift.controller.tables import RollupRow
 from gearshift.v1 import agent_pb2
 
@@ -62,107 +64,8 @@ MINUTE_S = 60
 LATENESS_S = 5.0  # reports may arrive this long after their minute ended
 BASELINE_TTL_S = 600.0  # forget a deployment's errors_total baseline after this long unseen
 BASELINE_SWEEP_S = 60.0  # look for such baselines at most this often
-P99_TAIL_FRACTION = 0.01
 ROWS_SLICE_S = 0.004  # `to_rows_in_slices`: the event loop's longest wait for it
 _N = TypeVar("_N", int, float)
-
-
-class _Deployment:
-    """One deployment's sums within one bucket."""
-
-    __slots__ = ("blocks_total", "blocks_used", "gen_sum", "n", "preempt_n", "preempt_sum",
-                 "rate_latest", "rate_sum", "running_sum", "sleeping", "waiting_sum")
-
-    def __init__(self) -> None:
-        self.preempt_n = 0
-        self.preempt_sum = 0.0
-        self.sleeping = False
-        self.blocks_total: int | None = None
-        self.blocks_used: int | None = None
-        self.n = 0
-        self.rate_sum = 0.0
-        self.rate_latest = 0.0
-        self.running_sum = 0.0
-        self.waiting_sum = 0.0
-        self.gen_sum = 0.0
-
-
-class _Latency:
-    """Count-weighted p50 sum and the p99s (with weights) of one latency kind (added to
-    by `RollupAggregator.add`)."""
-
-    __slots__ = ("count", "p50_wsum", "p99_weights", "p99s")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.p50_wsum = 0.0
-        # array('d') appends as fast as a list and hands numpy its buffer without a copy
-        self.p99s = array("d")
-        self.p99_weights = array("d")
-
-    def add(self, quantiles: agent_pb2.Quantiles, p50: float, p99: float) -> None:
-        """Add one report's `quantiles` (their p50 and p99 as the fold already read them)."""
-        if quantiles.present:
-            w = quantiles.count or 1
-            self.count += w
-            self.p50_wsum += p50 * w
-            self.p99s.append(p99)
-            self.p99_weights.append(w)
-
-    def p50(self) -> float | None:
-        return self.p50_wsum / self.count if self.count else None
-
-    def p99(self) -> float | None:
-        """The count-weighted 99th percentile of the report p99s (see the module doc)."""
-        if not self.count:
-            return None
-        values = np.frombuffer(self.p99s, dtype=np.float64)
-        order = np.argsort(-values, kind="stable")  # slowest first
-        cumulative = np.cumsum(np.frombuffer(self.p99_weights, dtype=np.float64)[order])
-        first = int(np.searchsorted(cumulative, self.count * P99_TAIL_FRACTION, side="left"))
-        return float(values[order[min(first, len(order) - 1)]])
-
-
-class _Bucket:
-    """Everything known about one (model, engine, minute)."""
-
-    __slots__ = ("deployments", "e2e", "engine_version", "errors", "gen_len", "gpu_model",
-                 "hit_rate", "itl", "kv_sum", "prompt_len", "queue", "rate_max", "rate_total",
-                 "reports", "ttft")
-
-    def __init__(self) -> None:
-        self.deployments: dict[str, _Deployment] = {}
-        self.reports = 0
-        self.kv_sum = 0.0
-        self.rate_total = 0.0
-        self.rate_max = 0.0
-        self.errors = 0
-        self.engine_version = ""
-        self.gpu_model = ""
-        self.ttft = _Latency()
-        self.itl = _Latency()
-        self.e2e = _Latency()
-        self.queue = _Latency()
-        self.hit_rate = _Mean()
-        self.prompt_len = _Mean()
-        self.gen_len = _Mean()
-
-
-class _Mean:
-    """The mean of the reports that have a value (added to by `RollupAggregator.add`)."""
-
-    __slots__ = ("n", "total")
-
-    def __init__(self) -> None:
-        self.n = 0
-        self.total = 0.0
-
-    def add(self, value: float) -> None:
-        self.n += 1
-        self.total += value
-
-    def value(self) -> float | None:
-        return self.total / self.n if self.n else None
 
 
 _ASLEEP = frozenset({agent_pb2.ENGINE_SLEEP_STATE_WEIGHTS_OFFLOADED,
@@ -175,7 +78,7 @@ class RollupAggregator:
 
     def __init__(self, lateness_s: float = LATENESS_S) -> None:
         self._lateness_s = lateness_s
-        self._buckets: dict[tuple[str, str, int], _Bucket] = {}
+        self._buckets: dict[tuple[str, str, int], Bucket] = {}
         # Deployment id -> errors_total and when it was reported, in two dicts of numbers
         # (not one of tuples): updating them allocates nothing the garbage collector
         # walks, where a tuple per deployment per report was 80,000 every interval at
@@ -224,42 +127,54 @@ class RollupAggregator:
         key = (report.model, report.engine, minute)
         bucket = self._buckets.get(key)
         if bucket is None:
-            bucket = self._buckets[key] = _Bucket()
+            bucket = self._buckets[key] = Bucket()
         dep_id = report.deployment_id
-        dep = bucket.deployments.get(dep_id)
-        if dep is None:
+        deps = bucket.deps
+        k = deps.slot.get(dep_id)
+        if k is None:
             dep_id = intern(dep_id)  # kept: one string with the fleet's (see fleet._kept_shape)
-            dep = bucket.deployments[dep_id] = _Deployment()
-        dep.n += 1
-        dep.rate_sum += rate
-        bucket.rate_total += rate - dep.rate_latest
-        dep.rate_latest = rate
+            k = deps.add(dep_id)
+        deps.n[k] += 1
+        deps.rate_sum[k] += rate
+        rate_latest = deps.rate_latest
+        bucket.rate_total += rate - rate_latest[k]
+        rate_latest[k] = rate
         if bucket.rate_total > bucket.rate_max:
             bucket.rate_max = bucket.rate_total
-        dep.running_sum += running
-        dep.waiting_sum += waiting
-        dep.gen_sum += gen
+        deps.running_sum[k] += running
+        deps.waiting_sum[k] += waiting
+        deps.gen_sum[k] += gen
         bucket.reports += 1
         bucket.kv_sum += kv
         bucket.ttft.add(t, t50, t99)
         bucket.itl.add(i, i50, i99)
         bucket.e2e.add(e, e50, e99)
         bucket.queue.add(q, q50, q99)
-        has = report.HasField  # an optional signal that is not set reads 0: ask
-        if has("preemptions_per_s"):
-            dep.preempt_n += 1
-            dep.preempt_sum += preempt
-        if has("prefix_cache_hit_rate"):
-            bucket.hit_rate.add(hit_rate)
-        if has("mean_prompt_tokens"):
-            bucket.prompt_len.add(prompt_len)
-        if has("mean_generation_tokens"):
-            bucket.gen_len.add(gen_len)
-        dep.sleeping = report.sleep_state in _ASLEEP
+        # An optional signal that is not set reads 0: a figure that is not 0 was set, and
+        # only a 0 needs the (dearer) question.
+        has = report.HasField
+        if preempt or has("preemptions_per_s"):
+            deps.preempt_n[k] += 1
+            deps.preempt_sum[k] += preempt
+        if hit_rate or has("prefix_cache_hit_rate"):
+            mean = bucket.hit_rate
+            mean.n += 1
+            mean.total += hit_rate
+        if prompt_len or has("mean_prompt_tokens"):
+            mean = bucket.prompt_len
+            mean.n += 1
+            mean.total += prompt_len
+        if gen_len or has("mean_generation_tokens"):
+            mean = bucket.gen_len
+            mean.n += 1
+            mean.total += gen_len
+        deps.sleeping[k] = report.sleep_state in _ASLEEP
         if has("kv_blocks_total"):
-            dep.blocks_total = report.kv_blocks_total
+            deps.blocks_total[k] = report.kv_blocks_total
+            deps.blocks_set[k] |= 1
         if has("kv_blocks_used"):
-            dep.blocks_used = report.kv_blocks_used
+            deps.blocks_used[k] = report.kv_blocks_used
+            deps.blocks_set[k] |= 2
         version = report.engine_version
         if version:
             bucket.engine_version = version
@@ -270,14 +185,14 @@ class RollupAggregator:
         prev = totals.get(dep_id)
         if prev is not None:
             bucket.errors += errors_total - prev if errors_total >= prev else errors_total
-        totals[dep_id] = errors_total  # a new key: interned when its bucket was made
+        totals[dep_id] = errors_total  # a new key: interned when its first slot was made
         self._errors_seen[dep_id] = ts
 
     def flush_completed(self, now: float) -> list[RollupRow]:
         """Rows of every minute complete at `now`; later reports for them are dropped."""
         return to_rows(self.pop_completed(now))
 
-    def pop_completed(self, now: float) -> list[tuple[tuple[str, str, int], _Bucket]]:
+    def pop_completed(self, now: float) -> list[tuple[tuple[str, str, int], Bucket]]:
         """Detach the minutes complete at `now` (cheap); `to_rows` turns them into rows and
         may run on another thread, since the detached buckets are no longer shared."""
         watermark = int((now - self._lateness_s) // MINUTE_S) * MINUTE_S
@@ -305,11 +220,11 @@ class RollupAggregator:
         return len(self._buckets)
 
 
-def to_rows(popped: list[tuple[tuple[str, str, int], _Bucket]]) -> list[RollupRow]:
+def to_rows(popped: list[tuple[tuple[str, str, int], Bucket]]) -> list[RollupRow]:
     return [_row(k, b) for k, b in popped]
 
 
-async def to_rows_in_slices(popped: list[tuple[tuple[str, str, int], _Bucket]], *,
+async def to_rows_in_slices(popped: list[tuple[tuple[str, str, int], Bucket]], *,
                             slice_s: float = ROWS_SLICE_S) -> list[RollupRow]:
     """`to_rows` on the event loop, handing it back every `slice_s` of work.
 
@@ -330,9 +245,12 @@ async def to_rows_in_slices(popped: list[tuple[tuple[str, str, int], _Bucket]], 
     return rows
 
 
-def _row(key: tuple[str, str, int], b: _Bucket) -> RollupRow:
+def _row(key: tuple[str, str, int], b: Bucket) -> RollupRow:
     model, engine, minute = key
-    deps = b.deployments.values()
+    d = b.deps
+    n = d.n
+    # Sums over the deployments in slot order (their order of first report), one at a
+    # time from 0, as Python's sum adds.
     return RollupRow(
         model=model,
         engine=engine,
@@ -340,28 +258,31 @@ def _row(key: tuple[str, str, int], b: _Bucket) -> RollupRow:
         engine_version=b.engine_version,
         gpu_model=b.gpu_model,
         reports=b.reports,
-        replicas=len(b.deployments),
-        request_rate_mean=sum(d.rate_sum / d.n for d in deps),
+        replicas=len(n),
+        request_rate_mean=sum(s / c for s, c in zip(d.rate_sum, n, strict=True)),
         request_rate_max=b.rate_max,
-        running_mean=sum(d.running_sum / d.n for d in deps),
-        waiting_mean=sum(d.waiting_sum / d.n for d in deps),
+        running_mean=sum(s / c for s, c in zip(d.running_sum, n, strict=True)),
+        waiting_mean=sum(s / c for s, c in zip(d.waiting_sum, n, strict=True)),
         ttft_p50_s=b.ttft.p50(),
         ttft_p99_s=b.ttft.p99(),
         itl_p50_s=b.itl.p50(),
         itl_p99_s=b.itl.p99(),
         e2e_p99_s=b.e2e.p99(),
-        generation_tokens_per_s=sum(d.gen_sum / d.n for d in deps),
+        generation_tokens_per_s=sum(s / c for s, c in zip(d.gen_sum, n, strict=True)),
         kv_cache_usage_mean=b.kv_sum / b.reports,
         errors=b.errors,
         queue_p50_s=b.queue.p50(),
         queue_p99_s=b.queue.p99(),
-        preemptions_per_s=_sum_or_none(d.preempt_sum / d.preempt_n for d in deps if d.preempt_n),
+        preemptions_per_s=_sum_or_none(s / c for s, c in zip(d.preempt_sum, d.preempt_n,
+                                                               strict=True) if c),
         prefix_cache_hit_rate=b.hit_rate.value(),
         mean_prompt_tokens=b.prompt_len.value(),
         mean_generation_tokens=b.gen_len.value(),
-        sleeping_replicas=sum(1 for d in deps if d.sleeping),
-        kv_blocks_total=_sum_or_none(d.blocks_total for d in deps if d.blocks_total is not None),
-        kv_blocks_used=_sum_or_none(d.blocks_used for d in deps if d.blocks_used is not None),
+        sleeping_replicas=sum(d.sleeping),
+        kv_blocks_total=_sum_or_none(v for v, f in zip(d.blocks_total, d.blocks_set,
+                                                       strict=True) if f & 1),
+        kv_blocks_used=_sum_or_none(v for v, f in zip(d.blocks_used, d.blocks_set,
+                                                      strict=True) if f & 2),
     )
 
 

@@ -6,10 +6,11 @@ identity (last write wins, so a host reporting 500 times between two flushes is
 written once). Rows are SQLModel objects or, on hot paths, plain dicts of
 column values (see `gearshift.controller.upserts`); either way the writer keeps
 a shallow copy of the values: do not mutate their JSON values afterwards. A
-background thread commits the whole pending set in one transaction, one Core
-``INSERT … ON CONFLICT`` per table, every `flush_interval_s`, or sooner once
-`max_batch` keys are pending. A failed commit is logged and counted; its rows
-go back under anything submitted since, and the next round retries them.
+background thread commits the whole pending set in one transaction (Core
+``INSERT … ON CONFLICT`` statements of up to `WRITE_CHUNK_ROWS` rows per table) every
+`flush_interval_s`, or sooner once `max_batch` keys are pending. A failed commit is
+logged and counted; its rows go back under anything submitted since, and the next round
+retries them.
 
 The pending set is bounded by `max_pending` keys: when it is full a write for a
 new key is dropped and counted in ``gearshift_store_writes_dropped_total{kind,
@@ -53,6 +54,7 @@ log = logging.getLogger(__name__)
 FLUSH_INTERVAL_S = 1.0
 MAX_BATCH = 1000
 MAX_PENDING = 100_000
+WRITE_CHUNK_ROWS = 1000  # rows per statement within a batch's transaction
 CLOSE_TIMEOUT_S = 30.0
 
 HostValues: TypeAlias = HostRow | Mapping[str, Any]
@@ -123,12 +125,19 @@ class _Pending:
         return key in self.rows[spec]
 
     def write(self, conn: sa.Connection) -> None:
-        """Everything, in one transaction the caller owns."""
+        """Everything, in one transaction the caller owns: each table's rows in statements
+        of at most `WRITE_CHUNK_ROWS` rows, in order. What a statement's rows cost beyond
+        the pending set (their completed values, the driver's parameters) is then held
+        for one chunk at a time: after a connect burst the set held 25,000 rows."""
         for spec in SPECS:
             rows = self.rows[spec]
             if rows:
-                spec.write(conn, [v for v in rows.values() if v is not None],
-                           [k for k, v in rows.items() if v is None])
+                upserts = [v for v in rows.values() if v is not None]
+                for start in range(0, len(upserts), WRITE_CHUNK_ROWS):
+                    spec.write(conn, upserts[start:start + WRITE_CHUNK_ROWS], [])
+                deleted = [k for k, v in rows.items() if v is None]
+                if deleted:
+                    spec.write(conn, [], deleted)
 
     def singles(self) -> Iterator[tuple[str, Hashable, _Pending]]:
         """(kind, key, a set holding only that row) for every pending row."""

@@ -83,3 +83,17 @@ def test_a_small_bench_run_acks_every_report(client: str) -> None:
     assert result["lost_reports"] == 0
     assert result["reports_per_s"] == pytest.approx(40, rel=0.1)
     assert result["report_bytes"] == 1726
+
+
+def test_the_replay_bench_digests_a_recorded_stream_the_same_each_time(tmp_path: Path) -> None:
+    """bench/ingest_replay.py: what two controllers are compared on (stored rows, rollup
+    rows, the fleet, every answer) depends on the recorded stream alone."""
+    stream = tmp_path / "stream.bin"
+    subprocess.run([sys.executable, str(BENCH / "ingest_replay.py"), "record", "--agents", "60",
+                    "--intervals", "8", "-o", str(stream)], check=True, timeout=60)
+    runs = [json.loads(subprocess.run(
+        [sys.executable, str(BENCH / "ingest_replay.py"), "replay", str(stream)],
+        capture_output=True, text=True, timeout=90, check=True).stdout) for _ in range(2)]
+    assert runs[0]["digests"] == runs[1]["digests"]
+    assert runs[0]["reports"] == 480 and runs[0]["rollup_rows"] > 0
+    assert set(runs[0]["digests"]) == {"rollup_rows_built", "fleet", "answers", "stored"}

@@ -176,3 +176,61 @@ async def test_rows_in_slices_are_to_rows_and_let_the_loop_run_between_them() ->
     rows = await to_rows_in_slices(minutes().pop_completed(M + 120), slice_s=0.0)
     assert [r.model_dump() for r in rows] == [r.model_dump() for r in expected]
     assert len(rows) == 3 and ran == [0, 1, 2]  # the loop ran while the rows were built
+
+
+def _p99_as_doubles(samples: list[tuple[float, int]]) -> float:
+    """The p99 as computed with every weight held as a double (the rule of the module doc,
+    numpy's float64 cumulative sum in the slowest-first order)."""
+    import numpy as np
+
+    values = np.array([v for v, _ in samples], dtype=np.float64)
+    order = np.argsort(-values, kind="stable")
+    cumulative = np.cumsum(np.array([float(w) for _, w in samples], dtype=np.float64)[order])
+    need = sum(w for _, w in samples) * 0.01
+    first = int(np.searchsorted(cumulative, need, side="left"))
+    return float(values[order[min(first, len(order) - 1)]])
+
+
+@pytest.mark.parametrize("counts", [
+    [3, 100, 1, 4_000_000_000],  # all within 32 bits
+    [5, (1 << 32) + 3, 100, 7],  # one past 32 bits: the weights become doubles
+    [(1 << 60) + 1, 1, (1 << 53) + 1, 2, 100],  # past 2**53: doubles round, as they did
+])
+def test_p99_weights_past_32_bits_give_the_same_percentile(counts: list[int]) -> None:
+    agg = RollupAggregator()
+    p99s = [0.5, 0.25, 2.0, 0.25, 1.0][:len(counts)]
+    for n, (p99, count) in enumerate(zip(p99s, counts, strict=True)):
+        agg.add("h1", rep(f"d{n}", ttft=q(0.1, p99, count)), M + n)
+    row = only(agg.flush_completed(M + 120))
+    assert row.ttft_p99_s == _p99_as_doubles(list(zip(p99s, counts, strict=True)))
+    assert row.ttft_p50_s == sum(0.1 * c for c in counts) / sum(counts)
+
+
+def test_an_sla_signal_set_to_zero_counts_and_one_not_set_does_not() -> None:
+    agg = RollupAggregator()
+    agg.add("h1", rep("d1", prefix_cache_hit_rate=0.0, preemptions_per_s=-0.0,
+                      mean_prompt_tokens=0.0), M + 1)
+    agg.add("h1", rep("d1", prefix_cache_hit_rate=0.5), M + 2)
+    row = only(agg.flush_completed(M + 120))
+    assert row.prefix_cache_hit_rate == 0.25  # both reports: 0 and 0.5
+    assert row.preemptions_per_s == 0.0  # set (to -0.0) in one report
+    assert row.mean_prompt_tokens == 0.0
+    assert row.mean_generation_tokens is None  # set in none
+
+
+@pytest.mark.parametrize("samples", [
+    [(0.5, 100)] * 5 + [(0.25, 100), (0.5, 100), (0.5, 100)],  # runs, broken and resumed
+    [(0.2, 100)] * 300 + [(3.0, 2)] * 2 + [(0.2, 100)] * 3,  # the slow tail under 1 %
+    [(0.0, 3), (-0.0, 3), (0.0, 3), (-0.0, 3)] * 30,  # zeros of both signs: no runs
+    [(0.25, (1 << 53) + 1)] * 3 + [(0.5, 1)] * 2 + [(0.25, 7)] * 2,  # doubles that round
+])
+def test_p99_over_repeated_samples_is_the_percentile_of_every_sample(
+        samples: list[tuple[float, int]]) -> None:
+    agg = RollupAggregator()
+    for n, (p99, count) in enumerate(samples):
+        agg.add("h1", rep(f"d{n % 7}", ttft=q(0.1, p99, count)), M + n * 0.1)
+    row = only(agg.flush_completed(M + 120))
+    expected = _p99_as_doubles(samples)
+    assert row.ttft_p99_s is not None
+    assert (row.ttft_p99_s, math.copysign(1.0, row.ttft_p99_s)) \
+        == (expected, math.copysign(1.0, expected))

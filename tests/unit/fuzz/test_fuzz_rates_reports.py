@@ -105,7 +105,7 @@ def test_a_report_passes_in_range_or_is_refused_without_a_change(
     fleet.hello(agent_pb2.Hello(host_id="h1", protocol_version=agent_pb2.PROTOCOL_VERSION_1), 1.0)
     before = copy.deepcopy(fleet.hosts["h1"].deployments), fleet.routing_table()
     try:
-        check_report(report, "h1", peer, set())
+        check_report(report, "h1", peer, [])
     except InvalidArgument as err:
         assert err.message
         assert (fleet.hosts["h1"].deployments, fleet.routing_table()) == before
