@@ -102,6 +102,7 @@ def simulate(policy: Policy, trace: Trace, *, blind: bool = False, seed: int = 0
     switches: dict[str, list[SwitchRecord]] = {m: [] for m in models}
     trialled: dict[str, set[str]] = {m: set() for m in models}
     accepted: dict[str, list[Decision]] = {m: [] for m in models}
+    states: dict[str, tuple[tuple[object, ...], ModelState]] = {}  # model -> (inputs, state)
     every = max(1, math.ceil(policy.doc.spec.interval / trace.step_s - 1e-9))
     settings = policy.signal_settings
     in_order = [(m, replays[m]) for m in models]
@@ -129,8 +130,14 @@ def simulate(policy: Policy, trace: Trace, *, blind: bool = False, seed: int = 0
                 for m in models}
             if learner is not None:  # the savings estimates' scaled windows, all models at once
                 prepare_estimates(signals.values())
-            state = {m: _state(tenure[m], switches[m], trialled[m], replays[m].switching_at(k))
-                     for m in models}
+            state = {}
+            for m in models:
+                # Made again only when an input changed (the switches and trials only grow).
+                key = (tenure[m], len(switches[m]), len(trialled[m]), replays[m].switching_at(k))
+                made = states.get(m)
+                if made is None or made[0] != key:
+                    made = states[m] = (key, _state(tenure[m], switches[m], trialled[m], key[3]))
+                state[m] = made[1]
             wanted = {d.model: d for d in decide(policy, signals, state, now)}
         for m, replay in in_order:
             d = wanted.get(m) if wanted else None
