@@ -112,7 +112,7 @@ def no_day_lag_rows(times: FloatArray, now: float, bin_s: float, past_bins: int,
         high = (float(times.max()) - now) / bin_s
         if math.isfinite(low) and math.isfinite(high):
             first, last = math.floor(low) + past_bins, math.floor(high) + past_bins
-            if 0 <= first and last < past_bins:
+            if first >= 0 and last < past_bins:
                 return last - first < day_lag
     index = np.floor((times - now) / bin_s).astype(np.int64) + past_bins
     inside = index[(index >= 0) & (index < past_bins)]
