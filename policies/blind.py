@@ -74,11 +74,13 @@ engine)'s readings for every step when first asked (`reading`: plain tuples, no
 objects per step); the learner counts each observation and keeps its p99 for the
 SLA check at once, but hands them to the `CapacityModel` in one batch when an
 estimate reads it (`CapacityModel.extend`: the state one `add` per observation
-leaves), and an engine's facts are made again only when it was observed or its
-capacity changed. On the 30-model, 28-day
-fleet of `bench/blind.py` the forecasts fit 151 low models (about 5 a model)
-instead of 630 and predict from kept trees the other days (docs/cost-model.md has the
-runtime).
+leaves), an engine's state key (what its measurement depends on) is worked out once per
+observation count, and an engine's facts are made again only when it was observed or its
+capacity changed. The backtest hands each step's reading to the learner through a feed
+per (model, serving engine): the world's readings and the learner's `recorder`. On the
+30-model, 28-day fleet of `bench/blind.py` the forecasts fit 151 low models (about 5 a
+model) instead of 630 and predict from kept trees the other days (docs/cost-model.md has
+the runtime).
 """
 
 from __future__ import annotations
