@@ -17,11 +17,12 @@ policy would do if executed, whatever its `mode`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from gearshift.policies.blind import BlindLearner, LatencyWorld, blind_view
+from gearshift.policies.blind import BlindLearner, LatencyWorld, Reading, blind_view
 from gearshift.policies.core import Decision, ModelState, decide
 from gearshift.policies.costmodel import ModelOutcome, ModelReplay, replay_model
 from gearshift.policies.economics import prepare_estimates
@@ -101,9 +102,13 @@ def simulate(policy: Policy, trace: Trace, *, blind: bool = False, seed: int = 0
     switches: dict[str, list[SwitchRecord]] = {m: [] for m in models}
     trialled: dict[str, set[str]] = {m: set() for m in models}
     accepted: dict[str, list[Decision]] = {m: [] for m in models}
+    states: dict[str, tuple[tuple[object, ...], ModelState]] = {}  # model -> (inputs, state)
     every = max(1, math.ceil(policy.doc.spec.interval / trace.step_s - 1e-9))
     settings = policy.signal_settings
     in_order = [(m, replays[m]) for m in models]
+    # Blind: per model and serving engine, the world's readings and the learner's record
+    feeds: dict[str, dict[str, tuple[list[Reading | None], Callable[..., None]]]] | None = (
+        {m: {} for m in models} if learner is not None else None)
     for k in range(trace.n_steps):
         now = start + k * trace.step_s
         wanted: dict[str, Decision] = {}
@@ -125,8 +130,14 @@ def simulate(policy: Policy, trace: Trace, *, blind: bool = False, seed: int = 0
                 for m in models}
             if learner is not None:  # the savings estimates' scaled windows, all models at once
                 prepare_estimates(signals.values())
-            state = {m: _state(tenure[m], switches[m], trialled[m], replays[m].switching_at(k))
-                     for m in models}
+            state = {}
+            for m in models:
+                # Made again only when an input changed (the switches and trials only grow).
+                key = (tenure[m], len(switches[m]), len(trialled[m]), replays[m].switching_at(k))
+                made = states.get(m)
+                if made is None or made[0] != key:
+                    made = states[m] = (key, _state(tenure[m], switches[m], trialled[m], key[3]))
+                state[m] = made[1]
             wanted = {d.model: d for d in decide(policy, signals, state, now)}
         for m, replay in in_order:
             d = wanted.get(m) if wanted else None
@@ -137,9 +148,14 @@ def simulate(policy: Policy, trace: Trace, *, blind: bool = False, seed: int = 0
                 switches[m].append(SwitchRecord(now, SwitchOutcome.IN_FLIGHT))
                 if d.trial_share is not None:
                     trialled[m].add(d.to_engine)
-            if learner is not None and world is not None:
-                serving = replay.serving  # the engine that served step k
-                learner.record(m, serving, world.reading(m, serving, k))
+            if feeds is not None:  # the engine that served step k, observed
+                feed = feeds[m].get(serving := replay.serving)
+                if feed is None:
+                    assert learner is not None and world is not None
+                    feed = feeds[m][serving] = (world.readings(m, serving),
+                                                learner.recorder(m, serving))
+                if (reading := feed[0][k]) is not None:
+                    feed[1](*reading)
     return {m: r.outcome() for m, r in replays.items()}, accepted
 
 

@@ -74,11 +74,13 @@ engine)'s readings for every step when first asked (`reading`: plain tuples, no
 objects per step); the learner counts each observation and keeps its p99 for the
 SLA check at once, but hands them to the `CapacityModel` in one batch when an
 estimate reads it (`CapacityModel.extend`: the state one `add` per observation
-leaves), and an engine's facts are made again only when it was observed or its
-capacity changed. On the 30-model, 28-day
-fleet of `bench/blind.py` the forecasts fit 151 low models (about 5 a model)
-instead of 630 and predict from kept trees the other days (docs/cost-model.md has the
-runtime).
+leaves), an engine's state key (what its measurement depends on) is worked out once per
+observation count, and an engine's facts are made again only when it was observed or its
+capacity changed. The backtest hands each step's reading to the learner through a feed
+per (model, serving engine): the world's readings and the learner's `recorder`. On the
+30-model, 28-day fleet of `bench/blind.py` the forecasts fit 151 low models (about 5 a
+model) instead of 630 and predict from kept trees the other days (docs/cost-model.md has
+the runtime).
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ import math
 import statistics
 import zlib
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -202,9 +204,13 @@ class LatencyWorld:
 
     def reading(self, model: str, engine: str, k: int) -> Reading | None:
         """`observe` as a plain tuple (ts, load per replica, p99 TTFT s, replicas)."""
+        return self.readings(model, engine)[k]
+
+    def readings(self, model: str, engine: str) -> list[Reading | None]:
+        """`reading` of every step, made on the first call for (model, engine)."""
         if (found := self._readings.get((model, engine))) is None:
             found = self._readings[model, engine] = self._all_readings(model, engine)
-        return found[k]
+        return found
 
     def _all_readings(self, model: str, engine: str) -> list[Reading | None]:
         """Every step's reading of `model` on `engine`: the replicas and loads with numpy
@@ -245,7 +251,8 @@ def blind_view(trace: Trace) -> Trace:
 class _Engine:
     """Observations of one model on one engine, and a cached estimate."""
 
-    def __init__(self, model: str, engine: str, recent_n: int) -> None:
+    def __init__(self, model: str, engine: str, recent_n: int, min_replicas: int) -> None:
+        self.min_replicas = min_replicas  # the model's: more replicas is scaling out
         self.model = CapacityModel(CapacityKey(model, engine, BLIND_ENGINE_VERSION, BLIND_GPU_MODEL),
                                    per_bin=PER_BIN)
         self.count = 0
@@ -256,6 +263,11 @@ class _Engine:
         self._estimate: CapacityEstimate | None = None
         self.estimated_at = 0  # the observation count of the cached estimate
         self.top_within_sla: float | None = None  # highest load served within the SLA
+        self._key: tuple[int | bool, ...] = ()  # `state_key` at the count `_key_count`
+        self._key_count = -1
+        # (observations, capacity, the engine's facts, latency from the prior) of the
+        # last `BlindLearner.facts`
+        self.made: tuple[int, EngineCapacity, EngineFacts, bool] | None = None
 
     def add(self, ts: float, load: float, ttft_s: float | None, itl_s: float | None,
             replicas_n: int, min_replicas: int) -> None:
@@ -266,6 +278,32 @@ class _Engine:
             self.count += 1
             self.scaled_out = self.scaled_out or replicas_n > min_replicas
             self.recent.append(ttft_s * 1000.0)
+
+    def add_reading(self, ts: float, load: float, ttft_s: float, replicas_n: int) -> None:
+        """`add` of a `LatencyWorld.reading` (a TTFT, no ITL): `refusal`'s tests of those
+        figures, inline (a backtest records one a model at every step)."""
+        if (math.isfinite(ts) and math.isfinite(load) and load > 0 and math.isfinite(ttft_s)
+                and ttft_s >= 0):
+            self._pending.append((ts, load, ttft_s, math.nan))
+            self.count += 1
+            if replicas_n > self.min_replicas:
+                self.scaled_out = True
+            self.recent.append(ttft_s * 1000.0)
+
+    def state_key(self, sla_s: float, refit_n: int, min_n: int) -> tuple[int | bool, ...]:
+        """What `BlindLearner.measurements` reads of this engine's state: the observation
+        count while it is too little data, then which estimate (refitted here when due)
+        and whether the engine ever scaled out. Equal keys give equal measurements. The
+        same count gives the same key (nothing else moves it): kept for that count."""
+        if self._key_count == self.count:
+            return self._key
+        if self.count < min_n:
+            key: tuple[int | bool, ...] = (self.count,)
+        else:
+            self.estimate(sla_s, refit_n)
+            key = (-1, self.estimated_at, self.scaled_out)
+        self._key, self._key_count = key, self.count
+        return key
 
     def estimate(self, sla_s: float, refit_n: int) -> CapacityEstimate:
         grown = self.count - self.estimated_at
@@ -286,45 +324,38 @@ class BlindLearner:
     def __init__(self, policy: Policy, view: Trace) -> None:
         self._policy, self._view = policy, view
         recent_n = max(1, math.ceil(RECENT_P99_S / view.step_s))
-        self._engines = {(m, e): _Engine(m, e, recent_n) for m in view.profiles
-                         for e in view.engines}
+        self._engines = {(m, e): _Engine(m, e, recent_n, p.min_replicas)
+                         for m, p in view.profiles.items() for e in view.engines}
         self._min_n = max(1, math.ceil(MIN_MEASURED_S / view.step_s))
         self._refit_n = max(1, math.ceil(REFIT_EVERY_S / view.step_s))
         self._forecasts: dict[str, tuple[float, Forecast]] = {}  # model -> (made at, forecast)
-        # model -> (the engines' state keys, the capacities resolved from them)
         # model -> (the engines' state keys, the capacities resolved from them, their citations)
         self._capacities: dict[str, tuple[tuple[tuple[int | bool, ...], ...],
                                           dict[str, EngineCapacity], dict[str, SignalValue]]] = {}
         self._model_priors: dict[str, Mapping[str, EnginePriors]] = {}
-        self._min_replicas = {m: p.min_replicas for m, p in view.profiles.items()}
-        # (model, engine) -> (observations, capacity, the engine's facts, latency from the
-        # prior) of the last `facts`
-        self._engine_facts: dict[tuple[str, str],
-                                 tuple[int, EngineCapacity, EngineFacts, bool]] = {}
         self._cite_keys = {e: (f"{LATENCY_SOURCE}.{e}", f"capacity_points.{e}")
                            for e in view.engines}
+        # model -> its SLA (s) and, per engine in the view's order, (engine, its state,
+        # its citation keys): what `facts` walks at every step
+        self._walk = {m: (p.sla_ttft_p99_ms / 1000.0,
+                          [(e, self._engines[m, e], *self._cite_keys[e]) for e in view.engines])
+                      for m, p in view.profiles.items()}
 
     def observe(self, model: str, engine: str, obs: Observation | None) -> None:
         if obs is not None:
             o = obs.load
-            self._engines[model, engine].add(o.ts, o.rps_per_replica, o.ttft_p99_s, o.itl_p99_s,
-                                             obs.replicas, self._min_replicas[model])
+            state = self._engines[model, engine]
+            state.add(o.ts, o.rps_per_replica, o.ttft_p99_s, o.itl_p99_s, obs.replicas,
+                      state.min_replicas)
 
     def record(self, model: str, engine: str, reading: Reading | None) -> None:
         """`observe` of a `LatencyWorld.reading`."""
         if reading is not None:
-            ts, load, p99_s, n = reading
-            self._engines[model, engine].add(ts, load, p99_s, None, n, self._min_replicas[model])
+            self._engines[model, engine].add_reading(*reading)
 
-    def _state_key(self, model: str, engine: str) -> tuple[int | bool, ...]:
-        """What `measurements` reads of one engine's state: the observation count while
-        it is too little data, then which estimate (refitted here when due) and whether
-        the engine ever scaled out. Equal keys give equal measurements."""
-        state = self._engines[model, engine]
-        if state.count < self._min_n:
-            return (state.count,)
-        state.estimate(self._view.profiles[model].sla_ttft_p99_ms / 1000.0, self._refit_n)
-        return (-1, state.estimated_at, state.scaled_out)
+    def recorder(self, model: str, engine: str) -> Callable[[float, float, float, int], None]:
+        """`record` of one (model, engine), taking a reading's figures (not None)."""
+        return self._engines[model, engine].add_reading
 
     def measurements(self, model: str) -> dict[str, Measurement]:
         """What the observations of each engine show (nothing read from the header)."""
@@ -359,14 +390,20 @@ class BlindLearner:
     def capacities(self, model: str) -> dict[str, EngineCapacity]:
         """One capacity per engine: the shared rule over what was measured and the priors
         (resolved again only when an engine's measurement can have changed)."""
-        key = tuple([self._state_key(model, e) for e in self._view.engines])
+        return self._resolved(model)[1]
+
+    def _resolved(self, model: str) -> tuple[tuple[tuple[int | bool, ...], ...],
+                                             dict[str, EngineCapacity], dict[str, SignalValue]]:
+        """(the engines' state keys, the capacities resolved from them, their citations)."""
+        sla_s, walk = self._walk[model]
+        refit_n, min_n = self._refit_n, self._min_n
+        key = tuple([state.state_key(sla_s, refit_n, min_n) for _, state, _, _ in walk])
         cached = self._capacities.get(model)
         if cached is not None and cached[0] == key:
-            return cached[1]
+            return cached
         caps = resolve_capacities(self.measurements(model), self._priors(model), self._view.engines)
-        self._capacities[model] = (key, caps, citations(caps))
-        return caps
-
+        cached = self._capacities[model] = (key, caps, citations(caps))
+        return cached
     def _priors(self, model: str) -> Mapping[str, EnginePriors]:
         if (found := self._model_priors.get(model)) is None:
             found = self._model_priors[model] = priors_for(self._policy.doc.spec.models,
@@ -376,19 +413,17 @@ class BlindLearner:
     def facts(self, model: str) -> ModelFacts:
         """Facts for the decision core, citing where each capacity came from."""
         v, p = self._view, self._view.profiles[model]
-        caps = self.capacities(model)
-        cite: dict[str, SignalValue] = dict(self._capacities[model][2])
+        _, caps, cited = self._resolved(model)
+        cite: dict[str, SignalValue] = dict(cited)
         engines = {}
-        for e in v.engines:
-            state = self._engines[model, e]
-            made = self._engine_facts.get((model, e))
+        for e, state, latency_key, points_key in self._walk[model][1]:
+            made = state.made
             if made is None or made[0] != state.count or made[1] is not caps[e]:
                 # Made again only when the engine was observed or its capacity changed
                 # (an engine not serving keeps its figures).
-                made = self._engine_facts[model, e] = (state.count, caps[e],
-                                                       *self._engine_facts_of(model, e, caps[e]))
+                made = state.made = (state.count, caps[e],
+                                     *self._engine_facts_of(model, e, caps[e]))
             engines[e] = made[2]
-            latency_key, points_key = self._cite_keys[e]
             if made[3]:
                 cite[latency_key] = PRIOR_SOURCE
             cite[points_key] = state.count

@@ -153,7 +153,13 @@ def _bootstrap(loads: FloatArray, lat: FloatArray, sla: float, draws: int,
     # stream does not depend on how the draws are split; a test checks it).
     pick = rng.integers(0, n, (draws, n))
     x, y = loads[pick], lat[pick]
-    by_load = np.take_along_axis(y, np.argsort(x, axis=1, kind="stable"), axis=1)
+    # Each resample's p99s by load, ties in the resample's order (a stable argsort of x
+    # per row), as one integer sort: key = the load's rank among the distinct loads * n
+    # + the position in the row (unique keys, so any sort gives that order).
+    rank = np.unique(loads, return_inverse=True)[1].astype(np.int64)
+    keys = rank[pick] * n + np.arange(n)
+    keys.sort(axis=1)
+    by_load = np.take_along_axis(y, keys % n, axis=1)
     suffix_means = np.cumsum(by_load[:, ::-1], axis=1) / np.arange(1, n + 1)
     # The margin covers the rounding of either computation (relative 1e-13 at most).
     clear = (suffix_means.max(axis=1) < sla * (1 - SUFFIX_MEAN_MARGIN)).tolist()

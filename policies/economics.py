@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from gearshift.common.frozen_records import fast_init
 from gearshift.policies.costmodel import SECONDS_PER_HOUR, replicas
-from gearshift.policies.signals import ModelFacts, Signals, count_replica_means
+from gearshift.policies.signals import EngineFacts, ModelFacts, Signals, count_replica_means
 
 HOURS_PER_WEEK = 168.0
 PRICE_LABEL = "gearshift.dev/gpu-price-per-hour"  # host label: USD per GPU-hour on that host
@@ -87,10 +87,17 @@ def rebuild_estimate_usd(facts: ModelFacts, engine: str, rps: float, price: floa
     ef = facts.engines.get(engine)
     if ef is None or ef.capacity_rps is None or ef.cold_start_s is None:
         return None
+    return _rebuild(facts, ef, engine, rps, price, cost)
+
+
+def _rebuild(facts: ModelFacts, ef: EngineFacts, engine: str, rps: float, price: float,
+             cost: CostSettings) -> float:
+    """`rebuild_estimate_usd` of `engine`, whose facts `ef` have a capacity and a cold start."""
+    assert ef.capacity_rps is not None and ef.cold_start_s is not None
     overhead = cost.build_overhead_usd.get(engine, ef.build_overhead_usd or 0.0)
     n = replicas(rps, ef.capacity_rps, facts.headroom, facts.min_replicas)
-    gpu_s = (ef.build_s or 0.0) * facts.gpus_per_replica + (
-        ef.cold_start_s + facts.overlap_s) * n * facts.gpus_per_replica
+    gpus = facts.gpus_per_replica
+    gpu_s = (ef.build_s or 0.0) * gpus + (ef.cold_start_s + facts.overlap_s) * n * gpus
     return price * gpu_s / SECONDS_PER_HOUR + overhead
 
 
@@ -144,12 +151,11 @@ def estimate_move(sig: Signals, current: str, target: str, cost: CostSettings) -
     s_short, s_long = means
     basis = "short window" if s_short <= s_long else "long window"
     savings = min(s_short, s_long)
-    rebuild_tgt = rebuild_estimate_usd(facts, target, sig.rps_current, price, cost)
+    # Both engines' facts were checked above: `rebuild_estimate_usd` finds every figure.
+    rebuild_tgt = _rebuild(facts, tgt, target, sig.rps_current, price, cost)
     horizon_rps = (sig.rps_mean or 0.0) * scale  # revisions land over the horizon
-    rebuild_tgt_mean = rebuild_estimate_usd(facts, target, horizon_rps, price, cost)
-    rebuild_cur_mean = rebuild_estimate_usd(facts, current, horizon_rps, price, cost)
-    if rebuild_tgt is None or rebuild_tgt_mean is None or rebuild_cur_mean is None:
-        return None
+    rebuild_tgt_mean = _rebuild(facts, tgt, target, horizon_rps, price, cost)
+    rebuild_cur_mean = _rebuild(facts, cur, current, horizon_rps, price, cost)
     build_h = ((tgt.build_s or 0.0) + (tgt.cold_start_s or 0.0)) / SECONDS_PER_HOUR
     switch = rebuild_tgt + max(savings, 0.0) * build_h
     horizon_h = cost.horizon_s / SECONDS_PER_HOUR

@@ -194,21 +194,29 @@ def forecast_rate(ts: npt.ArrayLike, rps: npt.ArrayLike, now: float, horizon_s: 
     rates = np.asarray(rps, dtype=np.float64).ravel()
     if times.shape != rates.shape:
         return _none(f"{times.size} timestamps but {rates.size} rates", horizon_s, quantile, 0)
-    past = np.isfinite(times) & (times < now) & (times >= now - TRAIN_WINDOW_S)
-    times, rates = times[past], rates[past]
+    # Each filter below is skipped when its bounds show that it keeps every sample (the
+    # usual case: one min and max instead of a mask and a copy; NaN fails the bounds).
+    if not (times.size and float(times.min()) >= now - TRAIN_WINDOW_S
+            and float(times.max()) < now):
+        past = np.isfinite(times) & (times < now) & (times >= now - TRAIN_WINDOW_S)
+        times, rates = times[past], rates[past]
     notes: list[str] = []
-    valid = np.isfinite(rates) & (rates >= 0)
-    if (bad := int((~valid).sum())):
-        notes.append(f"dropped {bad} NaN/infinite/negative rate(s)")
-    times, rates = times[valid], rates[valid]
+    top = float(rates.max()) if rates.size else math.nan
+    if not (rates.size and float(rates.min()) >= 0 and top < math.inf):
+        valid = np.isfinite(rates) & (rates >= 0)
+        if (bad := int((~valid).sum())):
+            notes.append(f"dropped {bad} NaN/infinite/negative rate(s)")
+        times, rates = times[valid], rates[valid]
+        top = float(rates.max()) if rates.size else math.nan
     if rates.size:
         med = median(rates)
         mad = median(np.abs(rates - med)) * 1.4826
         limit = med + OUTLIER_MADS * max(mad, 0.05 * med, 1e-9)
-        keep = rates <= limit
-        if (outliers := int((~keep).sum())):
-            notes.append(f"dropped {outliers} outlier(s) above {limit:.3g} rps")
-        times, rates = times[keep], rates[keep]
+        if not top <= limit:
+            keep = rates <= limit
+            if (outliers := int((~keep).sum())):
+                notes.append(f"dropped {outliers} outlier(s) above {limit:.3g} rps")
+            times, rates = times[keep], rates[keep]
     points = int(rates.size)
     if points < MIN_POINTS:
         return _none("; ".join([f"insufficient data: {points} valid rate sample(s) before now, "

@@ -104,6 +104,16 @@ def no_day_lag_rows(times: FloatArray, now: float, bin_s: float, past_bins: int,
     """True when no sample has another a day lag earlier (the first days of a model): no
     bin can have a known level, so the seasonal model has no training row. Cheaper
     than building the grid to find out."""
+    if times.size and bin_s > 0:
+        # The bin index only grows with the time: when the earliest and the latest sample
+        # fall inside, every one does, and they are the extremes (the same IEEE operations
+        # on the two values as on the array).
+        low = (float(times.min()) - now) / bin_s
+        high = (float(times.max()) - now) / bin_s
+        if math.isfinite(low) and math.isfinite(high):
+            first, last = math.floor(low) + past_bins, math.floor(high) + past_bins
+            if first >= 0 and last < past_bins:
+                return last - first < day_lag
     index = np.floor((times - now) / bin_s).astype(np.int64) + past_bins
     inside = index[(index >= 0) & (index < past_bins)]
     return inside.size == 0 or int(inside.max()) - int(inside.min()) < day_lag

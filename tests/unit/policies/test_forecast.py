@@ -18,7 +18,7 @@ from gearshift.policies.forecast import (
     pinball_loss,
     plot_forecast,
 )
-from gearshift.policies.forecast_features import median, quantiles
+from gearshift.policies.forecast_features import median, no_day_lag_rows, quantiles
 
 STEP_S = 300.0
 START = 1_772_409_600.0   # 2026-03-02T00:00:00Z, a Monday
@@ -236,3 +236,50 @@ def test_the_recent_quantile_fallback_gives_numpys_figures() -> None:
             assert f"above {limit:.3g} rps" in fc.reason
         checked += 1
     assert checked > 60
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_filters_skipped_on_clean_samples_give_the_masked_forecast(seed: int) -> None:
+    """The past, validity and outlier filters are skipped when the samples' bounds show
+    that they keep every sample: the forecast is the one of the samples kept by the masks,
+    whatever the order, and the notes count what the masks drop."""
+    rng = np.random.default_rng(seed)
+    ts, rps = seasonal(9, seed=seed)
+    now = float(ts[-1]) + STEP_S
+    order = rng.permutation(ts.size)
+    clean = forecast_rate(ts[order], rps[order], now, SECONDS_PER_DAY, step_s=STEP_S,
+                          paths=False)
+    dirty_ts = np.concatenate([ts, [now, now + 1.0, np.nan, now - 60 * SECONDS_PER_DAY,
+                                    float(ts[5]), float(ts[6]), float(ts[7])]])
+    dirty_rps = np.concatenate([rps, [1.0, 1.0, 1.0, 1.0, np.nan, -1.0, np.inf]])
+    dirty = forecast_rate(dirty_ts, dirty_rps, now, SECONDS_PER_DAY, step_s=STEP_S,
+                          paths=False)
+    assert dirty.reason == "dropped 3 NaN/infinite/negative rate(s)"
+    assert replace(dirty, reason="") == clean
+    spike = forecast_rate(np.append(ts, now - STEP_S / 2), np.append(rps, 1e9), now,
+                          SECONDS_PER_DAY, step_s=STEP_S, paths=False)
+    assert "dropped 1 outlier(s)" in spike.reason
+    assert replace(spike, reason="") == replace(clean, reason="")
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_no_day_lag_rows_from_the_extremes_is_the_masked_answer(seed: int) -> None:
+    """`no_day_lag_rows` read from the earliest and latest sample when both fall inside the
+    grid is the answer of the bins of every sample."""
+    rng = np.random.default_rng(seed)
+    now, bin_s, past_bins, day_lag = START, STEP_S, 8064, 288
+    span = rng.choice([0.5, 1.0, 1.0 + 1e-9, 2.0, 29.0]) * SECONDS_PER_DAY
+    times = now - rng.uniform(0.0, span, int(rng.integers(0, 50)))
+    if seed % 4 == 1:
+        times = np.append(times, [now - 28 * SECONDS_PER_DAY, now - SECONDS_PER_DAY])
+    if seed % 4 == 2:
+        times = np.append(times, [np.nan, np.inf, now])
+
+    def masked() -> bool:
+        index = np.floor((times - now) / bin_s).astype(np.int64) + past_bins
+        inside = index[(index >= 0) & (index < past_bins)]
+        return inside.size == 0 or int(inside.max()) - int(inside.min()) < day_lag
+
+    with np.errstate(invalid="ignore"):
+        expected = masked()
+        assert no_day_lag_rows(times, now, bin_s, past_bins, day_lag) == expected
