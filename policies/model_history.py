@@ -273,10 +273,15 @@ def _count_part(part: list[tuple[int, float, list[int]]],
     """`count_replica_means` of histories whose windows (at one scale each) have the same
     `lengths` and the same number of capacities: `tables` filled for the windows of `part`
     (ask, scale, the windows' indices)."""
+    import numpy as np
+
+    # One array of the windows, and their ranges from it (the minimum and maximum of the
+    # same values `window_range` takes one by one): most rows of a backtest are counted.
+    rates = np.stack([a[0].rps[a[1] - longest:a[1]] for a in picked])
+    ranges = np.stack((rates.min(axis=1), rates.max(axis=1)), axis=1)
     means = window_replica_means(
-        [a[0].rps[a[1] - longest:a[1]] for a in picked], [s for _, s, _ in part],
-        [a[3] for a in picked], [a[4] for a in picked], [a[2] for a in picked],
-        [a[0].window_range(a[1], longest) for a in picked], lengths).tolist()
+        rates, [s for _, s, _ in part], [a[3] for a in picked], [a[4] for a in picked],
+        [a[2] for a in picked], ranges, lengths).tolist()
     for (i, _, ws), a, figures in zip(part, picked, means, strict=True):
         table = tables[i]
         for c, per_window in zip(a[2], figures, strict=True):
@@ -285,14 +290,14 @@ def _count_part(part: list[tuple[int, float, list[int]]],
                 row[w] = mean
 
 
-def window_replica_means(windows: Sequence[RateArray], scales: Sequence[float],
+def window_replica_means(windows: Sequence[RateArray] | RateArray, scales: Sequence[float],
                          headrooms: Sequence[float], min_replicas: Sequence[int],
                          capacities: Sequence[Sequence[float]],
-                         ranges: Sequence[tuple[float, float]],
+                         ranges: Sequence[tuple[float, float]] | FloatArray,
                          lengths: Sequence[int]) -> FloatArray:
     """Mean replicas of many series at once, as `ModelHistory.replica_means` counts one:
-    series k (`windows[k]`, its last `longest` rates, the longest of `lengths`; its
-    (lowest, highest) rate `ranges[k]`) times `scales[k]`, on an engine of each of its
+    series k (`windows[k]`, its last `longest` rates, the longest of `lengths`, or row k of
+    one 2-D array of them; its (lowest, highest) rate `ranges[k]`) times `scales[k]`, on an engine of each of its
     `capacities[k]` (the same number for every series) with `headrooms[k]` and
     `min_replicas[k]`, over its last n rates for each n of `lengths`: an array (series,
     capacity, length).
@@ -321,7 +326,8 @@ def window_replica_means(windows: Sequence[RateArray], scales: Sequence[float],
     out = np.repeat(lo[:, :, None], len(lengths), axis=2)  # count * n / n, exactly
     rows, cols = np.nonzero(~fixed)
     if rows.size:  # the counted rows alone (most of a fleet's rows are not)
-        rates = np.stack([windows[r] for r in rows.tolist()])
+        rates = (windows[rows] if isinstance(windows, np.ndarray)
+                 else np.stack([windows[r] for r in rows.tolist()]))
         if (scale != 1.0).any():
             need = np.multiply(rates, scale[rows], dtype=f64)
             np.multiply(need, grow[rows], out=need)
