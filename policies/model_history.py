@@ -219,6 +219,16 @@ class ModelHistory:
         return self._cached(("rolling", width, quantile), make)  # type: ignore[no-any-return]
 
 
+    def rolling_lists(self, width: int, quantile: float) -> tuple[list[float], list[float]]:
+        """`rolling` as lists of floats (a backtest reads one figure of each per step)."""
+        key = ("rolling lists", width, quantile)
+        found = self._cache.get(key)
+        if found is None:
+            peaks, quantiles = self.rolling(width, quantile)
+            found = self._cache[key] = (peaks.tolist(), quantiles.tolist())
+        return found  # type: ignore[no-any-return]
+
+
 COUNT_ROWS = 256  # histories counted per numpy pass (`count_replica_means`): bounded memory
 
 

@@ -129,7 +129,7 @@ class Signals:
         """The signals read a replayed series (a backtest: `ModelHistory.replay`)."""
         return self._history.replay
 
-    @property
+    @functools.cached_property
     def forecast_unused(self) -> str | None:
         """Why the forecast does not set the traffic level; None when it does."""
         fc = self.forecast
@@ -155,7 +155,7 @@ class Signals:
             return self.forecast.sustained_rps
         return self.rps_sustained
 
-    @property
+    @functools.cached_property
     def traffic_scale(self) -> float:
         """traffic_level_rps / rps_sustained: how the window's traffic is scaled (1: observed)."""
         if self.traffic_basis == "observed":
@@ -173,8 +173,8 @@ class Signals:
             return self._stats
         q = self._settings.sustained_quantile
         if h.replay and n == round(self._settings.window_s / h.sample_period_s):
-            peaks, quantiles = h.rolling(n, q)
-            return float(peaks[end - n]), float(quantiles[end - n])
+            peaks, quantiles = h.rolling_lists(n, q)
+            return peaks[end - n], quantiles[end - n]
         import numpy as np
 
         window = h.rps[end - n:end]  # float32 in the live history: the quantile in float64
