@@ -15,7 +15,7 @@ import math
 from bisect import bisect_left, insort
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from gearshift.common.frozen_records import fast_init
 from gearshift.policies.costmodel import MAX_EXACT_COUNT, REPLICA_EPSILON
@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 _RANGES = ("ranges",)  # the cache's key of the window ranges at one `end`
 _MEANS = ("means",)  # ... and of the replica means handed over for one request
+_REVISIONS = ("revisions",)  # ... of the revision times as floats
+_PREFIX_RPS = ("rps",)  # ... of the prefix sums of the rates
 Window = tuple[int, float]  # (samples, scale) of `ModelHistory.replica_means`
 
 
@@ -93,13 +95,17 @@ class ModelHistory:
         return int(self.sample_ts.searchsorted(t, side="left"))
 
     def revision_list(self) -> list[float]:
-        return self._cached(("revisions",), lambda: [float(t) for t in self.revision_ts])  # type: ignore[no-any-return]
+        if (found := self._cache.get(_REVISIONS)) is None:  # (signals read it at every step)
+            found = self._cache[_REVISIONS] = [float(t) for t in self.revision_ts]
+        return found  # type: ignore[no-any-return]
 
     def prefix_rps(self) -> list[float]:
         """prefix[i] = sum of rps[:i]."""
-        import numpy as np
+        if (found := self._cache.get(_PREFIX_RPS)) is None:
+            import numpy as np
 
-        return self._cached(("rps",), lambda: np.concatenate(([0.0], np.cumsum(self.rps))).tolist())
+            found = self._cache[_PREFIX_RPS] = np.concatenate(([0.0], np.cumsum(self.rps))).tolist()
+        return found  # type: ignore[no-any-return]
 
     def prefix_replicas(self, capacity_rps: float, headroom: float, min_replicas: int) -> list[float]:
         """prefix[i] = replicas summed over samples [:i] (docs/cost-model.md `replicas`)."""
@@ -287,7 +293,7 @@ def _count_part(part: list[tuple[int, float, list[int]]],
 
     # One array of the windows, and their ranges from it (the minimum and maximum of the
     # same values `window_range` takes one by one): most rows of a backtest are counted.
-    rates = np.stack([a[0].rps[a[1] - longest:a[1]] for a in picked])
+    rates = cast("RateArray", np.stack([a[0].rps[a[1] - longest:a[1]] for a in picked]))
     ranges = np.stack((rates.min(axis=1), rates.max(axis=1)), axis=1)
     means = window_replica_means(
         rates, [s for _, s, _ in part], [a[3] for a in picked], [a[4] for a in picked],
