@@ -112,16 +112,16 @@ def simulate(policy: Policy, trace: Trace, *, blind: bool = False, seed: int = 0
     for k in range(trace.n_steps):
         now = start + k * trace.step_s
         wanted: dict[str, Decision] = {}
-        for m, replay in in_order:
-            # The replay serves one engine at a time; a switch in flight keeps the old one.
-            # The tenure changes only when that engine does (`advance_tenure`).
-            engine = replay.serving_at(k)
-            if engine != last_serving[m]:
-                serving = current_engine({engine: 1})
-                assert serving is not None
-                tenure[m] = advance_tenure(tenure[m], serving, now, first_seen=start - LONG_AGO_S)
+        deciding = k % every == 0
+        # The replay serves one engine at a time; a switch in flight keeps the old one.
+        # The tenure changes only when that engine does (`advance_tenure`). Each model's
+        # tenure reads its own replay alone: a step without a decision moves it in the
+        # loop below, model by model, a decision step for every model first.
+        for m, replay in in_order if deciding else ():
+            if (engine := replay.serving_at(k)) != last_serving[m]:
+                tenure[m] = _tenure(tenure[m], engine, now, start)
                 last_serving[m] = engine
-        if k % every == 0:
+        if deciding:
             if learner is not None:
                 facts = {m: learner.facts(m) for m in models}
             signals: dict[str, Signals] = {
@@ -140,6 +140,9 @@ def simulate(policy: Policy, trace: Trace, *, blind: bool = False, seed: int = 0
                 state[m] = made[1]
             wanted = {d.model: d for d in decide(policy, signals, state, now)}
         for m, replay in in_order:
+            if not deciding and (engine := replay.serving_at(k)) != last_serving[m]:
+                tenure[m] = _tenure(tenure[m], engine, now, start)
+                last_serving[m] = engine
             d = wanted.get(m) if wanted else None
             if replay.step(k, d.to_engine if d else None) and d is not None:
                 # The cost model prices a trial as the switch it leads to (its contract has
@@ -157,6 +160,13 @@ def simulate(policy: Policy, trace: Trace, *, blind: bool = False, seed: int = 0
                 if (reading := feed[0][k]) is not None:
                     feed[1](*reading)
     return {m: r.outcome() for m, r in replays.items()}, accepted
+
+
+def _tenure(tenure: Tenure | None, engine: str, now: float, start: float) -> Tenure:
+    """The tenure once the replay serves `engine` at `now` (`advance_tenure`)."""
+    serving = current_engine({engine: 1})
+    assert serving is not None
+    return advance_tenure(tenure, serving, now, first_seen=start - LONG_AGO_S)
 
 
 def _state(tenure: Tenure | None, switches: list[SwitchRecord], trialled: set[str],

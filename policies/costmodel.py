@@ -155,6 +155,29 @@ class ModelReplay:
             self._lag_steps += 1
         return accepted
 
+    def steps_unswitched(self, n: int) -> None:
+        """`step(k)` for k = 0 .. n-1 of a replay not stepped yet, with no switch decided (a
+        static baseline): the same state, summed at once. The engine never changes; each
+        revision rebuilds it (priced at its step's rate, in step order) and keeps the
+        revision lag open from its step until the rebuild is ready, a later revision
+        putting that off."""
+        if self._accepted or self.pending is not None or self._gpu_steps or self._lag_steps:
+            raise ValueError("steps_unswitched: the replay was already stepped")
+        engine = self.serving
+        delay = self._delay[engine]
+        lag_from = lag_to = 0  # the revision lag open over steps [lag_from, lag_to)
+        for k in sorted(r for r in self._revisions if 0 <= r < n):
+            self._one_off_usd += self._rebuild(engine, self._rps[k])
+            if k >= lag_to:  # the last rebuild was ready: a new stretch of lag
+                self._lag_steps += lag_to - lag_from
+                lag_from = k
+            lag_to = k + delay
+        self._lag_steps += min(lag_to, n) - lag_from
+        self.pending = (engine, lag_to) if lag_to > n - 1 and lag_to > lag_from else None
+        self._lag_open = self.pending is not None
+        self._gpu_steps = sum(self._gpus[engine][:n])
+        self._sla_steps = n if self._breaks_sla[engine] else 0
+
     def outcome(self) -> ModelOutcome:
         gpu_hours = self._gpu_steps * self._step_s / SECONDS_PER_HOUR
         return ModelOutcome(
@@ -176,6 +199,9 @@ def replay_model(trace: Trace, model: str, switches: Mapping[int, str], *,
     there at no cost).
     """
     sim = ModelReplay(trace, model, initial_engine=initial_engine)
+    if not switches:
+        sim.steps_unswitched(len(trace.series[model].rps))
+        return sim.outcome()
     for k in range(len(trace.series[model].rps)):
         sim.step(k, switches.get(k))
     return sim.outcome()

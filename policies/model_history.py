@@ -15,7 +15,7 @@ import math
 from bisect import bisect_left, insort
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from gearshift.common.frozen_records import fast_init
 from gearshift.policies.costmodel import MAX_EXACT_COUNT, REPLICA_EPSILON
@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 _RANGES = ("ranges",)  # the cache's key of the window ranges at one `end`
 _MEANS = ("means",)  # ... and of the replica means handed over for one request
+_REVISIONS = ("revisions",)  # ... of the revision times as floats
+_PREFIX_RPS = ("rps",)  # ... of the prefix sums of the rates
 Window = tuple[int, float]  # (samples, scale) of `ModelHistory.replica_means`
 
 
@@ -93,13 +95,17 @@ class ModelHistory:
         return int(self.sample_ts.searchsorted(t, side="left"))
 
     def revision_list(self) -> list[float]:
-        return self._cached(("revisions",), lambda: [float(t) for t in self.revision_ts])  # type: ignore[no-any-return]
+        if (found := self._cache.get(_REVISIONS)) is None:  # (signals read it at every step)
+            found = self._cache[_REVISIONS] = [float(t) for t in self.revision_ts]
+        return found  # type: ignore[no-any-return]
 
     def prefix_rps(self) -> list[float]:
         """prefix[i] = sum of rps[:i]."""
-        import numpy as np
+        if (found := self._cache.get(_PREFIX_RPS)) is None:
+            import numpy as np
 
-        return self._cached(("rps",), lambda: np.concatenate(([0.0], np.cumsum(self.rps))).tolist())
+            found = self._cache[_PREFIX_RPS] = np.concatenate(([0.0], np.cumsum(self.rps))).tolist()
+        return found  # type: ignore[no-any-return]
 
     def prefix_replicas(self, capacity_rps: float, headroom: float, min_replicas: int) -> list[float]:
         """prefix[i] = replicas summed over samples [:i] (docs/cost-model.md `replicas`)."""
@@ -219,6 +225,16 @@ class ModelHistory:
         return self._cached(("rolling", width, quantile), make)  # type: ignore[no-any-return]
 
 
+    def rolling_lists(self, width: int, quantile: float) -> tuple[list[float], list[float]]:
+        """`rolling` as lists of floats (a backtest reads one figure of each per step)."""
+        key = ("rolling lists", width, quantile)
+        found = self._cache.get(key)
+        if found is None:
+            peaks, quantiles = self.rolling(width, quantile)
+            found = self._cache[key] = (peaks.tolist(), quantiles.tolist())
+        return found  # type: ignore[no-any-return]
+
+
 COUNT_ROWS = 256  # histories counted per numpy pass (`count_replica_means`): bounded memory
 
 
@@ -273,10 +289,15 @@ def _count_part(part: list[tuple[int, float, list[int]]],
     """`count_replica_means` of histories whose windows (at one scale each) have the same
     `lengths` and the same number of capacities: `tables` filled for the windows of `part`
     (ask, scale, the windows' indices)."""
+    import numpy as np
+
+    # One array of the windows, and their ranges from it (the minimum and maximum of the
+    # same values `window_range` takes one by one): most rows of a backtest are counted.
+    rates = cast("RateArray", np.stack([a[0].rps[a[1] - longest:a[1]] for a in picked]))
+    ranges = np.stack((rates.min(axis=1), rates.max(axis=1)), axis=1)
     means = window_replica_means(
-        [a[0].rps[a[1] - longest:a[1]] for a in picked], [s for _, s, _ in part],
-        [a[3] for a in picked], [a[4] for a in picked], [a[2] for a in picked],
-        [a[0].window_range(a[1], longest) for a in picked], lengths).tolist()
+        rates, [s for _, s, _ in part], [a[3] for a in picked], [a[4] for a in picked],
+        [a[2] for a in picked], ranges, lengths).tolist()
     for (i, _, ws), a, figures in zip(part, picked, means, strict=True):
         table = tables[i]
         for c, per_window in zip(a[2], figures, strict=True):
@@ -285,14 +306,14 @@ def _count_part(part: list[tuple[int, float, list[int]]],
                 row[w] = mean
 
 
-def window_replica_means(windows: Sequence[RateArray], scales: Sequence[float],
+def window_replica_means(windows: Sequence[RateArray] | RateArray, scales: Sequence[float],
                          headrooms: Sequence[float], min_replicas: Sequence[int],
                          capacities: Sequence[Sequence[float]],
-                         ranges: Sequence[tuple[float, float]],
+                         ranges: Sequence[tuple[float, float]] | FloatArray,
                          lengths: Sequence[int]) -> FloatArray:
     """Mean replicas of many series at once, as `ModelHistory.replica_means` counts one:
-    series k (`windows[k]`, its last `longest` rates, the longest of `lengths`; its
-    (lowest, highest) rate `ranges[k]`) times `scales[k]`, on an engine of each of its
+    series k (`windows[k]`, its last `longest` rates, the longest of `lengths`, or row k of
+    one 2-D array of them; its (lowest, highest) rate `ranges[k]`) times `scales[k]`, on an engine of each of its
     `capacities[k]` (the same number for every series) with `headrooms[k]` and
     `min_replicas[k]`, over its last n rates for each n of `lengths`: an array (series,
     capacity, length).
@@ -321,7 +342,8 @@ def window_replica_means(windows: Sequence[RateArray], scales: Sequence[float],
     out = np.repeat(lo[:, :, None], len(lengths), axis=2)  # count * n / n, exactly
     rows, cols = np.nonzero(~fixed)
     if rows.size:  # the counted rows alone (most of a fleet's rows are not)
-        rates = np.stack([windows[r] for r in rows.tolist()])
+        rates = (windows[rows] if isinstance(windows, np.ndarray)
+                 else np.stack([windows[r] for r in rows.tolist()]))
         if (scale != 1.0).any():
             need = np.multiply(rates, scale[rows], dtype=f64)
             np.multiply(need, grow[rows], out=need)

@@ -10,12 +10,11 @@ needs only the registry of names.
 
 from __future__ import annotations
 
-import functools
 import math
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
 from gearshift.common.engines import BASELINE_ENGINE, CATALOG
 from gearshift.common.frozen_records import fast_init
@@ -32,6 +31,31 @@ if TYPE_CHECKING:
     FloatArray = npt.NDArray[np.float64]
 
 SECONDS_PER_WEEK = 7 * 24 * 3600.0
+
+_T = TypeVar("_T")
+
+
+class _cached(Generic[_T]):
+    """`functools.cached_property` without its lock: the value is computed on the first
+    read and stored in the instance's ``__dict__``, which later reads find first. Python
+    3.11's takes a lock on every first read, several times a `Signals`' other work (a
+    backtest reads three of them from each of 80,000 signals)."""
+
+    def __init__(self, fn: Callable[[Any], _T]) -> None:
+        self._fn, self._name, self.__doc__ = fn, fn.__name__, fn.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> _cached[_T]: ...
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> _T: ...
+    def __get__(self, obj: object | None, owner: type | None = None) -> _T | _cached[_T]:
+        if obj is None:
+            return self
+        value = obj.__dict__[self._name] = self._fn(obj)
+        return value
 
 
 @fast_init
@@ -129,7 +153,7 @@ class Signals:
         """The signals read a replayed series (a backtest: `ModelHistory.replay`)."""
         return self._history.replay
 
-    @property
+    @_cached
     def forecast_unused(self) -> str | None:
         """Why the forecast does not set the traffic level; None when it does."""
         fc = self.forecast
@@ -155,7 +179,7 @@ class Signals:
             return self.forecast.sustained_rps
         return self.rps_sustained
 
-    @property
+    @_cached
     def traffic_scale(self) -> float:
         """traffic_level_rps / rps_sustained: how the window's traffic is scaled (1: observed)."""
         if self.traffic_basis == "observed":
@@ -163,7 +187,7 @@ class Signals:
         assert self.forecast is not None and self.forecast.sustained_rps is not None
         return self.forecast.sustained_rps / (self.rps_sustained or 1.0)
 
-    @functools.cached_property
+    @_cached
     def _order_stats(self) -> tuple[float, float] | None:
         """(peak, sustained) over the window; None without samples."""
         n, end, h = self.window_samples, self._end, self._history
@@ -173,8 +197,8 @@ class Signals:
             return self._stats
         q = self._settings.sustained_quantile
         if h.replay and n == round(self._settings.window_s / h.sample_period_s):
-            peaks, quantiles = h.rolling(n, q)
-            return float(peaks[end - n]), float(quantiles[end - n])
+            peaks, quantiles = h.rolling_lists(n, q)
+            return peaks[end - n], quantiles[end - n]
         import numpy as np
 
         window = h.rps[end - n:end]  # float32 in the live history: the quantile in float64

@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from gearshift.policies.backtest import baseline_costs
-from gearshift.policies.costmodel import delay_steps, rebuild_usd, replay_model, replicas
+from gearshift.policies.costmodel import (
+    ModelReplay,
+    delay_steps,
+    rebuild_usd,
+    replay_model,
+    replicas,
+)
 from gearshift.policies.trace import read_trace
 
 TRACES = Path(__file__).parent / "traces"
@@ -73,3 +79,25 @@ def test_sla_minutes_count_steps_served_by_an_engine_over_its_target(make_trace,
     trace = make_trace({"m": [5.0] * 12}, profiles={"m": slow})
     assert replay_model(trace, "m", {}).sla_violation_min == 60.0
     assert replay_model(trace, "m", {0: "tensorrt-llm"}).sla_violation_min == 7 * 5.0
+
+
+@pytest.mark.parametrize("revisions", [[], [0], [39], [2, 20], [3, 5, 9, 10, 16, 17, 36, 38],
+                                       [1, 8, 15, 22, 29, 36], [0, 6, 7, 13, 14, 39]])
+@pytest.mark.parametrize("engine", ["vllm", "tensorrt-llm"])
+def test_a_replay_without_switches_sums_to_its_steps(make_trace, profile_of, revisions: list[int],
+                                                     engine: str) -> None:
+    """`replay_model` without switches (`ModelReplay.steps_unswitched`, the static baselines)
+    leaves what stepping each step leaves: every figure of the outcome and the state."""
+    slow = profile_of(ttft_p99_ms={"vllm": 1200.0, "tensorrt-llm": 780.0})
+    rates = [0.0, 5.0, 13.7, 40.1, 2.2] * 8
+    trace = make_trace({"m": rates}, profiles={"m": slow}, revisions={"m": revisions})
+    stepped = ModelReplay(trace, "m", initial_engine=engine)
+    for k in range(len(rates)):
+        stepped.step(k)
+    summed = ModelReplay(trace, "m", initial_engine=engine)
+    summed.steps_unswitched(len(rates))
+    assert summed.outcome() == stepped.outcome()
+    assert replay_model(trace, "m", {}, initial_engine=engine) == stepped.outcome()
+    assert (summed.serving, summed.pending) == (stepped.serving, stepped.pending)
+    with pytest.raises(ValueError):
+        stepped.steps_unswitched(len(rates))
