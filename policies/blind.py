@@ -341,20 +341,9 @@ class BlindLearner:
                           [(e, self._engines[m, e], *self._cite_keys[e]) for e in view.engines])
                       for m, p in view.profiles.items()}
 
-    def observe(self, model: str, engine: str, obs: Observation | None) -> None:
-        if obs is not None:
-            o = obs.load
-            state = self._engines[model, engine]
-            state.add(o.ts, o.rps_per_replica, o.ttft_p99_s, o.itl_p99_s, obs.replicas,
-                      state.min_replicas)
-
-    def record(self, model: str, engine: str, reading: Reading | None) -> None:
-        """`observe` of a `LatencyWorld.reading`."""
-        if reading is not None:
-            self._engines[model, engine].add_reading(*reading)
-
     def recorder(self, model: str, engine: str) -> Callable[[float, float, float, int], None]:
-        """`record` of one (model, engine), taking a reading's figures (not None)."""
+        """What adds a `LatencyWorld.reading` (not None) of one (model, engine) to its
+        observations: the reading's figures as arguments."""
         return self._engines[model, engine].add_reading
 
     def measurements(self, model: str) -> dict[str, Measurement]:

@@ -75,8 +75,8 @@ class ModelHistory:
                     sample_period_s: float, end: int,
                     ranges: dict[int, tuple[float, float]]) -> ModelHistory:
         """A history (not a replay) handed its `window_range(end, n)` for each length n of
-        `ranges` (n -> (lowest, highest)) as it is made: `know_ranges` without the call (a
-        live tick makes 10,000 at a time: `policies.fleet_signals`)."""
+        `ranges` (n -> (lowest, highest)) as it is made (a live tick makes 10,000 at a
+        time, with every model's ranges taken at once: `policies.fleet_signals`)."""
         return ModelHistory(sample_ts, rps, revision_ts, sample_period_s, False,
                             {_RANGES: (end, ranges)})
 
@@ -131,16 +131,6 @@ class ModelHistory:
             rates = self.rps[end - n:end]
             found = kept[1][n] = (float(rates.min()), float(rates.max()))
         return found
-
-    def know_ranges(self, end: int, ranges: Sequence[tuple[int, float, float]]) -> None:
-        """Hand over `window_range(end, n)` as (n, lowest, highest) for some lengths n,
-        computed by the caller (a live tick takes every model's at once:
-        `policies.fleet_signals`)."""
-        kept: tuple[int, dict[int, tuple[float, float]]] | None = self._cache.get(_RANGES)
-        known = kept[1] if kept is not None and kept[0] == end else {}
-        for n, lo, hi in ranges:
-            known[n] = (lo, hi)
-        self._cache[_RANGES] = (end, known)
 
     def know_replica_means(self, end: int, headroom: float, min_replicas: int,
                            windows: Sequence[Window], means: Mapping[float, list[float]]) -> None:
@@ -223,7 +213,6 @@ class ModelHistory:
                 return view.max(axis=1), np.quantile(view, quantile, axis=1)
             return view.max(axis=1), _rolling_quantile(rates.tolist(), width, quantile)
         return self._cached(("rolling", width, quantile), make)  # type: ignore[no-any-return]
-
 
     def rolling_lists(self, width: int, quantile: float) -> tuple[list[float], list[float]]:
         """`rolling` as lists of floats (a backtest reads one figure of each per step)."""
