@@ -157,17 +157,11 @@ class RollupAggregator:
             deps.preempt_n[k] += 1
             deps.preempt_sum[k] += preempt
         if hit_rate or has("prefix_cache_hit_rate"):
-            mean = bucket.hit_rate
-            mean.n += 1
-            mean.total += hit_rate
+            bucket.hit_rate.add(hit_rate)
         if prompt_len or has("mean_prompt_tokens"):
-            mean = bucket.prompt_len
-            mean.n += 1
-            mean.total += prompt_len
+            bucket.prompt_len.add(prompt_len)
         if gen_len or has("mean_generation_tokens"):
-            mean = bucket.gen_len
-            mean.n += 1
-            mean.total += gen_len
+            bucket.gen_len.add(gen_len)
         deps.sleeping[k] = report.sleep_state in _ASLEEP
         if has("kv_blocks_total"):
             deps.blocks_total[k] = report.kv_blocks_total

@@ -156,14 +156,17 @@ class Bucket:
 
 
 class Mean:
-    """The mean of the reports that have a value (added to by `RollupAggregator.add`,
-    inline)."""
+    """The mean of the reports that have a value (added to by `RollupAggregator.add`)."""
 
     __slots__ = ("n", "total")
 
     def __init__(self) -> None:
         self.n = 0
         self.total = 0.0
+
+    def add(self, value: float) -> None:
+        self.n += 1
+        self.total += value
 
     def value(self) -> float | None:
         return self.total / self.n if self.n else None
