@@ -144,6 +144,7 @@ class _Grower:
         self.gradients = gradients                # float64 copies of float32 gradients
         self.non_missing_bins = non_missing_bins
         self.has_missing = has_missing
+        self.any_missing = bool(has_missing.any())
         self.max_leaves, self.min_samples_leaf = max_leaves, min_samples_leaf
         features = binned.shape[1]
         bins = np.arange(MAX_BINS + 1)
@@ -169,24 +170,30 @@ class _Grower:
         sum_g, sum_h = node.g, node.h
         g_left = np.cumsum(node.hist_g, axis=1)
         n_left = np.cumsum(node.hist_n, axis=1)
+        # Hessian sums are sample counts (exact in double), so the estimator's
+        # min_hessian_to_split checks hold wherever both sides have min_samples_leaf
+        # (>= 1) samples, and h + l2 (0) is h.
         h_left = n_left.astype(np.float64)
-        g_right = sum_g - g_left
         h_right = sum_h - h_left
-        n_right = n_samples - n_left
-        ok = (self.scan & (n_left >= m) & (n_right >= m)
-              & (h_left >= MIN_HESSIAN_TO_SPLIT) & (h_right >= MIN_HESSIAN_TO_SPLIT))
-        v_left = -g_left / (h_left + 0.0 + VALUE_EPS)
-        v_right = -g_right / (h_right + 0.0 + VALUE_EPS)
-        gain = loss - g_left * v_left - g_right * v_right
-        gain = np.where(ok & (gain > 0.0), gain, -np.inf)
+        g_right = sum_g - g_left
+        ok = self.scan & (n_left >= m) & (n_left <= n_samples - m)
+        gain = loss - g_left * (-g_left / (h_left + VALUE_EPS)) \
+            - g_right * (-g_right / (h_right + VALUE_EPS))
+        ok &= gain > 0.0
+        if not self.any_missing:
+            if not ok.any():
+                return None
+            f, b = divmod(int(np.argmax(np.where(ok, gain, -np.inf))), MAX_BINS + 1)
+            return self._split(node, float(gain[f, b]), f, b, False, float(g_left[f, b]),
+                               float(h_left[f, b]), int(n_left[f, b]))
+        gain = np.where(ok, gain, -np.inf)
         best_bin = np.argmax(gain, axis=1)
-        best_gain = gain[np.arange(self.features), best_bin]
         # Per feature: (gain, bin, missing to the left, g_left, h_left, n_left).
         found: list[tuple[float, int, bool, float, float, int]] = []
         for f in range(self.features):
             b = int(best_bin[f])
-            if best_gain[f] > -np.inf:
-                best = (float(best_gain[f]), b, False, float(g_left[f, b]),
+            if gain[f, b] > -np.inf:
+                best = (float(gain[f, b]), b, False, float(g_left[f, b]),
                         float(h_left[f, b]), int(n_left[f, b]))
             else:
                 best = (-1.0, 0, False, 0.0, 0.0, 0)
@@ -197,12 +204,17 @@ class _Grower:
         for f in range(1, self.features):
             if found[f][0] > found[pick][0]:
                 pick = f
-        gain_, b, missing_left, gl, hl, nl = found[pick]
+        gain_, b, missing_left, g_l, h_l, n_l = found[pick]
         if not gain_ > 0.0:
             return None
-        g_r, h_r = sum_g - gl, sum_h - hl
-        return _Split(gain_, pick, b, missing_left, gl, hl, g_r, h_r, nl,
-                      _node_value(gl, hl), _node_value(g_r, h_r))
+        return self._split(node, gain_, pick, b, missing_left, g_l, h_l, n_l)
+
+    @staticmethod
+    def _split(node: _Node, gain: float, f: int, b: int, missing_left: bool, g_left: float,
+               h_left: float, n_left: int) -> _Split:
+        g_right, h_right = node.g - g_left, node.h - h_left
+        return _Split(gain, f, b, missing_left, g_left, h_left, g_right, h_right, n_left,
+                      _node_value(g_left, h_left), _node_value(g_right, h_right))
 
     def _right_to_left(self, node: _Node, f: int, loss: float,
                        best: tuple[float, int, bool, float, float, int]
