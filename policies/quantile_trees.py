@@ -104,7 +104,6 @@ class _Split:
     h_left: float
     g_right: float
     h_right: float
-    n_left: int
     value_left: float
     value_right: float
 
@@ -117,7 +116,7 @@ class _Node:
     h: float                        # hessian sum (the sample count)
     value: float
     hist_g: FloatArray | None = None    # (features, 256) gradient sums
-    hist_n: npt.NDArray[np.int64] | None = None  # (features, 256) counts
+    hist_n: FloatArray | None = None    # (features, 256) counts
     split: _Split | None = None
     left: _Node | None = None
     right: _Node | None = None
@@ -133,70 +132,87 @@ def _node_value(g: float, h: float) -> float:
     return -g / (h + 0.0 + VALUE_EPS)
 
 
+@dataclass(frozen=True, eq=False)
+class _Bins:
+    """A fit's binned features, and what every tree's split search reads of them."""
+
+    binned: npt.NDArray[np.intp]            # (rows, features), bins 0..255
+    flat: npt.NDArray[np.intp]              # feature f's bin b as f * 256 + b
+    non_missing: npt.NDArray[np.int64]      # bins of values per feature
+    has_missing: npt.NDArray[np.bool_]
+    scan: npt.NDArray[np.bool_]             # (features, 256): the left-to-right scan's bins
+
+    @classmethod
+    def of(cls, binned: npt.NDArray[np.intp], non_missing: npt.NDArray[np.int64],
+           has_missing: npt.NDArray[np.bool_]) -> _Bins:
+        features = binned.shape[1]
+        flat = binned + np.arange(features, dtype=np.intp) * (MAX_BINS + 1)
+        # The estimator scans bins below non_missing - 1 + has_missing.
+        scan = np.arange(MAX_BINS + 1)[None, :] < (non_missing - 1 + has_missing)[:, None]
+        return cls(binned, flat, non_missing, has_missing, scan)
+
+
 class _Grower:
     """One tree, grown as the estimator's `TreeGrower` grows it."""
 
-    def __init__(self, binned: npt.NDArray[np.intp], gradients: FloatArray,
-                 non_missing_bins: npt.NDArray[np.int64], has_missing: npt.NDArray[np.bool_],
-                 max_leaves: int, min_samples_leaf: int) -> None:
-        self.binned = binned                      # (rows, features), bins 0..255
-        self.flat_offsets = np.arange(binned.shape[1], dtype=np.intp) * (MAX_BINS + 1)
-        self.gradients = gradients                # float64 copies of float32 gradients
-        self.non_missing_bins = non_missing_bins
-        self.has_missing = has_missing
-        self.any_missing = bool(has_missing.any())
+    def __init__(self, bins: _Bins, gradients: FloatArray, max_leaves: int,
+                 min_samples_leaf: int) -> None:
+        self.binned = bins.binned
+        self.flat_bins = bins.flat
+        self.features = bins.binned.shape[1]
+        # Each row's gradient (a float32's value in double) once per feature, as the
+        # histograms' weights.
+        self.gradient_rows = np.repeat(gradients, self.features).reshape(-1, self.features)
+        self.non_missing_bins = bins.non_missing
+        self.has_missing = bins.has_missing
+        self.any_missing = bool(bins.has_missing.any())
+        self.scan = bins.scan
         self.max_leaves, self.min_samples_leaf = max_leaves, min_samples_leaf
-        features = binned.shape[1]
-        bins = np.arange(MAX_BINS + 1)
-        # Bins the left-to-right scan visits: below non_missing - 1 + has_missing.
-        self.scan = bins[None, :] < (non_missing_bins - 1 + has_missing)[:, None]
-        self.features = features
         self.leaves: list[_Node] = []
         self.heap: list[_Node] = []
 
-    def histograms(self, rows: npt.NDArray[np.intp]) -> tuple[FloatArray, npt.NDArray[np.int64]]:
-        """Per (feature, bin): gradient sums in sample order, and counts."""
-        index = (self.binned[rows] + self.flat_offsets).ravel()
-        size = self.features * (MAX_BINS + 1)
-        g = np.bincount(index, weights=np.repeat(self.gradients[rows], self.features),
-                        minlength=size).reshape(self.features, MAX_BINS + 1)
-        n = np.bincount(index, minlength=size).reshape(self.features, MAX_BINS + 1)
-        return g, n
+    def histograms(self, rows: npt.NDArray[np.intp] | None) -> tuple[FloatArray, FloatArray]:
+        """Per (feature, bin) of the rows (all when None): gradient sums in sample order,
+        and counts (whole numbers in double, so the hessian sums as well)."""
+        index = (self.flat_bins if rows is None else self.flat_bins[rows]).ravel()
+        weights = self.gradient_rows if rows is None else self.gradient_rows[rows]
+        shape = (self.features, MAX_BINS + 1)
+        g = np.bincount(index, weights=weights.ravel(), minlength=shape[0] * shape[1])
+        n = np.bincount(index, minlength=shape[0] * shape[1]).astype(np.float64)
+        return g.reshape(shape), n.reshape(shape)
 
     def find_split(self, node: _Node) -> _Split | None:
         assert node.hist_g is not None and node.hist_n is not None
-        n_samples, m = node.rows.size, self.min_samples_leaf
+        m = self.min_samples_leaf
         loss = node.g * node.value
-        sum_g, sum_h = node.g, node.h
         g_left = np.cumsum(node.hist_g, axis=1)
-        n_left = np.cumsum(node.hist_n, axis=1)
         # Hessian sums are sample counts (exact in double), so the estimator's
         # min_hessian_to_split checks hold wherever both sides have min_samples_leaf
         # (>= 1) samples, and h + l2 (0) is h.
-        h_left = n_left.astype(np.float64)
-        h_right = sum_h - h_left
-        g_right = sum_g - g_left
-        ok = self.scan & (n_left >= m) & (n_left <= n_samples - m)
+        h_left = np.cumsum(node.hist_n, axis=1)
+        h_right = node.h - h_left
+        g_right = node.g - g_left
+        ok = self.scan & (h_left >= m) & (h_right >= m)
         gain = loss - g_left * (-g_left / (h_left + VALUE_EPS)) \
             - g_right * (-g_right / (h_right + VALUE_EPS))
-        ok &= gain > 0.0
-        if not self.any_missing:
-            if not ok.any():
-                return None
-            f, b = divmod(int(np.argmax(np.where(ok, gain, -np.inf))), MAX_BINS + 1)
-            return self._split(node, float(gain[f, b]), f, b, False, float(g_left[f, b]),
-                               float(h_left[f, b]), int(n_left[f, b]))
         gain = np.where(ok, gain, -np.inf)
+        if not self.any_missing:
+            # The first maximum in (feature, bin) order: the estimator's first best bin
+            # of its first best feature.
+            f, b = divmod(int(np.argmax(gain)), MAX_BINS + 1)
+            if not gain[f, b] > 0.0:
+                return None
+            return self._split(node, float(gain[f, b]), f, b, False, float(g_left[f, b]),
+                               float(h_left[f, b]))
         best_bin = np.argmax(gain, axis=1)
-        # Per feature: (gain, bin, missing to the left, g_left, h_left, n_left).
-        found: list[tuple[float, int, bool, float, float, int]] = []
+        # Per feature: (gain, bin, missing to the left, g_left, h_left).
+        found: list[tuple[float, int, bool, float, float]] = []
         for f in range(self.features):
             b = int(best_bin[f])
-            if gain[f, b] > -np.inf:
-                best = (float(gain[f, b]), b, False, float(g_left[f, b]),
-                        float(h_left[f, b]), int(n_left[f, b]))
+            if gain[f, b] > 0.0:
+                best = (float(gain[f, b]), b, False, float(g_left[f, b]), float(h_left[f, b]))
             else:
-                best = (-1.0, 0, False, 0.0, 0.0, 0)
+                best = (-1.0, 0, False, 0.0, 0.0)
             if self.has_missing[f]:
                 best = self._right_to_left(node, f, loss, best)
             found.append(best)
@@ -204,45 +220,39 @@ class _Grower:
         for f in range(1, self.features):
             if found[f][0] > found[pick][0]:
                 pick = f
-        gain_, b, missing_left, g_l, h_l, n_l = found[pick]
+        gain_, b, missing_left, g_l, h_l = found[pick]
         if not gain_ > 0.0:
             return None
-        return self._split(node, gain_, pick, b, missing_left, g_l, h_l, n_l)
+        return self._split(node, gain_, pick, b, missing_left, g_l, h_l)
 
     @staticmethod
     def _split(node: _Node, gain: float, f: int, b: int, missing_left: bool, g_left: float,
-               h_left: float, n_left: int) -> _Split:
+               h_left: float) -> _Split:
         g_right, h_right = node.g - g_left, node.h - h_left
-        return _Split(gain, f, b, missing_left, g_left, h_left, g_right, h_right, n_left,
+        return _Split(gain, f, b, missing_left, g_left, h_left, g_right, h_right,
                       _node_value(g_left, h_left), _node_value(g_right, h_right))
 
     def _right_to_left(self, node: _Node, f: int, loss: float,
-                       best: tuple[float, int, bool, float, float, int]
-                       ) -> tuple[float, int, bool, float, float, int]:
+                       best: tuple[float, int, bool, float, float]
+                       ) -> tuple[float, int, bool, float, float]:
         """The estimator's second scan of a feature with missing values (they go left)."""
         assert node.hist_g is not None and node.hist_n is not None
         top = int(self.non_missing_bins[f]) - 1           # highest non-missing bin
         if top < 1:
             return best
-        m, n_samples = self.min_samples_leaf, node.rows.size
+        m = self.min_samples_leaf
         # bin b (top - 1 down to 0): the right side holds bins b + 1 .. top.
         g_right = np.cumsum(node.hist_g[f, top:0:-1])
-        n_right = np.cumsum(node.hist_n[f, top:0:-1])
-        h_right = n_right.astype(np.float64)
+        h_right = np.cumsum(node.hist_n[f, top:0:-1])
         h_left = node.h - h_right
         g_left = node.g - g_right
-        n_left = n_samples - n_right
-        v_left = -g_left / (h_left + 0.0 + VALUE_EPS)
-        v_right = -g_right / (h_right + 0.0 + VALUE_EPS)
-        gain = loss - g_left * v_left - g_right * v_right
-        ok = ((n_right >= m) & (n_left >= m) & (h_right >= MIN_HESSIAN_TO_SPLIT)
-              & (h_left >= MIN_HESSIAN_TO_SPLIT) & (gain > 0.0) & (gain > best[0]))
+        gain = loss - g_left * (-g_left / (h_left + VALUE_EPS)) \
+            - g_right * (-g_right / (h_right + VALUE_EPS))
+        ok = (h_right >= m) & (h_left >= m) & (gain > 0.0) & (gain > best[0])
         if not ok.any():
             return best
-        gain = np.where(ok, gain, -np.inf)
-        i = int(np.argmax(gain))                             # first in scan order
-        return (float(gain[i]), top - 1 - i, True, float(g_left[i]), float(h_left[i]),
-                int(n_left[i]))
+        i = int(np.argmax(np.where(ok, gain, -np.inf)))    # first in scan order
+        return (float(gain[i]), top - 1 - i, True, float(g_left[i]), float(h_left[i]))
 
     def push(self, node: _Node) -> None:
         node.split = self.find_split(node)
@@ -258,7 +268,7 @@ class _Grower:
     def grow(self) -> _Node:
         n = self.binned.shape[0]
         rows = np.arange(n, dtype=np.intp)
-        hist_g, hist_n = self.histograms(rows)
+        hist_g, hist_n = self.histograms(None)
         # The root's gradient sum: the estimator's numpy sum over feature 0's histogram
         # records (pairwise, so not the sequential total).
         record = np.zeros(MAX_BINS + 1, dtype=_HISTOGRAM)
@@ -332,14 +342,14 @@ def fit_quantile_trees(x: FloatArray, y: FloatArray, quantile: float, *, rounds:
         binned[:, f] = np.searchsorted(thresholds[f], x[:, f], side="left")
     binned[missing] = MISSING_BIN
 
+    bins = _Bins.of(binned, non_missing_bins, has_missing)
     baseline = percentile_linear(y.copy(), quantile)
     raw = np.zeros(rows) + np.float64(baseline)
     minus_q, one_minus_q = -quantile, 1.0 - quantile
     trees: list[_Node] = []
     for _ in range(rounds):
         gradients = np.where(y >= raw, minus_q, one_minus_q).astype(np.float32)
-        grower = _Grower(binned, gradients.astype(np.float64), non_missing_bins, has_missing,
-                         max_leaves, min_samples_leaf)
+        grower = _Grower(bins, gradients.astype(np.float64), max_leaves, min_samples_leaf)
         root = grower.grow()
         for leaf in grower.leaves:
             residuals = y[leaf.rows] - raw[leaf.rows]
