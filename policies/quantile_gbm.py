@@ -25,7 +25,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 from sklearn.ensemble import HistGradientBoostingRegressor
 
 from gearshift.policies.forecast_model import FlatTrees
