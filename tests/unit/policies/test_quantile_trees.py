@@ -1,11 +1,8 @@
 """The numpy-grown quantile trees are scikit-learn's, and the capacity fit's PAVA is
-SciPy's, to the last bit; a blind backtest imports neither library."""
+SciPy's, to the last bit (`test_backtest` checks that a blind backtest imports neither
+library)."""
 
 from __future__ import annotations
-
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,8 +23,6 @@ from gearshift.policies.forecast_model import (
     fit_trees_sklearn,
 )
 from gearshift.policies.quantile_trees import fit_quantile_trees
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def _numpy_trees(x: np.ndarray, y: np.ndarray, q: float) -> FlatTrees | None:
@@ -139,20 +134,3 @@ def test_isotonic_fit_on_long_runs_and_ties() -> None:
               np.concatenate([np.linspace(5, 1, 100), np.linspace(0, 9, 100)]) + 0.1):
         assert np.array(isotonic_fit(y.tolist())).tobytes() == \
             isotonic_regression(y, increasing=True).x.tobytes()
-
-
-def test_blind_backtest_imports_neither_scikit_learn_nor_scipy() -> None:
-    code = (
-        "import sys\n"
-        "from gearshift.policies.backtest import run_backtest\n"
-        "from gearshift.policies.loader import load_policy_file\n"
-        "from gearshift.policies.trace import read_trace\n"
-        f"policy = load_policy_file({str(ROOT / 'policies/examples/default.yaml')!r})\n"
-        f"trace = read_trace({str(ROOT / 'tests/unit/policies/traces/ramp-70b.jsonl.gz')!r})\n"
-        "run_backtest(policy, trace, blind=True)\n"
-        "assert 'gearshift.policies.quantile_trees' in sys.modules  # forecasts were fitted\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sklearn', 'scipy')))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, timeout=300)
-    assert out.stdout.strip() == "[]", out.stdout
