@@ -239,7 +239,7 @@ def run(models: int, days: float, resolution_s: float, policy_path: Path,
     )
     from gearshift.controller.policy_loop import PolicyLoop
     from gearshift.controller.store import Store, default_sqlite_url
-    from gearshift.policies import forecast, quantile_gbm  # noqa: F401  (scikit-learn: code)
+    from gearshift.policies import forecast, quantile_trees  # noqa: F401  (the fits: code)
 
     proc = psutil.Process()
     rss0 = _live_rss(proc)  # the code is imported: what follows is the fleet's

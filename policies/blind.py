@@ -265,6 +265,7 @@ class _Engine:
         self.top_within_sla: float | None = None  # highest load served within the SLA
         self._key: tuple[int | bool, ...] = ()  # `state_key` at the count `_key_count`
         self._key_count = -1
+        self._refit_growth = 0.0  # the growth of `count` that makes `estimate` refit
         # (observations, capacity, the engine's facts, latency from the prior) of the
         # last `BlindLearner.facts`
         self.made: tuple[int, EngineCapacity, EngineFacts, bool] | None = None
@@ -295,14 +296,19 @@ class _Engine:
         count while it is too little data, then which estimate (refitted here when due)
         and whether the engine ever scaled out. Equal keys give equal measurements. The
         same count gives the same key (nothing else moves it): kept for that count."""
-        if self._key_count == self.count:
+        count = self.count
+        if self._key_count == count:
             return self._key
-        if self.count < min_n:
-            key: tuple[int | bool, ...] = (self.count,)
+        if count < min_n:
+            key: tuple[int | bool, ...] = (count,)
         else:
-            self.estimate(sla_s, refit_n)
+            # `estimate`'s refit test first: no call while the cached estimate stands
+            if self._estimate is None or count - self.estimated_at >= self._refit_growth:
+                self.estimate(sla_s, refit_n)
             key = (-1, self.estimated_at, self.scaled_out)
-        self._key, self._key_count = key, self.count
+            if key == self._key:  # the same key: the same object (a cheaper comparison)
+                key = self._key
+        self._key, self._key_count = key, count
         return key
 
     def estimate(self, sla_s: float, refit_n: int) -> CapacityEstimate:
@@ -312,6 +318,7 @@ class _Engine:
             self._pending = []
             self._estimate = self.model.estimate(sla_s, draws=ESTIMATE_DRAWS)
             self.estimated_at = self.count
+            self._refit_growth = max(1, min(refit_n, REFIT_GROWTH * self.estimated_at))
             loads, p99 = self.model.series("ttft")
             within = loads[p99 <= sla_s]
             self.top_within_sla = float(within.max()) if within.size else None

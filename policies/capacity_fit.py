@@ -1,7 +1,8 @@
 """Capacity from load observations: the monotone fit, the SLA crossing and its band.
 
 `estimate_metric` fits p99 latency as a non-decreasing function of load
-(SciPy's `isotonic_regression`, the one scikit-learn's wraps, over the
+(the pool-adjacent-violators algorithm, `isotonic_fit`: SciPy's
+`isotonic_regression` to the last bit, without importing SciPy, over the
 observations sorted by load, after dropping outliers: minutes whose p99 is over
 10x the median p99 of every higher load, which no monotone curve can produce)
 and returns the largest load at which the fit stays within the SLA,
@@ -105,16 +106,57 @@ def bin_medians(loads: FloatArray, lat: FloatArray) -> tuple[FloatArray, FloatAr
     return x, y, w
 
 
+def isotonic_fit(values: list[float]) -> list[float]:
+    """The non-decreasing least-squares fit of `values` (unit weights): the pool-adjacent-
+    violators algorithm in the linear-time form of Busing (2022, J. Stat. Softw. 102(1),
+    Algorithm 1) that SciPy's `isotonic_regression` implements, with its arithmetic (a
+    merge restarts the block's sum as weight x mean; equal neighbours pool), so every
+    value is SciPy's to the last bit (a test compares them)."""
+    n = len(values)
+    if n < 2:
+        return list(values)
+    x = list(values)              # block means, block k at x[k] while blocks form
+    w = [1.0] * n                 # block weights
+    ends = [0] * (n + 1)          # block k holds positions ends[k] .. ends[k + 1] - 1
+    ends[1] = 1
+    b = 0
+    prev_mean, prev_weight = x[0], 1.0
+    i = 1
+    while i < n:
+        b += 1
+        mean, weight = x[i], 1.0
+        if prev_mean >= mean:     # pool with the previous block
+            b -= 1
+            total = prev_weight * prev_mean + weight * mean
+            weight += prev_weight
+            mean = total / weight
+            while i < n - 1 and mean >= x[i + 1]:      # and with the values ahead
+                i += 1
+                total += 1.0 * x[i]
+                weight += 1.0
+                mean = total / weight
+            while b > 0 and x[b - 1] >= mean:          # and with earlier blocks
+                b -= 1
+                total += w[b] * x[b]
+                weight += w[b]
+                mean = total / weight
+        x[b] = prev_mean = mean
+        w[b] = prev_weight = weight
+        ends[b + 1] = i + 1
+        i += 1
+    fit = [0.0] * n
+    for k in range(b + 1):
+        fit[ends[k]:ends[k + 1]] = [x[k]] * (ends[k + 1] - ends[k])
+    return fit
+
+
 def monotone_fit(loads: FloatArray, lat: FloatArray) -> tuple[FloatArray, FloatArray]:
     """(loads ascending, the non-decreasing least-squares fit of p99 at each)."""
     order = np.argsort(loads, kind="stable")
     y = lat[order]
     if y.size < 2:
         return loads[order], y.copy()
-    from scipy.optimize import isotonic_regression  # on the first fit, not at import (memory)
-
-    fit = isotonic_regression(y, increasing=True).x
-    return loads[order], np.asarray(fit, dtype=np.float64)
+    return loads[order], np.array(isotonic_fit(y.tolist()), dtype=np.float64)
 
 
 def _crossing(loads: FloatArray, lat: FloatArray, sla: float) -> tuple[float, Status]:

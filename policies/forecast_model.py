@@ -113,10 +113,21 @@ def _one_openmp_thread() -> Any:
 
 
 def fit_trees(x_train: FloatArray, y_train: FloatArray, quantile: float) -> FlatTrees:
-    """The `quantile` model of y on x (scikit-learn's quantile gradient boosting), flat."""
-    # scikit-learn (and SciPy's statistics with it) on the first fit, not at import: a
-    # backtest on the header's facts, or a controller before its first forecast, never
-    # needs them (seconds of start-up, a hundred MB).
+    """The `quantile` model of y on x (scikit-learn's quantile gradient boosting), flat.
+    Grown in numpy (`policies.quantile_trees`, the estimator's trees bit for bit);
+    scikit-learn's estimator only for inputs that implementation does not cover."""
+    from gearshift.policies.quantile_trees import fit_quantile_trees
+
+    trees = fit_quantile_trees(x_train, y_train, quantile, rounds=FIT_ROUNDS,
+                               learning_rate=FIT_LEARNING_RATE, max_leaves=FIT_LEAVES,
+                               min_samples_leaf=FIT_MIN_SAMPLES_LEAF)
+    return trees if trees is not None else fit_trees_sklearn(x_train, y_train, quantile)
+
+
+def fit_trees_sklearn(x_train: FloatArray, y_train: FloatArray, quantile: float) -> FlatTrees:
+    """`fit_trees` by scikit-learn's estimator (the reference the tests compare with)."""
+    # scikit-learn (and SciPy's statistics with it) only here, not at import: seconds of
+    # start-up and a hundred MB that the numpy trees do without.
     from gearshift.policies.quantile_gbm import flat_trees, quantile_regressor
 
     model = quantile_regressor(quantile=quantile, max_iter=FIT_ROUNDS,

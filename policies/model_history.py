@@ -33,6 +33,7 @@ _RANGES = ("ranges",)  # the cache's key of the window ranges at one `end`
 _MEANS = ("means",)  # ... and of the replica means handed over for one request
 _REVISIONS = ("revisions",)  # ... of the revision times as floats
 _PREFIX_RPS = ("rps",)  # ... of the prefix sums of the rates
+_GRID = ("grid",)  # ... of a replay's first sample time and number of samples
 Window = tuple[int, float]  # (samples, scale) of `ModelHistory.replica_means`
 
 
@@ -88,10 +89,14 @@ class ModelHistory:
     def index_before(self, t: float) -> int:
         """Number of samples with timestamp < t."""
         if self.replay:  # a regular grid: arithmetic instead of a search
-            if not self.sample_ts.size:
+            if (grid := self._cache.get(_GRID)) is None:  # (a backtest asks at every step)
+                size = int(self.sample_ts.size)
+                grid = self._cache[_GRID] = (float(self.sample_ts[0]) if size else 0.0, size)
+            first, size = grid
+            if not size:
                 return 0
-            i = math.ceil((t - float(self.sample_ts[0])) / self.sample_period_s - 1e-9)
-            return min(max(i, 0), self.sample_ts.size)
+            i = math.ceil((t - first) / self.sample_period_s - 1e-9)
+            return min(max(i, 0), size)
         return int(self.sample_ts.searchsorted(t, side="left"))
 
     def revision_list(self) -> list[float]:

@@ -25,32 +25,15 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 from sklearn.ensemble import HistGradientBoostingRegressor
 
 from gearshift.policies.forecast_model import FlatTrees
+from gearshift.policies.quantile_trees import percentile_linear
 
 try:
     from sklearn._loss.loss import PinballLoss
 except ImportError:  # a scikit-learn without the private loss module: plain estimator
     PinballLoss = None
-
-
-def percentile_linear(values: npt.NDArray[np.float64], quantile: float) -> float:
-    """`np.percentile(values, 100 * quantile)` (method "linear") of a 1-d array without
-    NaN, bit for bit. Reorders `values` in place (as numpy's partition would a copy)."""
-    n = values.shape[0]
-    q = np.true_divide(np.float64(100 * quantile), 100)
-    virtual = (n - 1) * q
-    below = int(np.floor(virtual))
-    lo = min(max(below, 0), n - 1)
-    hi = min(lo + 1, n - 1) if virtual >= 0 else 0
-    values.partition((lo, hi) if hi != lo else lo)
-    a, b = values[lo], values[hi]
-    gamma = virtual - np.float64(below)
-    diff = b - a
-    # numpy's lerp: from the nearer end, so that gamma = 1 gives b exactly.
-    return float(b - diff * (1 - gamma)) if gamma >= 0.5 else float(a + diff * gamma)
 
 
 if PinballLoss is not None:
