@@ -49,3 +49,38 @@ def test_backtest_errors_are_clean(tmp_path: Path) -> None:
     out = CliRunner().invoke(policy, ["backtest", str(EXAMPLES / "default.yaml"), "--trace", str(broken)])
     assert out.exit_code == 1 and f"{broken}:1: version" in out.output
     assert "Traceback" not in out.output
+
+
+def test_backtest_puts_the_collector_settings_back(tmp_path: Path) -> None:
+    """The backtest freezes the collector's old objects and raises its young threshold
+    while it runs; the process gets its settings back, also when the replay fails."""
+    import gc
+    import gzip
+
+    from gearshift.cli.policy_cmds import BACKTEST_GC_YOUNG
+
+    seen: list[tuple[tuple[int, int, int], int]] = []
+
+    def watch(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            seen.append((gc.get_threshold(), gc.get_freeze_count()))
+
+    raw = gzip.decompress((TRACES / "steady-70b.jsonl.gz").read_bytes()).decode().splitlines()
+    traffic = json.loads(raw[1])
+    traffic["rps"] = 1e300  # the cost model cannot price it: the replay raises
+    unpriceable = tmp_path / "huge.jsonl"
+    unpriceable.write_text("\n".join([raw[0], json.dumps(traffic), *raw[2:]]) + "\n")
+    before = (gc.get_threshold(), gc.get_freeze_count())
+    gc.callbacks.append(watch)
+    try:
+        for trace, code in ((TRACES / "steady-70b.jsonl.gz", 0), (unpriceable, 1)):
+            out = CliRunner().invoke(policy, ["backtest", str(EXAMPLES / "default.yaml"),
+                                              "--trace", str(trace), "-o", "json", "--blind"])
+            assert out.exit_code == code, out.output
+            assert (gc.get_threshold(), gc.get_freeze_count()) == before
+    finally:
+        gc.callbacks.remove(watch)
+    # the replay ran with the backtest's settings: young collections at its threshold,
+    # the objects made before it frozen
+    assert any(t == (BACKTEST_GC_YOUNG, *before[0][1:]) != before[0] and frozen > 0
+               for t, frozen in seen)
