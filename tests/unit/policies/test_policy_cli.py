@@ -70,14 +70,27 @@ def test_backtest_puts_the_collector_settings_back(tmp_path: Path) -> None:
     traffic["rps"] = 1e300  # the cost model cannot price it: the replay raises
     unpriceable = tmp_path / "huge.jsonl"
     unpriceable.write_text("\n".join([raw[0], json.dumps(traffic), *raw[2:]]) + "\n")
+    def backtest(trace: Path) -> int:
+        out = CliRunner().invoke(policy, ["backtest", str(EXAMPLES / "default.yaml"),
+                                          "--trace", str(trace), "-o", "json", "--blind"])
+        return out.exit_code
+
+    assert gc.get_freeze_count() == 0  # (nothing of the test process is frozen)
     before = (gc.get_threshold(), gc.get_freeze_count())
     gc.callbacks.append(watch)
     try:
         for trace, code in ((TRACES / "steady-70b.jsonl.gz", 0), (unpriceable, 1)):
-            out = CliRunner().invoke(policy, ["backtest", str(EXAMPLES / "default.yaml"),
-                                              "--trace", str(trace), "-o", "json", "--blind"])
-            assert out.exit_code == code, out.output
+            assert backtest(trace) == code
             assert (gc.get_threshold(), gc.get_freeze_count()) == before
+        # Objects another owner froze (a controller's collector settings) stay frozen.
+        gc.freeze()
+        try:
+            frozen = gc.get_freeze_count()
+            assert backtest(unpriceable) == 1
+            # still frozen (less what was freed meanwhile: a frozen object can be)
+            assert gc.get_freeze_count() > 0.9 * frozen
+        finally:
+            gc.unfreeze()
     finally:
         gc.callbacks.remove(watch)
     # the replay ran with the backtest's settings: young collections at its threshold,
