@@ -232,17 +232,10 @@ class LatencyWorld:
         slack = (1 - rho / RHO_SATURATION_RATIO).tolist()
         curve, noise = self.curves[model, engine], self._noise[model, engine]
         base, power = curve.base_ms, -curve.shape
-        on = live.tolist()
-        # (start + k * step_s) and ((base * slack ** power) * noise) / 1000 as Python
-        # computes them one step at a time: the power with Python's, the products, the
-        # quotient and the sum by numpy's IEEE operations, element by element.
-        powers = np.array([s ** power if o else 0.0 for o, s in zip(on, slack, strict=True)])
-        with np.errstate(over="ignore", invalid="ignore"):
-            p99_s = np.multiply(base, powers) * np.asarray(noise, dtype=np.float64) / 1000.0
-        ts = self._start_s + np.arange(r.size, dtype=np.float64) * t.step_s
-        return [(at, x, p, c) if o else None
-                for o, at, x, p, c in zip(on, ts.tolist(), load.tolist(), p99_s.tolist(),
-                                          n.astype(np.int64).tolist(), strict=True)]
+        start, step_s = self._start_s, t.step_s
+        return [(start + k * step_s, x, base * s ** power * z / 1000.0, int(c)) if on else None
+                for k, (on, x, s, z, c) in enumerate(zip(live.tolist(), load.tolist(), slack,
+                                                         noise, n.tolist(), strict=True))]
 
 
 def blind_view(trace: Trace) -> Trace:
