@@ -77,6 +77,36 @@ def test_world_is_deterministic_per_seed_and_silent_when_idle(steady) -> None:
     assert LatencyWorld(idle).observe("llama-70b", "vllm", 3) is None
 
 
+def test_readings_are_the_latency_model_taken_step_by_step() -> None:
+    """Every step's reading (made for all steps at once) is the documented model computed
+    for that step alone: the sizing of `costmodel.replicas`, `LatencyCurve.p99_ms` of the
+    load at the SLA capacity and the step's noise, to the last bit; idle steps give none."""
+    import zlib
+
+    import numpy as np
+
+    from gearshift.policies.costmodel import replicas
+
+    trace = read_trace(TRACES / "fleet-mixed.jsonl.gz")
+    world = LatencyWorld(trace, seed=3)
+    start = trace.start.timestamp()
+    checked = 0
+    for m, p in trace.profiles.items():
+        for e in trace.engines:
+            rng = np.random.default_rng([3, zlib.crc32(f"{m}/{e}".encode())])
+            noise = np.exp(blind.NOISE_SIGMA * rng.standard_normal(trace.n_steps)).tolist()
+            curve, cap = world.curves[m, e], p.capacity_rps[e]
+            for k, r in enumerate(trace.series[m].rps):
+                n = replicas(r, cap, trace.headroom, p.min_replicas) if r > 0 else 0
+                want = None if n <= 0 else (
+                    start + k * trace.step_s, r / n,
+                    curve.p99_ms(r / (n * cap)) * noise[k] / 1000.0, n)
+                got = world.reading(m, e, k)
+                assert got == want and (got is None or type(got[3]) is int), (m, e, k)
+                checked += want is not None
+    assert checked > 1000
+
+
 def test_blind_view_hides_capacities_and_latencies(steady) -> None:
     view = blind_view(steady)
     p = view.profiles["llama-70b"]
