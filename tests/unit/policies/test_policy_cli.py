@@ -70,6 +70,7 @@ def test_backtest_puts_the_collector_settings_back(tmp_path: Path) -> None:
     traffic["rps"] = 1e300  # the cost model cannot price it: the replay raises
     unpriceable = tmp_path / "huge.jsonl"
     unpriceable.write_text("\n".join([raw[0], json.dumps(traffic), *raw[2:]]) + "\n")
+
     def backtest(trace: Path) -> int:
         out = CliRunner().invoke(policy, ["backtest", str(EXAMPLES / "default.yaml"),
                                           "--trace", str(trace), "-o", "json", "--blind"])
