@@ -44,7 +44,9 @@ the collector's time (1.6 s to 0.7 s over 40 s) but made each generation-1 colle
 
 Every collection's pause is observed in ``gearshift_controller_gc_pause_seconds``
 (by generation). `uninstall()` restores the previous settings (tests run
-controllers inside one process).
+controllers inside one process). It unfreezes only what `install()` froze: where objects
+were already frozen when it was installed (by another owner in the same process), it
+cannot tell its own from theirs, so it leaves them all frozen rather than thaw theirs.
 """
 
 from __future__ import annotations
@@ -110,12 +112,14 @@ class GcPolicy:
         self._by_generation = [self.pause_seconds.labels(str(g)) for g in range(3)]
         self._started = 0.0
         self._saved: tuple[int, int, int] | None = None
+        self._froze_alone = False  # nothing was frozen before `install`: `uninstall` thaws
 
     def install(self) -> None:
         """Apply the settings (call once start-up allocations are done)."""
         if self._saved is not None:
             return
         self._saved = gc.get_threshold()
+        self._froze_alone = gc.get_freeze_count() == 0
         gc.collect()  # freeze live objects only, not garbage
         gc.freeze()
         young0, young1, _ = self._saved
@@ -129,7 +133,8 @@ class GcPolicy:
         self._saved = None
         if self._observe in gc.callbacks:
             gc.callbacks.remove(self._observe)
-        gc.unfreeze()
+        if self._froze_alone:
+            gc.unfreeze()
 
     async def run(self) -> None:
         """Full collections every `full_interval_s`, young ones every `young_interval_s`

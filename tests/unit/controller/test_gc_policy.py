@@ -99,3 +99,19 @@ def test_bad_interval_is_refused() -> None:
         GcPolicy(trim_interval_s=-1)
     with pytest.raises(ValueError, match="young_interval_s must be > 0, got 0"):
         GcPolicy(young_interval_s=0)
+
+
+def test_uninstall_leaves_another_owners_frozen_objects_frozen(
+        registry: CollectorRegistry) -> None:
+    gc.collect()
+    gc.freeze()  # another owner in the process (a backtest, a second controller) froze first
+    theirs = gc.get_freeze_count()
+    try:
+        assert theirs > 0
+        policy = GcPolicy(registry)
+        policy.install()
+        policy.uninstall()
+        assert gc.get_freeze_count() >= theirs  # theirs are not thawed
+    finally:
+        gc.unfreeze()
+    assert gc.get_freeze_count() == 0
