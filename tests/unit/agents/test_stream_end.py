@@ -53,7 +53,10 @@ async def test_a_stream_ending_during_a_report_build_is_reconnected(tmp_path: Pa
     try:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 20
-        while servicer.hellos < 3 and not task.done() and loop.time() < deadline:
+        # The servicer counts a hello before the agent has read its welcome: wait
+        # for both sides to have seen the third stream.
+        while ((servicer.hellos < 3 or agent.connects < 3) and not task.done()
+               and loop.time() < deadline):
             await asyncio.sleep(0.05)
         assert not task.done(), task.exception() if task.done() else None
         assert servicer.hellos >= 3 and agent.connects >= 3
