@@ -76,7 +76,8 @@ READY_TIMEOUT_S = 30.0
 PROMPT = "how fast is this engine"
 
 
-def start_engine(engine: str, port: int, workdir: Path) -> subprocess.Popen[bytes]:
+def engine_command(engine: str, port: int, workdir: Path) -> list[str]:
+    """The emulator command line for `engine`, spelled as that engine's own CLI takes it."""
     common = [sys.executable, "-m", "gearshift.agents.emulator", "--flavor", engine,
               "--capacity-rps", f"{CAPACITY_RPS[engine]:.6f}", "--load-s", "0",
               "--ttft-base-s", str(TTFT_BASE_S), "--itl-s", str(ITL_S),
@@ -87,18 +88,33 @@ def start_engine(engine: str, port: int, workdir: Path) -> subprocess.Popen[byte
     else:
         config = workdir / "extra.yaml"
         config.write_text("enable_iter_perf_stats: true\nreturn_perf_metrics: true\n")
+        # trtllm-serve has no --served-model-name: it serves MODEL under that name.
         argv = ["serve", "m", "--host", "127.0.0.1", "--port", str(port), "--backend", "pytorch",
-                "--served-model-name", "m", "--config", str(config)]
+                "--config", str(config)]
+    return [*common, *argv]
+
+
+def start_engine(engine: str, port: int, workdir: Path) -> subprocess.Popen[bytes]:
     log = open(workdir / f"{engine}.log", "wb")  # noqa: SIM115 - lives as long as the child
-    return subprocess.Popen([*common, *argv], stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen(engine_command(engine, port, workdir),
+                            stdout=log, stderr=subprocess.STDOUT)
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
 
 
 async def wait_ready(session: aiohttp.ClientSession, base: str,
-                     child: subprocess.Popen[bytes]) -> None:
+                     child: subprocess.Popen[bytes], log: Path) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if child.poll() is not None:
-            raise SystemExit(f"emulator at {base} exited with {child.returncode}")
+            raise SystemExit(f"emulator at {base} exited with {child.returncode}: "
+                             f"{_last_line(log)}")
         with contextlib.suppress(aiohttp.ClientError, OSError):
             async with session.get(base + "/health") as response:
                 if response.status == 200:
@@ -166,7 +182,8 @@ async def run(level_s: float, sla_s: float, seed: int) -> dict[str, Any]:
             timeout = aiohttp.ClientTimeout(total=120)
             async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
                 for engine in engines:
-                    await wait_ready(session, bases[engine], children[engine])
+                    await wait_ready(session, bases[engine], children[engine],
+                                     Path(tmp) / f"{engine}.log")
                 scrapers = {engine: EngineScraper(engine, bases[engine]) for engine in engines}
                 for level in LEVELS:
                     await asyncio.gather(*(
