@@ -128,8 +128,12 @@ def main() -> None:
     args = ap.parse_args()
     if args.fleet_days < 1 or args.fleet_models < 1:
         ap.error("--fleet-days and --fleet-models must be positive")
+    from machine import MachineWatch  # bench/machine.py; here, as tests import this file
+
+    watch = MachineWatch()
     out = {} if args.fleet_only else evaluate(args.traces_dir, seed=args.seed)
     out["fleet"] = fleet(args.fleet_days, args.fleet_models, keep_trace=args.keep_trace)
+    out["machine"] = watch.result()
     print(json.dumps(out))
 
 

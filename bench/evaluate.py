@@ -67,6 +67,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from machine import MachineWatch
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_POLICY = ROOT / "policies" / "examples" / "default.yaml"
@@ -318,8 +319,10 @@ def main() -> int:
     if args.models < 1 or args.history_days <= 0 or not 1 <= args.resolution_s <= 3600:
         p.error("--models and --history-days must be positive, --resolution-s in 1..3600")
     price = args.gpu_price_per_hour if args.gpu_price_per_hour > 0 else None
-    print(json.dumps(run(args.models, args.history_days, args.resolution_s, args.policy, price,
-                         args.priors)))
+    watch = MachineWatch()
+    out = run(args.models, args.history_days, args.resolution_s, args.policy, price, args.priors)
+    out["machine"] = watch.result()
+    print(json.dumps(out))
     return 0
 
 

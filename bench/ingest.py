@@ -89,6 +89,7 @@ from typing import Any
 
 import agent_wire
 import psutil
+from machine import MachineWatch
 
 WARMUP_S = 3.0  # worker processes importing and starting their loops
 # Agents per simulator process by default: at 10 s intervals one process runs about
@@ -584,6 +585,7 @@ def main() -> int:
 
     from gearshift.devfleet.local_fleet import LocalFleet
 
+    watch = MachineWatch()
     with tempfile.TemporaryDirectory(prefix="gearshift-ingest-") as tmp:
         fleet = LocalFleet(Path(tmp), report_interval_s=args.interval_s)
         ctl = None
@@ -684,6 +686,9 @@ def main() -> int:
     out["controller_split"] = {
         **{f"{k}_cores": round((split1[k] - split0[k]) / args.duration_s, 3) for k in split1},
         "gc_s": round(_gc_seconds(m0, m1), 3), **_loop_stalls(m0, m1)}
+    out["machine_steal_cores"] = round((getattr(machine1, "steal", 0.0)
+                                        - getattr(machine0, "steal", 0.0)) / args.duration_s, 3)
+    out["machine"] = watch.result()
     print(json.dumps(out))
     return 0
 
