@@ -18,6 +18,8 @@ from types import ModuleType
 
 import pytest
 
+from integration.helpers import stop_child
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
@@ -57,12 +59,7 @@ def served_models(command: list[str], port: int, log: Path) -> list[str]:
                 time.sleep(0.05)
         raise AssertionError(f"not serving after 30 s: {log.read_text()}")
     finally:
-        child.terminate()
-        try:
-            child.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+        stop_child(child)
 
 
 @pytest.mark.parametrize("engine", sorted(capacity.SLOTS))

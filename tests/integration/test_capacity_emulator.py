@@ -20,6 +20,7 @@ import pytest
 
 from gearshift.agents.metrics import EngineScraper
 from gearshift.policies.capacity import CapacityKey, CapacityModel, LoadObservation
+from integration.helpers import stop_child
 
 CAPACITY_RPS = 20.0
 LEVELS = (0.3, 0.6, 1.3)      # fractions of the capacity
@@ -40,12 +41,7 @@ def engine_url() -> Iterator[str]:
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
-        child.terminate()
-        try:
-            child.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+        stop_child(child)
 
 
 async def _ready(session: aiohttp.ClientSession, url: str) -> None:
