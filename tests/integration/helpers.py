@@ -14,7 +14,7 @@ from gearshift.devfleet.local_fleet import LocalFleet
 from gearshift.devfleet.waiting import wait_for
 
 __all__ = ["FAST_ENGINE_ENV", "engine_prefix", "gateway_load", "gearshift", "gearshift_json",
-           "steady_load", "stop_child", "wait_for"]  # wait_for lives with the development fleet; tests import it from here
+           "steady_load", "wait_for"]  # wait_for lives with the development fleet; tests import it from here
 
 
 def engine_prefix(root: Path, *, dist: str | None, version: str = "") -> Path:
@@ -67,13 +67,3 @@ def gateway_load(gateway_url: str, model: str, rps: float = GATEWAY_RPS) -> Load
 def steady_load(targets: list[tuple[str, str]], rps: float = STEADY_RPS) -> LoadGenerator:
     """Clients of engine endpoints: (base URL, model) pairs sharing `rps`."""
     return LoadGenerator([Target(url, model, rps / len(targets)) for url, model in targets])
-
-
-def stop_child(child: subprocess.Popen[Any], timeout_s: float = 10.0) -> None:
-    """SIGTERM a child process, SIGKILL it if it outlives `timeout_s`, and reap it."""
-    child.terminate()
-    try:
-        child.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        child.wait()

@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
-import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import aiohttp
 import pytest
 
 from gearshift.agents.metrics import EngineScraper
+from gearshift.devfleet.local_fleet import spawn
+from gearshift.devfleet.ports import free_port
 from gearshift.policies.capacity import CapacityKey, CapacityModel, LoadObservation
-from integration.helpers import stop_child
 
 CAPACITY_RPS = 20.0
 LEVELS = (0.3, 0.6, 1.3)      # fractions of the capacity
@@ -29,19 +29,18 @@ INTERVAL_S = 0.4
 
 
 @pytest.fixture
-def engine_url() -> Iterator[str]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    child = subprocess.Popen(
+def engine_url(tmp_path: Path) -> Iterator[str]:
+    port = free_port()
+    engine = spawn(
+        "engine",
         [sys.executable, "-m", "gearshift.agents.emulator", "--flavor", "vllm",
          "--capacity-rps", str(CAPACITY_RPS), "--load-s", "0", "--", "serve", "m",
          "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "m"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        tmp_path)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
-        stop_child(child)
+        engine.terminate()
 
 
 async def _ready(session: aiohttp.ClientSession, url: str) -> None:
