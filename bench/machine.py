@@ -11,8 +11,8 @@ the load average over the run. (The same loop written at a module's top level, o
 globals, takes about 2.5 times as long: compare like with like.)
 
 These see a slow core and a busy hypervisor, not a slow memory system: on a machine
-whose loop took 0.33 s and whose steal was nil, the benches ran about as slowly as on
-one whose loop took 0.6 s (docs/architecture.md, "Scale targets: where they stand").
+whose loop took 0.33 s and whose steal was nil, the benches took 1.4 to 1.9 times the
+CPU of their fastest runs (docs/architecture.md, "Scale targets: where they stand").
 Unchanged code run beside the measured code (the blind bench's plain backtest) sees
 both; two runs compare only when they were alternated under one lock.
 """
