@@ -53,6 +53,7 @@ MODEL_REFIT_S = 7 * SECONDS_PER_DAY  # kept trees are refitted at least this oft
 MODEL_REFIT_GROWTH = 2.0             # ... and when the training rows grew this many times,
 DRIFT_WINDOW_S = SECONDS_PER_DAY     # ... or when over this last stretch of known targets
 DRIFT_TOLERANCE = 0.15               # the share below the low model strays this far from its quantile
+TABLE_MAX_SPLITS = 8                 # trees of at most this many splits predict by a leaf table
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +74,32 @@ class FlatTrees:
     depth: int                         # the deepest leaf's depth
 
     def predict(self, x: FloatArray) -> FloatArray:
-        """Per row: the baseline plus each tree's leaf value, added tree by tree."""
+        """Per row: the baseline plus each tree's leaf value, added tree by tree.
+
+        Trees of at most TABLE_MAX_SPLITS splits (the forecast's 7-leaf trees have 6) are
+        read through a leaf table (`_leaf_tables`): every split's test on every row at
+        once, each row's outcomes in a tree packed into one code, the code's leaf looked
+        up. Larger trees are walked level by level (`_walk`). Both take the same
+        comparisons and add the same leaves in the same order: the same figures."""
+        tables = self._leaf_tables()
+        if tables is None:
+            return self._walk(x)
+        splits, feature, value, missing_right, table = tables
+        rows, trees = x.shape[0], self.roots.size
+        seen = np.ascontiguousarray(x.T)[feature]  # (tree, split) -> the split's feature
+        goes_right = seen > value[:, None]  # NaN compares False: left ...
+        missing = np.isnan(seen)
+        if missing.any():
+            goes_right |= missing & missing_right[:, None]  # ... unless missing goes right
+        outcome = goes_right.view(np.uint8).reshape(trees, splits, rows)
+        code = np.zeros((trees, rows), dtype=np.uint8)
+        for split in range(splits):
+            code |= outcome[:, split] << split
+        leaves = table.ravel().take(code + (np.arange(trees, dtype=np.intp) << splits)[:, None])
+        return self._sum(leaves)
+
+    def _walk(self, x: FloatArray) -> FloatArray:
+        """`predict` by walking every (tree, row) down one level at a time."""
         rows, trees = x.shape[0], self.roots.size
         by_feature = np.ascontiguousarray(x.T).ravel()  # feature f of row r at f * rows + r
         offset = self.feature.astype(np.intp) * rows
@@ -87,11 +113,52 @@ class FlatTrees:
             if has_nan:
                 pick += 2 * np.isnan(seen)  # ... unless missing
             node = children[pick]
-        leaves = self.value[node].reshape(trees, rows)
-        out = np.zeros(rows) + self.baseline
-        for tree in range(trees):
+        return self._sum(self.value[node].reshape(trees, rows))
+
+    def _sum(self, leaves: FloatArray) -> FloatArray:
+        """The baseline plus each tree's row of `leaves` (tree, row), tree by tree."""
+        out = np.zeros(leaves.shape[1]) + self.baseline
+        for tree in range(leaves.shape[0]):
             out += leaves[tree]
         return out
+
+    def _leaf_tables(self) -> tuple[int, npt.NDArray[np.intp], FloatArray,
+                                    npt.NDArray[np.bool_], FloatArray] | None:
+        """What `predict` reads the trees through, or None for trees it walks instead:
+        k, the most splits of any tree, and per (tree, split slot) the split's feature,
+        threshold and whether missing values go right (a tree with fewer splits fills its
+        slots with a test no row passes), and per (tree, code) the leaf value a row
+        reaches whose outcome at slot j (right: 1) is bit j of the code. Made at each
+        call (tens of microseconds), not kept: a controller keeps trees for every model
+        of its fleet, and the table would double what they take."""
+        nodes = np.arange(self.feature.size, dtype=np.intp)
+        left, right = self.left.astype(np.intp), self.right.astype(np.intp)
+        split_nodes = np.flatnonzero(left != nodes)
+        tree_of = np.searchsorted(self.roots, nodes, side="right") - 1
+        per_tree = np.bincount(tree_of[split_nodes], minlength=self.roots.size)
+        splits = int(per_tree.max()) if split_nodes.size else 0
+        missing = self.missing.astype(np.intp)[split_nodes]
+        if (not 0 < splits <= TABLE_MAX_SPLITS
+                or not np.all((missing == left[split_nodes]) | (missing == right[split_nodes]))
+                or np.any(np.diff(self.roots) <= 0)):
+            return None
+        first = np.cumsum(per_tree) - per_tree  # each tree's first split in `split_nodes`
+        slot_in_tree = np.zeros(nodes.size, dtype=np.intp)
+        slot_in_tree[split_nodes] = (np.arange(split_nodes.size)
+                                     - first[tree_of[split_nodes]])
+        slot = tree_of[split_nodes] * splits + slot_in_tree[split_nodes]
+        slots = self.roots.size * splits
+        feature = np.zeros(slots, dtype=np.intp)
+        feature[slot] = self.feature[split_nodes]
+        value = np.full(slots, np.inf)  # an empty slot: no row goes right
+        value[slot] = self.value[split_nodes]
+        missing_right = np.zeros(slots, dtype=np.bool_)
+        missing_right[slot] = (missing == right[split_nodes]) & (missing != left[split_nodes])
+        codes = np.arange(1 << splits, dtype=np.intp)
+        node = np.repeat(self.roots.astype(np.intp), codes.size).reshape(-1, codes.size)
+        for _ in range(self.depth):
+            node = np.where((codes >> slot_in_tree[node]) & 1 == 1, right[node], left[node])
+        return splits, feature, value, missing_right, self.value[node]
 
     @property
     def nbytes(self) -> int:

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sklearn.ensemble import HistGradientBoostingRegressor
 
+from gearshift.policies.forecast_model import TABLE_MAX_SPLITS
 from gearshift.policies.quantile_gbm import flat_trees, percentile_linear, quantile_regressor
 
 
@@ -48,7 +49,9 @@ def test_constant_and_repeated_columns_change_no_tree() -> None:
 
 def test_flat_trees_predict_the_estimators_figures_bit_for_bit() -> None:
     """A forecast keeps its trees as `FlatTrees` and predicts with them at later
-    forecasts: the figures must be the estimator's, missing values included."""
+    forecasts: the figures must be the estimator's, missing values included. Trees of 2
+    and 7 leaves are read through the leaf table, those of 15 leaves (14 splits, over
+    `TABLE_MAX_SPLITS`) walked level by level."""
     rng = np.random.default_rng(5)
     x = rng.normal(size=(2500, 4))
     x[rng.random(2500) < 0.1, 3] = np.nan
@@ -57,6 +60,7 @@ def test_flat_trees_predict_the_estimators_figures_bit_for_bit() -> None:
     fresh[rng.random(700) < 0.2, 3] = np.nan
     fresh[:5, 0] = np.nan  # never missing in training: scikit-learn sends it down one side
     for leaves, rounds in ((7, 20), (15, 40), (2, 5)):
+        assert (leaves - 1 <= TABLE_MAX_SPLITS) == (leaves != 15)  # both ways are taken
         for q in (0.1, 0.9):
             model = quantile_regressor(quantile=q, max_iter=rounds, max_leaf_nodes=leaves,
                                        min_samples_leaf=40, early_stopping=False,
