@@ -17,12 +17,11 @@ policy would do if executed, whatever its `mode`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from gearshift.policies.blind import BlindLearner, LatencyWorld, Reading, blind_view
+from gearshift.policies.blind import BlindLearner, LatencyWorld, blind_view
 from gearshift.policies.core import Decision, ModelState, decide
 from gearshift.policies.costmodel import ModelOutcome, ModelReplay, replay_model
 from gearshift.policies.economics import prepare_estimates
@@ -106,9 +105,10 @@ def simulate(policy: Policy, trace: Trace, *, blind: bool = False, seed: int = 0
     every = max(1, math.ceil(policy.doc.spec.interval / trace.step_s - 1e-9))
     settings = policy.signal_settings
     in_order = [(m, replays[m]) for m in models]
-    # Blind: per model and serving engine, the world's readings and the learner's record
-    feeds: dict[str, dict[str, tuple[list[Reading | None], Callable[..., None]]]] | None = (
-        {m: {} for m in models} if learner is not None else None)
+    # Blind: per model, the engine serving since step `fed_from[m]`, whose readings from
+    # that step on the learner has not been handed yet (`_hand_over`).
+    serving_since: dict[str, str | None] = dict.fromkeys(models)
+    fed_from: dict[str, int] = dict.fromkeys(models, 0)
     for k in range(trace.n_steps):
         now = start + k * trace.step_s
         wanted: dict[str, Decision] = {}
@@ -123,6 +123,10 @@ def simulate(policy: Policy, trace: Trace, *, blind: bool = False, seed: int = 0
                 last_serving[m] = engine
         if deciding:
             if learner is not None:
+                assert world is not None
+                for m in models:  # the readings of the steps before k, as live would have
+                    _hand_over(world, learner, m, serving_since[m], fed_from[m], k)
+                    fed_from[m] = k
                 facts = {m: learner.facts(m) for m in models}
             signals: dict[str, Signals] = {
                 m: compute_signals(m, hist[m], facts[m], now, settings,
@@ -151,15 +155,21 @@ def simulate(policy: Policy, trace: Trace, *, blind: bool = False, seed: int = 0
                 switches[m].append(SwitchRecord(now, SwitchOutcome.IN_FLIGHT))
                 if d.trial_share is not None:
                     trialled[m].add(d.to_engine)
-            if feeds is not None:  # the engine that served step k, observed
-                feed = feeds[m].get(serving := replay.serving)
-                if feed is None:
-                    assert learner is not None and world is not None
-                    feed = feeds[m][serving] = (world.readings(m, serving),
-                                                learner.recorder(m, serving))
-                if (reading := feed[0][k]) is not None:
-                    feed[1](*reading)
+            if learner is not None and (serving := replay.serving) != serving_since[m]:
+                # Step k is served by another engine: the last one's readings up to k first.
+                assert world is not None
+                _hand_over(world, learner, m, serving_since[m], fed_from[m], k)
+                serving_since[m], fed_from[m] = serving, k
     return {m: r.outcome() for m, r in replays.items()}, accepted
+
+
+def _hand_over(world: LatencyWorld, learner: BlindLearner, model: str, engine: str | None,
+               start: int, stop: int) -> None:
+    """The world's readings of `model` on `engine` (None: no engine yet) for steps
+    [start, stop) to the learner, in one batch: the learner reads its observations only
+    at a decision, so handing them over then leaves the state each step's would."""
+    if engine is not None and start < stop:
+        learner.record(model, engine, world.readings(model, engine)[start:stop])
 
 
 def _tenure(tenure: Tenure | None, engine: str, now: float, start: float) -> Tenure:

@@ -72,12 +72,15 @@ capacities are reused while no engine's measurement can have changed (the same
 estimate, the same count while under MIN_MEASURED_S). The world makes a (model,
 engine)'s readings for every step when first asked (`reading`: plain tuples, no
 objects per step); the learner counts each observation and keeps its p99 for the
-SLA check at once, but hands them to the `CapacityModel` in one batch when an
+SLA check as it is handed over, but hands them to the `CapacityModel` in one batch when an
 estimate reads it (`CapacityModel.extend`: the state one `add` per observation
 leaves), an engine's state key (what its measurement depends on) is worked out once per
 observation count, and an engine's facts are made again only when it was observed or its
-capacity changed. The backtest hands each step's reading to the learner through a feed
-per (model, serving engine): the world's readings and the learner's `recorder`. On the
+capacity changed. The backtest hands the learner a model's readings in batches
+(`BlindLearner.record`): at each decision, those of the steps since the last batch, and
+when another engine starts serving, those of the engine that stops. The learner reads its
+observations only at a decision, so each decision sees the state that one reading a step
+would leave. On the
 30-model, 28-day fleet of `bench/blind.py` the forecasts fit 151 low models (about 5 a
 model) instead of 630 and predict from kept trees the other days (docs/cost-model.md has
 the runtime).
@@ -89,7 +92,7 @@ import math
 import statistics
 import zlib
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -280,16 +283,22 @@ class _Engine:
             self.scaled_out = self.scaled_out or replicas_n > min_replicas
             self.recent.append(ttft_s * 1000.0)
 
-    def add_reading(self, ts: float, load: float, ttft_s: float, replicas_n: int) -> None:
-        """`add` of a `LatencyWorld.reading` (a TTFT, no ITL): `refusal`'s tests of those
-        figures, inline (a backtest records one a model at every step)."""
-        if (math.isfinite(ts) and math.isfinite(load) and load > 0 and math.isfinite(ttft_s)
-                and ttft_s >= 0):
-            self._pending.append((ts, load, ttft_s, math.nan))
-            self.count += 1
-            if replicas_n > self.min_replicas:
-                self.scaled_out = True
-            self.recent.append(ttft_s * 1000.0)
+    def add_readings(self, readings: list[Reading | None]) -> None:
+        """`add` of each `LatencyWorld.reading` (a TTFT, no ITL; None: idle, no
+        observation), in order: `refusal`'s tests of those figures, inline (a backtest
+        records one a model at every step)."""
+        pending, recent, isfinite, nan = self._pending, self.recent, math.isfinite, math.nan
+        before = len(pending)
+        for reading in readings:
+            if reading is None:
+                continue
+            ts, load, ttft_s, replicas_n = reading
+            if isfinite(ts) and isfinite(load) and load > 0 and isfinite(ttft_s) and ttft_s >= 0:
+                pending.append((ts, load, ttft_s, nan))
+                if replicas_n > self.min_replicas:
+                    self.scaled_out = True
+                recent.append(ttft_s * 1000.0)
+        self.count += len(pending) - before
 
     def state_key(self, sla_s: float, refit_n: int, min_n: int) -> tuple[int | bool, ...]:
         """What `BlindLearner.measurements` reads of this engine's state: the observation
@@ -348,10 +357,10 @@ class BlindLearner:
                           [(e, self._engines[m, e], *self._cite_keys[e]) for e in view.engines])
                       for m, p in view.profiles.items()}
 
-    def recorder(self, model: str, engine: str) -> Callable[[float, float, float, int], None]:
-        """What adds a `LatencyWorld.reading` (not None) of one (model, engine) to its
-        observations: the reading's figures as arguments."""
-        return self._engines[model, engine].add_reading
+    def record(self, model: str, engine: str, readings: list[Reading | None]) -> None:
+        """Add `LatencyWorld.reading`s of `model` served by `engine` (None: an idle step),
+        in step order, to that engine's observations."""
+        self._engines[model, engine].add_readings(readings)
 
     def measurements(self, model: str) -> dict[str, Measurement]:
         """What the observations of each engine show (nothing read from the header)."""
