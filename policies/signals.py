@@ -197,12 +197,19 @@ class Signals:
             return self._stats
         q = self._settings.sustained_quantile
         if h.replay and n == round(self._settings.window_s / h.sample_period_s):
-            peaks, quantiles = h.rolling_lists(n, q)
-            return peaks[end - n], quantiles[end - n]
+            peaks, lows = h.rolling_lists(n, q)
+            return peaks[end - n], lows[end - n]
         import numpy as np
 
+        from gearshift.policies.forecast_features import quantiles
+
         window = h.rps[end - n:end]  # float32 in the live history: the quantile in float64
-        return float(window.max()), float(np.quantile(window.astype(np.float64), q))
+        values = window.astype(np.float64)
+        # numpy's quantile, to the bit, without its per-call machinery (a backtest's first
+        # day takes one a model at every step); a NaN is left to numpy.
+        sustained = (quantiles(values, (q,))[0] if np.isfinite(values).all()
+                     else float(np.quantile(values, q)))
+        return float(window.max()), sustained
 
     @property
     def rps_peak(self) -> float | None:
