@@ -141,6 +141,7 @@ class _Bins:
     non_missing: npt.NDArray[np.int64]      # bins of values per feature
     has_missing: npt.NDArray[np.bool_]
     scan: npt.NDArray[np.bool_]             # (features, 256): the left-to-right scan's bins
+    counts: npt.NDArray[np.intp]            # (features, 256): every row's, the roots' counts
 
     @classmethod
     def of(cls, binned: npt.NDArray[np.intp], non_missing: npt.NDArray[np.int64],
@@ -149,7 +150,9 @@ class _Bins:
         flat = binned + np.arange(features, dtype=np.intp) * (MAX_BINS + 1)
         # The estimator scans bins below non_missing - 1 + has_missing.
         scan = np.arange(MAX_BINS + 1)[None, :] < (non_missing - 1 + has_missing)[:, None]
-        return cls(binned, flat, non_missing, has_missing, scan)
+        counts = np.bincount(flat.ravel(), minlength=features * (MAX_BINS + 1))
+        return cls(binned, flat, non_missing, has_missing, scan,
+                   counts.reshape(features, MAX_BINS + 1))
 
 
 class _Grower:
@@ -167,6 +170,7 @@ class _Grower:
         self.has_missing = bins.has_missing
         self.any_missing = bool(bins.has_missing.any())
         self.scan = bins.scan
+        self.root_counts = bins.counts  # the same every round: counted once a fit
         self.max_leaves, self.min_samples_leaf = max_leaves, min_samples_leaf
         self.leaves: list[_Node] = []
         self.heap: list[_Node] = []
@@ -175,11 +179,13 @@ class _Grower:
                    ) -> tuple[FloatArray, npt.NDArray[np.intp]]:
         """Per (feature, bin) of the rows (all when None): gradient sums in sample order,
         and counts (the hessian sums: whole numbers, the same in double; kept as integers,
-        whose cumulative sums cost a third of a double's)."""
+        whose cumulative sums cost a third of a double's). Neither is changed in place."""
         index = (self.flat_bins if rows is None else self.flat_bins[rows]).ravel()
         weights = self.gradient_rows if rows is None else self.gradient_rows[rows]
         shape = (self.features, MAX_BINS + 1)
         g = np.bincount(index, weights=weights.ravel(), minlength=shape[0] * shape[1])
+        if rows is None:
+            return g.reshape(shape), self.root_counts
         n = np.bincount(index, minlength=shape[0] * shape[1])
         return g.reshape(shape), n.reshape(shape)
 
