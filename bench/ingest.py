@@ -84,6 +84,7 @@ import tempfile
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -380,6 +381,7 @@ async def _worker_main(args: argparse.Namespace, agent_ids: list[int], shared: A
     tasks = []
     start_rng = random.Random(len(agent_ids) * 7919 + (agent_ids[0] if agent_ids else 0))
     host, _, port = args.controller.rpartition(":")
+    agent: Callable[..., Coroutine[Any, Any, None]]  # `_wire_agent` or `_grpc_agent`
     for start in range(0, len(agent_ids), args.agents_per_channel):
         if args.agent_client == "wire":
             channel = await agent_wire.connect(host, int(port), CONNECT_PATH)
