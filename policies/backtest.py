@@ -169,7 +169,7 @@ def _hand_over(world: LatencyWorld, learner: BlindLearner, model: str, engine: s
     [start, stop) to the learner, in one batch: the learner reads its observations only
     at a decision, so handing them over then leaves the state each step's would."""
     if engine is not None and start < stop:
-        learner.record(model, engine, world.readings(model, engine)[start:stop])
+        learner.record(model, engine, world.readings(model, engine, start, stop))
 
 
 def _tenure(tenure: Tenure | None, engine: str, now: float, start: float) -> Tenure:

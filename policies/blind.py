@@ -70,8 +70,9 @@ Cost: per (model, engine) the capacity estimate is refitted only when the
 observations grew by REFIT_GROWTH or REFIT_EVERY_S of serving, and the resolved
 capacities are reused while no engine's measurement can have changed (the same
 estimate, the same count while under MIN_MEASURED_S). The world makes a (model,
-engine)'s readings for every step when first asked (`reading`: plain tuples, no
-objects per step); the learner counts each observation and keeps its p99 for the
+engine)'s loads, replicas and noise for every step with numpy when first asked, and
+the readings (`reading`: plain tuples, no objects per step) of the steps asked for from
+them; the learner counts each observation and keeps its p99 for the
 SLA check as it is handed over, but hands them to the `CapacityModel` in one batch when an
 estimate reads it (`CapacityModel.extend`: the state one `add` per observation
 leaves), an engine's state key (what its measurement depends on) is worked out once per
@@ -96,6 +97,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
+import numpy.typing as npt
 
 from gearshift.policies.capacity import (
     CapacityEstimate,
@@ -170,6 +172,9 @@ class LatencyCurve:
 
 
 Reading = tuple[float, float, float, int]  # ts, load per replica, p99 TTFT (s), replicas
+# per step: observed (not idle), load per replica, slack, noise, replicas
+_Columns = tuple[npt.NDArray[np.bool_], npt.NDArray[np.float64], npt.NDArray[np.float64],
+                 npt.NDArray[np.float64], npt.NDArray[np.float64]]
 
 
 @dataclass(frozen=True)
@@ -190,12 +195,13 @@ class LatencyWorld:
         rho_op = min(1 / (1 + trace.headroom), RHO_OPERATING_MAX)
         self.curves = {(m, e): LatencyCurve.calibrate(p.sla_ttft_p99_ms, p.ttft_p99_ms[e], rho_op)
                        for m, p in trace.profiles.items() for e in trace.engines}
-        self._noise = {}
+        self._noise: dict[tuple[str, str], npt.NDArray[np.float64]] = {}
         for m, e in self.curves:
             rng = np.random.default_rng([seed, zlib.crc32(f"{m}/{e}".encode())])
-            self._noise[m, e] = np.exp(NOISE_SIGMA * rng.standard_normal(trace.n_steps)).tolist()
-        # (model, engine) -> every step's reading, made on the first one asked for
-        self._readings: dict[tuple[str, str], list[Reading | None]] = {}
+            self._noise[m, e] = np.exp(NOISE_SIGMA * rng.standard_normal(trace.n_steps))
+        # (model, engine) -> per step: (observed, load, slack, noise, replicas), made on the
+        # first reading asked for
+        self._columns: dict[tuple[str, str], _Columns] = {}
 
     def observe(self, model: str, engine: str, k: int) -> Observation | None:
         """Step k's observation of `model` served by `engine`; None when idle."""
@@ -207,19 +213,31 @@ class LatencyWorld:
 
     def reading(self, model: str, engine: str, k: int) -> Reading | None:
         """`observe` as a plain tuple (ts, load per replica, p99 TTFT s, replicas)."""
-        return self.readings(model, engine)[k]
+        return self.readings(model, engine, k, k + 1)[0]
 
-    def readings(self, model: str, engine: str) -> list[Reading | None]:
-        """`reading` of every step, made on the first call for (model, engine)."""
-        if (found := self._readings.get((model, engine))) is None:
-            found = self._readings[model, engine] = self._all_readings(model, engine)
-        return found
+    def readings(self, model: str, engine: str, start: int = 0,
+                 stop: int | None = None) -> list[Reading | None]:
+        """`reading` of steps [start, stop) (every step by default): the replicas and loads
+        of every step made with numpy on the first call for (model, engine) and kept as
+        arrays, the readings of the steps asked for made from them (a backtest asks for
+        the steps an engine served, once each)."""
+        if (columns := self._columns.get((model, engine))) is None:
+            columns = self._columns[model, engine] = self._make_columns(model, engine)
+        live, load, slack, noise, n = (c[start:stop].tolist() for c in columns)
+        curve = self.curves[model, engine]
+        base, power = curve.base_ms, -curve.shape
+        t0, step_s = self._start_s, self._trace.step_s
+        return [(t0 + k * step_s, x, base * s ** power * z / 1000.0, int(c)) if on else None
+                for k, on, x, s, z, c in zip(range(start, start + len(live)), live, load,
+                                             slack, noise, n, strict=False)]
 
-    def _all_readings(self, model: str, engine: str) -> list[Reading | None]:
-        """Every step's reading of `model` on `engine`: the replicas and loads with numpy
-        (the IEEE operations of `costmodel.replicas` and of r / n, so the same figures),
-        the latency curve's power with Python's, as `LatencyCurve.p99_ms` takes it. A load
-        `replicas` cannot size raises its error here, at the first reading asked for."""
+    def _make_columns(self, model: str, engine: str) -> _Columns:
+        """Per step of `model` on `engine`: whether it is observed (not idle), the load per
+        replica, the slack 1 - rho / RHO_SATURATION_RATIO, the noise and the replicas, with
+        numpy (the IEEE operations of `costmodel.replicas` and of r / n, so the same
+        figures); `readings` takes the latency curve's power with Python's, as
+        `LatencyCurve.p99_ms` takes it. A load `replicas` cannot size raises its error
+        here, at the first reading asked for."""
         t, p = self._trace, self._trace.profiles[model]
         r = np.asarray(t.series[model].rps, dtype=np.float64)
         cap = p.capacity_rps[engine]
@@ -232,13 +250,7 @@ class LatencyWorld:
             n = np.where(live, n, 1.0)
             rho = np.minimum(np.maximum(r / (n * cap), 0.0), 0.999 * RHO_SATURATION_RATIO)
             load = r / n
-        slack = (1 - rho / RHO_SATURATION_RATIO).tolist()
-        curve, noise = self.curves[model, engine], self._noise[model, engine]
-        base, power = curve.base_ms, -curve.shape
-        start, step_s = self._start_s, t.step_s
-        return [(start + k * step_s, x, base * s ** power * z / 1000.0, int(c)) if on else None
-                for k, (on, x, s, z, c) in enumerate(zip(live.tolist(), load.tolist(), slack,
-                                                         noise, n.tolist(), strict=True))]
+        return live, load, 1 - rho / RHO_SATURATION_RATIO, self._noise[model, engine], n
 
 
 def blind_view(trace: Trace) -> Trace:
