@@ -34,6 +34,9 @@ _MEANS = ("means",)  # ... and of the replica means handed over for one request
 _REVISIONS = ("revisions",)  # ... of the revision times as floats
 _PREFIX_RPS = ("rps",)  # ... of the prefix sums of the rates
 _GRID = ("grid",)  # ... of a replay's first sample time and number of samples
+_PREFIXES = ("prefixes",)  # ... of the replica prefix sums, by (capacity, headroom, minimum)
+PREFIXES_KEPT = 8  # prefix sums kept per history, the last used (a blind backtest learns
+                   # a new capacity hundreds of times a run and reads the latest ones)
 Window = tuple[int, float]  # (samples, scale) of `ModelHistory.replica_means`
 
 
@@ -114,18 +117,26 @@ class ModelHistory:
 
     def prefix_replicas(self, capacity_rps: float, headroom: float, min_replicas: int) -> FloatArray:
         """prefix[i] = replicas summed over samples [:i] (docs/cost-model.md `replicas`): a
-        float64 array (read with `.item`), kept per capacity. A blind backtest learns a new
-        capacity hundreds of times: an array is 8 bytes a sample where a list of floats
-        was 32 (about 190 MB less for bench/blind.py's fleet) and needs no conversion."""
-        key = ("replicas", capacity_rps, headroom, min_replicas)
-        found = self._cache.get(key)
+        float64 array (read with `.item`), the last PREFIXES_KEPT used kept. A blind
+        backtest learns a new capacity hundreds of times: an array is 8 bytes a sample where
+        a list of floats was 32 (about 190 MB less for bench/blind.py's fleet) and needs no
+        conversion, and those no longer read go (bench/blind.py's fleet makes 734 of 64 KB,
+        at most 8 a model are kept)."""
+        prefixes: dict[tuple[float, float, int], FloatArray] | None = self._cache.get(_PREFIXES)
+        if prefixes is None:
+            prefixes = self._cache[_PREFIXES] = {}
+        key = (capacity_rps, headroom, min_replicas)
+        found = prefixes.pop(key, None)  # put back last: the dict runs from least recently used
         if found is None:
             import numpy as np
 
             n = np.maximum(min_replicas, np.ceil(self.rps * (1 + headroom) / capacity_rps
                                                   - REPLICA_EPSILON))
-            found = self._cache[key] = np.concatenate(([0.0], np.cumsum(n)))
-        return found  # type: ignore[no-any-return]
+            found = np.concatenate(([0.0], np.cumsum(n)))
+            if len(prefixes) >= PREFIXES_KEPT:
+                del prefixes[next(iter(prefixes))]
+        prefixes[key] = found
+        return found
 
     def window_range(self, end: int, n: int) -> tuple[float, float]:
         """(lowest, highest) rate of the last n samples before index `end` (1..end). The

@@ -116,3 +116,32 @@ def test_fleet_pass_gives_each_model_alone(seed: int, steps: int, models: int,
             other = [(min(n, end - 1), s) for n, s in windows]
             assert (history.replica_means(end - 1, capacities, headroom, min_replicas, other)
                     == twin.replica_means(end - 1, capacities, headroom, min_replicas, other))
+
+
+
+def test_the_replica_prefix_sums_of_many_capacities_are_kept_bounded_and_made_again_alike(
+) -> None:
+    """A blind backtest learns a new capacity hundreds of times a run: a history keeps the
+    prefix sums of the last `PREFIXES_KEPT` capacities used (the same array when asked
+    again), and one asked for again after it went is made again, the same to the bit: the
+    cost model's replicas of each sample, summed."""
+    from gearshift.policies.model_history import PREFIXES_KEPT
+
+    rng = np.random.default_rng(7)
+    rps = rng.lognormal(1.0, 1.0, 500)
+    history = ModelHistory.of(np.arange(500) * STEP_S, rps, [], STEP_S, replay=True)
+    first = history.prefix_replicas(0.5, 0.2, 1)
+    assert history.prefix_replicas(0.5, 0.2, 1) is first  # kept
+    others = [history.prefix_replicas(1.0 + i, 0.2, 1) for i in range(PREFIXES_KEPT - 1)]
+    assert history.prefix_replicas(0.5, 0.2, 1) is first  # still among the last used
+    # as many others again: 0.5 was read last before them, and goes
+    more = [history.prefix_replicas(100.0 + i, 0.2, 1) for i in range(PREFIXES_KEPT)]
+    again = history.prefix_replicas(0.5, 0.2, 1)
+    assert again is not first
+    np.testing.assert_array_equal(again, first)
+    assert history.prefix_replicas(100.0 + PREFIXES_KEPT - 1, 0.2, 1) is more[-1]
+    assert history.prefix_replicas(1.0, 0.2, 1) is not others[0]  # went long ago
+    for capacity, made in ((0.5, again), (1.0, others[0]), (100.0, more[0])):
+        counts = np.cumsum([replicas(float(r), capacity, 0.2, 1) for r in rps])
+        np.testing.assert_array_equal(made[1:], counts)
+        assert made[0] == 0.0
