@@ -229,7 +229,7 @@ class LatencyWorld:
         t0, step_s = self._start_s, self._trace.step_s
         return [(t0 + k * step_s, x, base * s ** power * z / 1000.0, int(c)) if on else None
                 for k, on, x, s, z, c in zip(range(start, start + len(live)), live, load,
-                                             slack, noise, n, strict=False)]
+                                             slack, noise, n, strict=True)]
 
     def _make_columns(self, model: str, engine: str) -> _Columns:
         """Per step of `model` on `engine`: whether it is observed (not idle), the load per
@@ -298,7 +298,7 @@ class _Engine:
     def add_readings(self, readings: list[Reading | None]) -> None:
         """`add` of each `LatencyWorld.reading` (a TTFT, no ITL; None: idle, no
         observation), in order: `refusal`'s tests of those figures, inline (a backtest
-        records one a model at every step)."""
+        hands over a model's readings at each decision, one a step served)."""
         pending, recent, isfinite, nan = self._pending, self.recent, math.isfinite, math.nan
         before = len(pending)
         for reading in readings:
