@@ -72,6 +72,11 @@ class GainEstimate:
 def outlier_mask(loads: FloatArray, lat: FloatArray) -> npt.NDArray[np.bool_]:
     """p99s far above what every higher load showed: impossible for a monotone curve."""
     flags = np.zeros(loads.size, dtype=bool)
+    # Every median compared below is at least the smallest p99 (a middle value, or the mean
+    # of two, each at least that), so with no p99 over OUTLIER_FACTOR times the smallest
+    # none is flagged: the usual case, without the walk (NaN fails the test: walked).
+    if not loads.size or float(lat.max()) <= OUTLIER_FACTOR * max(float(lat.min()), 1e-6):
+        return flags
     order = np.argsort(loads)
     # The median of the p99s above each rank, from the top down over one sorted list
     # (the same figures as np.median of each suffix, in O(n log n) list work).

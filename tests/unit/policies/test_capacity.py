@@ -24,7 +24,13 @@ from gearshift.policies.capacity import (
     gain,
     plot_capacity,
 )
-from gearshift.policies.capacity_fit import BIN_RATIO, estimate_metric, monotone_fit, outlier_mask
+from gearshift.policies.capacity_fit import (
+    BIN_RATIO,
+    OUTLIER_FACTOR,
+    estimate_metric,
+    monotone_fit,
+    outlier_mask,
+)
 
 SLA_S = 0.45
 
@@ -294,6 +300,24 @@ def _crossing_by_fit(loads: np.ndarray, lat: np.ndarray, sla: float) -> float:
         return float(x[max(j - 1, 0)])
     f0, f1, target = (math.log(max(v, 1e-9)) for v in (fit[j - 1], fit[j], sla))
     return float(x[j - 1] + (target - f0) / (f1 - f0) * (x[j] - x[j - 1]))
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(0, 60), spread=st.sampled_from([1.0, 9.0, 40.0]))
+def test_outlier_mask_is_the_median_of_every_higher_load(seed: int, n: int, spread: float) -> None:
+    """A p99 over OUTLIER_FACTOR x the median p99 of every higher load (np.median of the
+    suffix) is flagged, whether or not the spread of the p99s lets the walk be skipped."""
+    rng = np.random.default_rng(seed)
+    loads = np.round(rng.uniform(1.0, 5.0, n), 1)  # ties in load
+    lat = 0.1 * rng.uniform(1.0, spread, n) * rng.choice([1.0, 1.0, 1.0, 12.0], n)
+    order = np.argsort(loads)  # the order the mask walks (ties as it breaks them)
+    expected = np.zeros(n, dtype=bool)
+    for rank in range(n):
+        above = lat[order[rank + 1:]]
+        i = order[rank]
+        if above.size >= 3 and lat[i] > OUTLIER_FACTOR * max(float(np.median(above)), 1e-6):
+            expected[i] = True
+    assert outlier_mask(loads, lat).tolist() == expected.tolist()
 
 
 @settings(max_examples=40, deadline=None)
