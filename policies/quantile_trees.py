@@ -137,6 +137,7 @@ class _Bins:
     """A fit's binned features, and what every tree's split search reads of them."""
 
     binned: npt.NDArray[np.intp]            # (rows, features), bins 0..255
+    by_feature: npt.NDArray[np.intp]        # the same, (features, rows): a feature's contiguous
     flat: npt.NDArray[np.intp]              # feature f's bin b as f * 256 + b
     non_missing: npt.NDArray[np.int64]      # bins of values per feature
     has_missing: npt.NDArray[np.bool_]
@@ -151,8 +152,8 @@ class _Bins:
         # The estimator scans bins below non_missing - 1 + has_missing.
         scan = np.arange(MAX_BINS + 1)[None, :] < (non_missing - 1 + has_missing)[:, None]
         counts = np.bincount(flat.ravel(), minlength=features * (MAX_BINS + 1))
-        return cls(binned, flat, non_missing, has_missing, scan,
-                   counts.reshape(features, MAX_BINS + 1))
+        return cls(binned, np.ascontiguousarray(binned.T), flat, non_missing, has_missing,
+                   scan, counts.reshape(features, MAX_BINS + 1))
 
 
 class _Grower:
@@ -161,11 +162,12 @@ class _Grower:
     def __init__(self, bins: _Bins, gradients: FloatArray, max_leaves: int,
                  min_samples_leaf: int) -> None:
         self.binned = bins.binned
+        self.by_feature = bins.by_feature
         self.flat_bins = bins.flat
         self.features = bins.binned.shape[1]
-        # Each row's gradient (a float32's value in double) once per feature, as the
-        # histograms' weights.
-        self.gradient_rows = np.repeat(gradients, self.features).reshape(-1, self.features)
+        self.gradients = gradients  # each row's (a float32's value in double)
+        # ... once per feature, as the root histograms' weights
+        self.gradient_rows = np.repeat(gradients, self.features)
         self.non_missing_bins = bins.non_missing
         self.has_missing = bins.has_missing
         self.any_missing = bool(bins.has_missing.any())
@@ -181,9 +183,12 @@ class _Grower:
         and counts (the hessian sums: whole numbers, the same in double; kept as integers,
         whose cumulative sums cost a third of a double's). Neither is changed in place."""
         index = (self.flat_bins if rows is None else self.flat_bins[rows]).ravel()
-        weights = self.gradient_rows if rows is None else self.gradient_rows[rows]
+        # A row's gradient once per feature, in the index's (row-major) order: gathered
+        # one value a row, then repeated (a 2-D gather of every (row, feature) costs more).
+        weights = (self.gradient_rows if rows is None
+                   else np.repeat(self.gradients[rows], self.features))
         shape = (self.features, MAX_BINS + 1)
-        g = np.bincount(index, weights=weights.ravel(), minlength=shape[0] * shape[1])
+        g = np.bincount(index, weights=weights, minlength=shape[0] * shape[1])
         if rows is None:
             return g.reshape(shape), self.root_counts
         n = np.bincount(index, minlength=shape[0] * shape[1])
@@ -294,9 +299,10 @@ class _Grower:
     def split_next(self, node: _Node) -> None:
         split = node.split
         assert split is not None
-        goes_left = self.binned[node.rows, split.feature] <= split.bin
+        bins = self.by_feature[split.feature][node.rows]  # the feature's, a 1-D gather
+        goes_left = bins <= split.bin
         if split.missing_left:
-            goes_left |= self.binned[node.rows, split.feature] == MISSING_BIN
+            goes_left |= bins == MISSING_BIN
         depth = node.depth + 1
         left = _Node(node.rows[goes_left], depth, split.g_left, split.h_left, split.value_left)
         right = _Node(node.rows[~goes_left], depth, split.g_right, split.h_right,
