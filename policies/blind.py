@@ -201,7 +201,7 @@ class LatencyWorld:
             self._noise[m, e] = np.exp(NOISE_SIGMA * rng.standard_normal(trace.n_steps))
         # (model, engine) -> per step: (observed, load, slack, noise, replicas), made on the
         # first reading asked for
-        self._columns: dict[tuple[str, str], _Columns] = {}
+        self._columns: dict[tuple[str, str], npt.NDArray[np.float64]] = {}
 
     def observe(self, model: str, engine: str, k: int) -> Observation | None:
         """Step k's observation of `model` served by `engine`; None when idle."""
@@ -222,8 +222,10 @@ class LatencyWorld:
         arrays, the readings of the steps asked for made from them (a backtest asks for
         the steps an engine served, once each)."""
         if (columns := self._columns.get((model, engine))) is None:
-            columns = self._columns[model, engine] = self._make_columns(model, engine)
-        live, load, slack, noise, n = (c[start:stop].tolist() for c in columns)
+            # One (5, steps) array, so that a batch is one slice (whether a step is
+            # observed reads 1.0 or 0.0)
+            columns = self._columns[model, engine] = np.stack(self._make_columns(model, engine))
+        live, load, slack, noise, n = columns[:, start:stop].tolist()
         curve = self.curves[model, engine]
         base, power = curve.base_ms, -curve.shape
         t0, step_s = self._start_s, self._trace.step_s
