@@ -167,7 +167,7 @@ class _Grower:
         self.features = bins.binned.shape[1]
         self.gradients = gradients  # each row's (a float32's value in double)
         # ... once per feature, as the root histograms' weights
-        self.gradient_rows = np.repeat(gradients, self.features)
+        self.gradient_rows = gradients.repeat(self.features)
         self.non_missing_bins = bins.non_missing
         self.has_missing = bins.has_missing
         self.any_missing = bool(bins.has_missing.any())
@@ -186,7 +186,7 @@ class _Grower:
         # A row's gradient once per feature, in the index's (row-major) order: gathered
         # one value a row, then repeated (a 2-D gather of every (row, feature) costs more).
         weights = (self.gradient_rows if rows is None
-                   else np.repeat(self.gradients[rows], self.features))
+                   else self.gradients[rows].repeat(self.features))
         shape = (self.features, MAX_BINS + 1)
         g = np.bincount(index, weights=weights, minlength=shape[0] * shape[1])
         if rows is None:
