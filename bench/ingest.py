@@ -30,6 +30,10 @@ Controller CPU is read from the controller process over the measured window, and
 split by thread (`controller_split`): the event loop (the main thread), the store
 writer (named `gs-store-writer`), the rest (gRPC's own threads), and the garbage
 collector's pauses (from the controller's metrics, inside the thread that ran it);
+`handle_cores` and `handle_us_per_report` are the event loop's share spent applying
+reports (validation, the fleet's state, the rollups; the controller's
+``gearshift_controller_report_handle_seconds``), the rest of the loop's being gRPC's
+reads and writes and the loop itself;
 `loop_stalls_over_50ms` counts the event loop's wake-ups that came over 50 ms late
 and `loop_stall_max_under_s` bounds its longest stall (both from
 ``gearshift_controller_event_loop_lag_seconds``).
@@ -100,6 +104,8 @@ ACK_GRACE_S = 2.0  # how long an agent waits for its last ack after the window
 CONNECT_TIMEOUT_S = 120.0  # the window opens then even if some agents are not connected
 CONTROLLER_CPU = 0  # with --pin: the controller's core
 LAG_PROBE_S = 0.05  # the simulator's loop-lag probe, as the controller's (controller.loop_lag)
+HANDLE_SUM = "gearshift_controller_report_handle_seconds_sum"  # the loop applying reports
+HANDLE_COUNT = "gearshift_controller_report_handle_seconds_count"
 
 
 def _deployment(agent: int, i: int, rng: random.Random) -> Any:
@@ -527,7 +533,8 @@ def _scrape(metrics_port: int) -> dict[str, float]:
     out: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith(("gearshift_controller_gc_pause_seconds_sum",
-                            "gearshift_controller_event_loop_lag_seconds_bucket")):
+                            "gearshift_controller_event_loop_lag_seconds_bucket",
+                            HANDLE_SUM, HANDLE_COUNT)):
             name, _, value = line.rpartition(" ")
             out[name] = float(value)
     return out
@@ -539,6 +546,19 @@ def _gc_seconds(m0: dict[str, float], m1: dict[str, float]) -> float:
         return float("nan")
     return sum(v - m0.get(k, 0.0) for k, v in m1.items()
                if k.startswith("gearshift_controller_gc_pause_seconds_sum"))
+
+
+def _handling(m0: dict[str, float], m1: dict[str, float], duration_s: float
+              ) -> dict[str, float]:
+    """The event loop's time applying reports between two scrapes (validation, the
+    fleet's state, the rollups: `gearshift_controller_report_handle_seconds`), in cores
+    and per report; the rest of the loop's CPU is gRPC's reads and writes and the loop."""
+    if HANDLE_SUM not in m1:
+        return {}
+    spent = m1[HANDLE_SUM] - m0.get(HANDLE_SUM, 0.0)
+    reports = m1.get(HANDLE_COUNT, 0.0) - m0.get(HANDLE_COUNT, 0.0)
+    return {"handle_cores": round(spent / duration_s, 3),
+            "handle_us_per_report": round(spent / reports * 1e6, 1) if reports else math.nan}
 
 
 def _loop_stalls(m0: dict[str, float], m1: dict[str, float]) -> dict[str, float]:
@@ -687,7 +707,8 @@ def main() -> int:
                                / args.duration_s, 3)
     out["controller_split"] = {
         **{f"{k}_cores": round((split1[k] - split0[k]) / args.duration_s, 3) for k in split1},
-        "gc_s": round(_gc_seconds(m0, m1), 3), **_loop_stalls(m0, m1)}
+        "gc_s": round(_gc_seconds(m0, m1), 3), **_handling(m0, m1, args.duration_s),
+        **_loop_stalls(m0, m1)}
     out["machine_steal_cores"] = round((getattr(machine1, "steal", 0.0)
                                         - getattr(machine0, "steal", 0.0)) / args.duration_s, 3)
     out["machine"] = watch.result()

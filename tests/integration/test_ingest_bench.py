@@ -83,6 +83,9 @@ def test_a_small_bench_run_acks_every_report(client: str) -> None:
     assert result["lost_reports"] == 0
     assert result["reports_per_s"] == pytest.approx(40, rel=0.1)
     assert result["report_bytes"] == 1726
+    split = result["controller_split"]  # the loop's time applying reports, from its metric
+    assert 0 < split["handle_us_per_report"] < 1e6
+    assert 0 <= split["handle_cores"] <= split["event_loop_cores"] + 0.05
     machine = result["machine"]  # how fast the machine was, before and after
     assert len(machine["loop_1e7_add_s"]) == 2 and min(machine["loop_1e7_add_s"]) > 0
     assert 0 <= machine["steal_share"] <= 1 and machine["cpus"] >= 1
