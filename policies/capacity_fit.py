@@ -199,19 +199,22 @@ def _bootstrap(loads: FloatArray, lat: FloatArray, sla: float, draws: int,
     # One call draws what `draws` calls of n would, in the same order (the generator's
     # stream does not depend on how the draws are split; a test checks it).
     pick = rng.integers(0, n, (draws, n))
-    x, y = loads[pick], lat[pick]
-    # Each resample's p99s by load, ties in the resample's order (a stable argsort of x
-    # per row), as one integer sort: key = the load's rank among the distinct loads * n
+    # Each resample's p99s by load, ties in the resample's order (a stable argsort of its
+    # loads), as one integer sort: key = the load's rank among the distinct loads * n
     # + the position in the row (unique keys, so any sort gives that order).
-    rank = np.unique(loads, return_inverse=True)[1].astype(np.int64)
-    keys = rank[pick] * n + np.arange(n)
+    distinct, rank = np.unique(loads, return_inverse=True)
+    ranks = rank.astype(np.int64)[pick]
+    keys = ranks * n + np.arange(n)
     keys.sort(axis=1)
-    by_load = np.take_along_axis(y, keys % n, axis=1)
+    by_load = lat[np.take_along_axis(pick, keys % n, axis=1)]
     suffix_means = np.cumsum(by_load[:, ::-1], axis=1) / np.arange(1, n + 1)
     # The margin covers the rounding of either computation (relative 1e-13 at most).
     clear = (suffix_means.max(axis=1) < sla * (1 - SUFFIX_MEAN_MARGIN)).tolist()
-    top = x.max(axis=1).tolist()
-    return [top[i] if clear[i] else _crossing(x[i], y[i], sla)[0] for i in range(draws)]
+    # Each resample's highest load: the distinct load of its highest rank. The resamples'
+    # loads and p99s are gathered only for the fits (three gathers of every draw, not four).
+    top = distinct[ranks.max(axis=1)].tolist()
+    return [top[i] if clear[i] else _crossing(loads[pick[i]], lat[pick[i]], sla)[0]
+            for i in range(draws)]
 
 
 def estimate_metric(metric: str, loads: FloatArray, lat: FloatArray, sla: float, draws: int,
