@@ -172,9 +172,6 @@ class LatencyCurve:
 
 
 Reading = tuple[float, float, float, int]  # ts, load per replica, p99 TTFT (s), replicas
-# per step: observed (not idle), load per replica, slack, noise, replicas
-_Columns = tuple[npt.NDArray[np.bool_], npt.NDArray[np.float64], npt.NDArray[np.float64],
-                 npt.NDArray[np.float64], npt.NDArray[np.float64]]
 
 
 @dataclass(frozen=True)
@@ -222,9 +219,7 @@ class LatencyWorld:
         arrays, the readings of the steps asked for made from them (a backtest asks for
         the steps an engine served, once each)."""
         if (columns := self._columns.get((model, engine))) is None:
-            # One (5, steps) array, so that a batch is one slice (whether a step is
-            # observed reads 1.0 or 0.0)
-            columns = self._columns[model, engine] = np.stack(self._make_columns(model, engine))
+            columns = self._columns[model, engine] = self._make_columns(model, engine)
         live, load, slack, noise, n = columns[:, start:stop].tolist()
         curve = self.curves[model, engine]
         base, power = curve.base_ms, -curve.shape
@@ -233,9 +228,10 @@ class LatencyWorld:
                 for k, on, x, s, z, c in zip(range(start, start + len(live)), live, load,
                                              slack, noise, n, strict=True)]
 
-    def _make_columns(self, model: str, engine: str) -> _Columns:
-        """Per step of `model` on `engine`: whether it is observed (not idle), the load per
-        replica, the slack 1 - rho / RHO_SATURATION_RATIO, the noise and the replicas, with
+    def _make_columns(self, model: str, engine: str) -> npt.NDArray[np.float64]:
+        """Per step of `model` on `engine`, as the rows of one (5, steps) array (a batch of
+        readings is then one slice): whether it is observed (1.0, else idle: 0.0), the load
+        per replica, the slack 1 - rho / RHO_SATURATION_RATIO, the noise and the replicas, with
         numpy (the IEEE operations of `costmodel.replicas` and of r / n, so the same
         figures); `readings` takes the latency curve's power with Python's, as
         `LatencyCurve.p99_ms` takes it. A load `replicas` cannot size raises its error
@@ -252,7 +248,7 @@ class LatencyWorld:
             n = np.where(live, n, 1.0)
             rho = np.minimum(np.maximum(r / (n * cap), 0.0), 0.999 * RHO_SATURATION_RATIO)
             load = r / n
-        return live, load, 1 - rho / RHO_SATURATION_RATIO, self._noise[model, engine], n
+        return np.stack((live, load, 1 - rho / RHO_SATURATION_RATIO, self._noise[model, engine], n))
 
 
 def blind_view(trace: Trace) -> Trace:

@@ -166,8 +166,6 @@ class _Grower:
         self.flat_bins = bins.flat
         self.features = bins.binned.shape[1]
         self.gradients = gradients  # each row's (a float32's value in double)
-        # ... once per feature, as the root histograms' weights
-        self.gradient_rows = gradients.repeat(self.features)
         self.non_missing_bins = bins.non_missing
         self.has_missing = bins.has_missing
         self.any_missing = bool(bins.has_missing.any())
@@ -185,8 +183,7 @@ class _Grower:
         index = (self.flat_bins if rows is None else self.flat_bins[rows]).ravel()
         # A row's gradient once per feature, in the index's (row-major) order: gathered
         # one value a row, then repeated (a 2-D gather of every (row, feature) costs more).
-        weights = (self.gradient_rows if rows is None
-                   else self.gradients[rows].repeat(self.features))
+        weights = (self.gradients if rows is None else self.gradients[rows]).repeat(self.features)
         shape = (self.features, MAX_BINS + 1)
         g = np.bincount(index, weights=weights, minlength=shape[0] * shape[1])
         if rows is None:
