@@ -19,13 +19,18 @@ controller being measured. `--agent-client grpc` runs them on gRPC's asyncio cli
 instead (each report then costs the simulator about as much as the controller).
 
 Prints one JSON object:
-  agents, interval_s, reports_per_s, ack_p50_ms, ack_p99_ms,
+  server, agents, interval_s, reports_per_s, ack_p50_ms, ack_p99_ms,
   controller_cpu_s_per_1k_reports, controller_cores, controller_rss_mb,
   controller_peak_rss_mb, lost_reports,
   streams_failed, stream_errors, connect_p50_ms, connect_max_ms, all_connected_s, report_bytes,
   agent_processes, pinned, controller_fds, controller_fd_limit, agent_cores,
   agent_max_process_cores, agent_loop_lag_p99_ms, agent_loop_stalls_over_50ms,
   machine_cores, machine_count, machine_nice_cores, other_cores, controller_split
+`--floor` serves the same agents with gRPC's floor instead of the controller
+(`bench/grpc_floor.py`: the controller's server options and event loop, every message
+read and every report acked, nothing validated, applied or kept; `server` says which
+ran, and the controller_* figures are then the floor's): what gRPC's asyncio server
+costs this fleet before the controller does any work of its own.
 Controller CPU is read from the controller process over the measured window, and
 split by thread (`controller_split`): the event loop (the main thread), the store
 writer (named `gs-store-writer`), the rest (gRPC's own threads), and the garbage
@@ -83,6 +88,7 @@ import multiprocessing as mp
 import os
 import random
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -524,6 +530,20 @@ def _peak_rss_mb(pid: int) -> float:
     return int(found.group(1)) * 1024 / 1e6 if found else 0.0
 
 
+def _start_floor(tmp: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """bench/grpc_floor.py started and serving: the process and its port."""
+    ready = tmp / "floor.ready"
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("grpc_floor.py")),
+                             str(ready)])
+    deadline = time.time() + 60
+    while not ready.exists():
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            raise SystemExit(f"bench/grpc_floor.py did not start (exit code {proc.poll()})")
+        time.sleep(0.05)
+    return proc, int(ready.read_text().split()[0])
+
+
 def _scrape(metrics_port: int) -> dict[str, float]:
     """The controller's metrics that the bench reads, as {sample: value} (empty: none)."""
     if not metrics_port:
@@ -595,6 +615,9 @@ def main() -> int:
                         "agents on the others (Linux), so neither waits for the other's CPU")
     p.add_argument("--controller", default="",
                    help="use a running controller instead of starting one")
+    p.add_argument("--floor", action="store_true",
+                   help="serve the agents with gRPC's floor (bench/grpc_floor.py: read and "
+                        "ack, nothing applied) instead of the controller")
     p.add_argument("--controller-pid", type=int, default=0,
                    help="with --controller: its process id, to measure its CPU and memory")
     args = p.parse_args()
@@ -604,14 +627,19 @@ def main() -> int:
             or args.interval_s <= 0 or args.duration_s <= 0:
         p.error("--agents, --workers, --agents-per-channel, --interval-s and --duration-s "
                 "must be positive")
+    if args.floor and args.controller:
+        p.error("--floor starts its own server: not with --controller")
 
     from gearshift.devfleet.local_fleet import LocalFleet
 
     watch = MachineWatch()
     with tempfile.TemporaryDirectory(prefix="gearshift-ingest-") as tmp:
         fleet = LocalFleet(Path(tmp), report_interval_s=args.interval_s)
-        ctl = None
-        if not args.controller:
+        ctl = floor = None
+        if args.floor:
+            floor, port = _start_floor(Path(tmp))
+            args.controller, args.controller_pid = f"127.0.0.1:{port}", floor.pid
+        elif not args.controller:
             ctl = fleet.start_controller()
             args.controller = fleet.controller_addr
         procs: list[mp.Process] = []
@@ -662,6 +690,9 @@ def main() -> int:
                 if pr.is_alive():
                     pr.terminate()
             fleet.stop()
+            if floor is not None:
+                floor.terminate()
+                floor.wait(10)
     acks = sorted(a for s in stats for a in s["acks"])
     sent = sum(s["sent"] for s in stats)
 
@@ -670,6 +701,7 @@ def main() -> int:
             else float("nan")
 
     out: dict[str, Any] = {
+        "server": "grpc-floor" if args.floor else "controller",
         "agents": args.agents,
         "interval_s": args.interval_s,
         "reports_per_s": round(sent / args.duration_s, 1),

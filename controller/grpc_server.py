@@ -52,6 +52,18 @@ MAX_PENDING_STREAMS = 20_000
 # connect for a sixth of them at 30 s), and each would reconnect into the same queue.
 MAX_UNREQUESTED_S = 120
 ENROL_MAX_MESSAGE_BYTES = 64 * 1024  # a token and a CSR
+# The controller's server options (the ingest bench's gRPC floor, bench/grpc_floor.py,
+# serves with the same).
+SERVER_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.server.max_pending_requests", MAX_PENDING_STREAMS),
+    ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_STREAMS),
+    ("grpc.server_max_unrequested_time_in_server", MAX_UNREQUESTED_S),
+]
 
 
 @dataclass
@@ -88,16 +100,7 @@ def build_server(config: ControllerConfig, agents: AgentService, control: Contro
     if tokens is not None:
         interceptors.insert(0, AuthInterceptor(tokens))  # refuse before any handler runs
         log.info("bearer tokens required on the control API (%s)", tokens.describe())
-    server = aio.server(
-        interceptors=interceptors,
-        options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                 ("grpc.keepalive_time_ms", 20_000),
-                 ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-                 ("grpc.keepalive_permit_without_calls", 1),
-                 ("grpc.server.max_pending_requests", MAX_PENDING_STREAMS),
-                 ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_STREAMS),
-                 ("grpc.server_max_unrequested_time_in_server", MAX_UNREQUESTED_S)])
+    server = aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
     agent_pb2_grpc.add_AgentServiceServicer_to_server(agents, server)
     control_pb2_grpc.add_ControlServiceServicer_to_server(control, server)
     if enrol is not None:  # Renew: authenticated by the agent's current certificate

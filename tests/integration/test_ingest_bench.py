@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from gearshift.controller.server import Controller
@@ -79,6 +80,7 @@ def test_a_small_bench_run_acks_every_report(client: str) -> None:
          "--duration-s", "2", "--agent-client", client],
         capture_output=True, text=True, timeout=90, check=True)
     result = json.loads(out.stdout)
+    assert result["server"] == "controller"
     assert result["streams_failed"] == 0, result["stream_errors"]
     assert result["lost_reports"] == 0
     assert result["reports_per_s"] == pytest.approx(40, rel=0.1)
@@ -89,6 +91,25 @@ def test_a_small_bench_run_acks_every_report(client: str) -> None:
     machine = result["machine"]  # how fast the machine was, before and after
     assert len(machine["loop_1e7_add_s"]) == 2 and min(machine["loop_1e7_add_s"]) > 0
     assert 0 <= machine["steal_share"] <= 1 and machine["cpus"] >= 1
+
+
+def test_the_grpc_floor_serves_the_bench_in_place_of_the_controller() -> None:
+    """`--floor` (bench/grpc_floor.py): the same agents read and acked by a bare gRPC
+    server, measured as the controller is, and stopped with the bench."""
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "ingest.py"), "--floor", "--agents", "20",
+         "--interval-s", "0.5", "--duration-s", "2"],
+        capture_output=True, text=True, timeout=90, check=True)
+    result = json.loads(out.stdout)
+    assert result["server"] == "grpc-floor"
+    assert result["streams_failed"] == 0, result["stream_errors"]
+    assert result["lost_reports"] == 0
+    assert result["reports_per_s"] == pytest.approx(40, rel=0.1)
+    assert result["controller_cores"] > 0 and result["controller_rss_mb"] > 0
+    assert "handle_cores" not in result["controller_split"]  # no controller metrics to read
+    left = [p.info["pid"] for p in psutil.process_iter(["pid", "cmdline"])
+            if any("grpc_floor.py" in part for part in p.info["cmdline"] or ())]
+    assert left == []
 
 
 def test_the_replay_bench_digests_a_recorded_stream_the_same_each_time(tmp_path: Path) -> None:
