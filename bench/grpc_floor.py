@@ -12,7 +12,8 @@ fleet, no rollups, no store, no metrics. Its CPU is what gRPC's asyncio server c
 a fleet of that size on this machine before the controller does any work of its own;
 the controller's CPU in the same bench, less this, is the controller's.
 
-Usage: python bench/grpc_floor.py READY_FILE  (writes "PORT PID" there once serving)
+Usage: python bench/grpc_floor.py READY_FILE INTERVAL_S
+(writes "PORT PID" to READY_FILE once serving; the Welcome gives INTERVAL_S)
 """
 
 from __future__ import annotations
@@ -30,12 +31,15 @@ from gearshift.v1 import agent_pb2, agent_pb2_grpc
 
 
 class ReadAndAck(agent_pb2_grpc.AgentServiceServicer):
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+
     async def Connect(self, request_iterator: AsyncIterator[agent_pb2.AgentMessage],
                       context: aio.ServicerContext) -> None:
         if await context.read() is aio.EOF:
             return
         await context.write(agent_pb2.ControllerMessage(welcome=agent_pb2.Welcome(
-            report_interval_s=10.0, controller_epoch=1, controller_id="grpc-floor",
+            report_interval_s=self.interval_s, controller_epoch=1, controller_id="grpc-floor",
             session_token="floor")))
         while (msg := await context.read()) is not aio.EOF:
             if msg.WhichOneof("body") != "report":
@@ -47,9 +51,9 @@ class ReadAndAck(agent_pb2_grpc.AgentServiceServicer):
             del ack
 
 
-async def serve(ready_file: Path) -> None:
+async def serve(ready_file: Path, interval_s: float) -> None:
     server = aio.server(options=SERVER_OPTIONS)
-    agent_pb2_grpc.add_AgentServiceServicer_to_server(ReadAndAck(), server)
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(ReadAndAck(interval_s), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     tmp = ready_file.with_suffix(".tmp")
@@ -59,6 +63,6 @@ async def serve(ready_file: Path) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) != 3:
         sys.exit(__doc__)
-    run_event_loop(serve(Path(sys.argv[1])))
+    run_event_loop(serve(Path(sys.argv[1]), float(sys.argv[2])))

@@ -530,16 +530,16 @@ def _peak_rss_mb(pid: int) -> float:
     return int(found.group(1)) * 1024 / 1e6 if found else 0.0
 
 
-def _start_floor(tmp: Path) -> tuple[subprocess.Popen[bytes], int]:
+def _start_floor(tmp: Path, interval_s: float) -> tuple[subprocess.Popen[bytes], int]:
     """bench/grpc_floor.py started and serving: the process and its port."""
     ready = tmp / "floor.ready"
     proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("grpc_floor.py")),
-                             str(ready)])
+                             str(ready), str(interval_s)])
     deadline = time.time() + 60
     while not ready.exists():
         if proc.poll() is not None or time.time() > deadline:
             proc.kill()
-            raise SystemExit(f"bench/grpc_floor.py did not start (exit code {proc.poll()})")
+            raise SystemExit(f"bench/grpc_floor.py did not start (exit code {proc.wait()})")
         time.sleep(0.05)
     return proc, int(ready.read_text().split()[0])
 
@@ -637,7 +637,7 @@ def main() -> int:
         fleet = LocalFleet(Path(tmp), report_interval_s=args.interval_s)
         ctl = floor = None
         if args.floor:
-            floor, port = _start_floor(Path(tmp))
+            floor, port = _start_floor(Path(tmp), args.interval_s)
             args.controller, args.controller_pid = f"127.0.0.1:{port}", floor.pid
         elif not args.controller:
             ctl = fleet.start_controller()
