@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -73,17 +74,24 @@ async def test_the_controllers_status_and_acks_reach_the_wire_client(controller:
         conn.close()
 
 
-@pytest.mark.parametrize("client", ["wire", "grpc"])
-def test_a_small_bench_run_acks_every_report(client: str) -> None:
+def small_bench_run(*args: str) -> dict[str, Any]:
+    """bench/ingest.py with 20 agents reporting every 0.5 s for 2 s: its JSON, once every
+    report was acked on every stream (40 a second)."""
     out = subprocess.run(
         [sys.executable, str(BENCH / "ingest.py"), "--agents", "20", "--interval-s", "0.5",
-         "--duration-s", "2", "--agent-client", client],
+         "--duration-s", "2", *args],
         capture_output=True, text=True, timeout=90, check=True)
-    result = json.loads(out.stdout)
-    assert result["server"] == "controller"
+    result: dict[str, Any] = json.loads(out.stdout)
     assert result["streams_failed"] == 0, result["stream_errors"]
     assert result["lost_reports"] == 0
     assert result["reports_per_s"] == pytest.approx(40, rel=0.1)
+    return result
+
+
+@pytest.mark.parametrize("client", ["wire", "grpc"])
+def test_a_small_bench_run_acks_every_report(client: str) -> None:
+    result = small_bench_run("--agent-client", client)
+    assert result["server"] == "controller"
     assert result["report_bytes"] == 1726
     split = result["controller_split"]  # the loop's time applying reports, from its metric
     assert 0 < split["handle_us_per_report"] < 1e6
@@ -96,15 +104,8 @@ def test_a_small_bench_run_acks_every_report(client: str) -> None:
 def test_the_grpc_floor_serves_the_bench_in_place_of_the_controller() -> None:
     """`--floor` (bench/grpc_floor.py): the same agents read and acked by a bare gRPC
     server, measured as the controller is, and stopped with the bench."""
-    out = subprocess.run(
-        [sys.executable, str(BENCH / "ingest.py"), "--floor", "--agents", "20",
-         "--interval-s", "0.5", "--duration-s", "2"],
-        capture_output=True, text=True, timeout=90, check=True)
-    result = json.loads(out.stdout)
+    result = small_bench_run("--floor")
     assert result["server"] == "grpc-floor"
-    assert result["streams_failed"] == 0, result["stream_errors"]
-    assert result["lost_reports"] == 0
-    assert result["reports_per_s"] == pytest.approx(40, rel=0.1)
     assert result["controller_cores"] > 0 and result["controller_rss_mb"] > 0
     assert "handle_cores" not in result["controller_split"]  # no controller metrics to read
     left = [p.info["pid"] for p in psutil.process_iter(["pid", "cmdline"])
