@@ -136,8 +136,8 @@ def _node_value(g: float, h: float) -> float:
 class _Bins:
     """A fit's binned features, and what every tree's split search reads of them."""
 
-    binned: npt.NDArray[np.intp]            # (rows, features), bins 0..255
-    by_feature: npt.NDArray[np.intp]        # the same, (features, rows): a feature's contiguous
+    by_feature: npt.NDArray[np.intp]        # (features, rows), bins 0..255: a feature's
+                                            # bins contiguous, for the splits' 1-D gathers
     flat: npt.NDArray[np.intp]              # feature f's bin b as f * 256 + b
     non_missing: npt.NDArray[np.int64]      # bins of values per feature
     has_missing: npt.NDArray[np.bool_]
@@ -152,8 +152,8 @@ class _Bins:
         # The estimator scans bins below non_missing - 1 + has_missing.
         scan = np.arange(MAX_BINS + 1)[None, :] < (non_missing - 1 + has_missing)[:, None]
         counts = np.bincount(flat.ravel(), minlength=features * (MAX_BINS + 1))
-        return cls(binned, np.ascontiguousarray(binned.T), flat, non_missing, has_missing,
-                   scan, counts.reshape(features, MAX_BINS + 1))
+        return cls(np.ascontiguousarray(binned.T), flat, non_missing, has_missing, scan,
+                   counts.reshape(features, MAX_BINS + 1))
 
 
 class _Grower:
@@ -161,10 +161,9 @@ class _Grower:
 
     def __init__(self, bins: _Bins, gradients: FloatArray, max_leaves: int,
                  min_samples_leaf: int) -> None:
-        self.binned = bins.binned
         self.by_feature = bins.by_feature
         self.flat_bins = bins.flat
-        self.features = bins.binned.shape[1]
+        self.features, self.rows = bins.by_feature.shape
         self.gradients = gradients  # each row's (a float32's value in double)
         self.non_missing_bins = bins.non_missing
         self.has_missing = bins.has_missing
@@ -276,7 +275,7 @@ class _Grower:
         self.leaves.append(node)
 
     def grow(self) -> _Node:
-        n = self.binned.shape[0]
+        n = self.rows
         rows = np.arange(n, dtype=np.intp)
         hist_g, hist_n = self.histograms(None)
         # The root's gradient sum: the estimator's numpy sum over feature 0's histogram
