@@ -88,7 +88,6 @@ import multiprocessing as mp
 import os
 import random
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -530,20 +529,6 @@ def _peak_rss_mb(pid: int) -> float:
     return int(found.group(1)) * 1024 / 1e6 if found else 0.0
 
 
-def _start_floor(tmp: Path, interval_s: float) -> tuple[subprocess.Popen[bytes], int]:
-    """bench/grpc_floor.py started and serving: the process and its port."""
-    ready = tmp / "floor.ready"
-    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("grpc_floor.py")),
-                             str(ready), str(interval_s)])
-    deadline = time.time() + 60
-    while not ready.exists():
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            raise SystemExit(f"bench/grpc_floor.py did not start (exit code {proc.wait()})")
-        time.sleep(0.05)
-    return proc, int(ready.read_text().split()[0])
-
-
 def _scrape(metrics_port: int) -> dict[str, float]:
     """The controller's metrics that the bench reads, as {sample: value} (empty: none)."""
     if not metrics_port:
@@ -630,20 +615,24 @@ def main() -> int:
     if args.floor and args.controller:
         p.error("--floor starts its own server: not with --controller")
 
-    from gearshift.devfleet.local_fleet import LocalFleet
+    from gearshift.devfleet.local_fleet import LocalFleet, spawn, wait_ready_file
 
     watch = MachineWatch()
     with tempfile.TemporaryDirectory(prefix="gearshift-ingest-") as tmp:
         fleet = LocalFleet(Path(tmp), report_interval_s=args.interval_s)
-        ctl = floor = None
-        if args.floor:
-            floor, port = _start_floor(Path(tmp), args.interval_s)
-            args.controller, args.controller_pid = f"127.0.0.1:{port}", floor.pid
-        elif not args.controller:
-            ctl = fleet.start_controller()
-            args.controller = fleet.controller_addr
         procs: list[mp.Process] = []
-        try:
+        try:  # a floor or controller that never got ready is stopped too
+            ctl = None
+            if args.floor:  # stopped with the fleet, as its controller would be
+                ready = Path(tmp) / "grpc-floor.ready"
+                floor = fleet.procs["grpc-floor"] = spawn("grpc-floor", [
+                    sys.executable, str(Path(__file__).with_name("grpc_floor.py")), str(ready),
+                    str(args.interval_s)], Path(tmp))
+                port = wait_ready_file(ready, floor).split()[0]
+                args.controller, args.controller_pid = f"127.0.0.1:{port}", floor.popen.pid
+            elif not args.controller:
+                ctl = fleet.start_controller()
+                args.controller = fleet.controller_addr
             pid = ctl.popen.pid if ctl else args.controller_pid
             ctl_ps = psutil.Process(pid) if pid else None
             if args.pin and pid:
@@ -690,9 +679,6 @@ def main() -> int:
                 if pr.is_alive():
                     pr.terminate()
             fleet.stop()
-            if floor is not None:
-                floor.terminate()
-                floor.wait(10)
     acks = sorted(a for s in stats for a in s["acks"])
     sent = sum(s["sent"] for s in stats)
 
