@@ -64,6 +64,11 @@ STALL_INTERVALS = 3  # no answer from the controller for this many intervals: re
 STALL_MIN_S = 5.0
 STREAM_END_WAIT_S = 1.0  # a finished call's reader ends within this
 PENDING_RESULTS_LIMIT = 1000
+# The channel to the controller, without gRPC's bandwidth-delay probe: it would send a
+# PING for the first DATA frame read while none is out, so for every ack of the
+# controller's, to grow a window that acks and commands never fill (the controller's
+# server does without it too: controller/grpc_server.py, BDP_PROBE).
+CHANNEL_OPTIONS: list[tuple[str, int]] = [("grpc.http2.bdp_probe", 0)]
 DEFAULT_DRAIN_GRACE_S = 30.0
 VERSION_MATCH_PROTO = {
     VersionMatch.KNOWN: agent_pb2.VERSION_MATCH_KNOWN,
@@ -546,7 +551,8 @@ class Agent:
         else:
             files = None if tls is None else TlsFiles(tls.ca, tls.cert, tls.key,
                                                       tls.server_name)
-        channel: aio.Channel = secure_channel(addr, files, None, aio=True)
+        channel: aio.Channel = secure_channel(addr, files, None, aio=True,
+                                              options=CHANNEL_OPTIONS)
         return channel
 
     def stop(self) -> None:

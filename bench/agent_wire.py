@@ -5,7 +5,8 @@ does (a completion-queue round trip, a poller-thread wake-up and futures for eve
 and write: about 0.5 ms a report on a slow machine), so simulated agents built on it took
 half of a 2-core machine from the controller they were measuring. The controller cannot
 tell these streams from a real agent's: the same HTTP/2 frames (one HEADERS to open a
-stream, one DATA frame per length-prefixed message, in both directions) on a TCP
+stream, one DATA frame per length-prefixed message, in both directions, or several for a
+message larger than the windows or the server's frame size) on a TCP
 connection that many agents share, as `--agents-per-channel` streams did on a gRPC
 channel. What gRPC's client did besides, this does too, as far as the controller can see:
 it answers the server's SETTINGS and PINGs, honours its flow-control windows (a message
@@ -39,6 +40,8 @@ DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION =
     0, 1, 3, 4, 6, 7, 8, 9)
 END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY = 0x1, 0x1, 0x4, 0x8, 0x20
 SETTINGS_INITIAL_WINDOW_SIZE = 0x4
+SETTINGS_MAX_FRAME_SIZE = 0x5
+DEFAULT_MAX_FRAME = 16_384
 DEFAULT_WINDOW = 65_535
 # What gRPC's C core client (1.85) sends first, copied so that the server sees the same:
 # SETTINGS (no push, no streams from the server, 4 MiB windows and frames, 16 KB of
@@ -104,10 +107,12 @@ class Connection(asyncio.Protocol):
         self._send_window = DEFAULT_WINDOW  # the connection's
         self._stream_windows: dict[int, int] = {}
         self._initial_window = DEFAULT_WINDOW  # the server's, for new streams
-        self._waiting: deque[tuple[int, bytes]] = deque()  # DATA frames over a window
+        self._waiting: deque[tuple[int, bytes]] = deque()  # DATA not yet in the windows
+        self._max_frame = DEFAULT_MAX_FRAME  # the server's SETTINGS_MAX_FRAME_SIZE
         self._header_block: tuple[int, int, bytearray] | None = None  # stream, flags, block
         self.ready = asyncio.get_running_loop().create_future()
         self.lost: str | None = None
+        self.pings = 0  # PINGs the server sent (not acks of ours: this side sends none)
 
     # -- the caller's side
     def open_stream(self, handler: StreamHandler) -> int:
@@ -123,10 +128,12 @@ class Connection(asyncio.Protocol):
 
     def send(self, sid: int, message: bytes) -> None:
         """One gRPC message (uncompressed) on a stream: a DATA frame, now if the windows
-        allow, else once the server's WINDOW_UPDATEs have opened them."""
+        and the server's frame size allow; else in frames as large as they allow, each
+        once the server's WINDOW_UPDATEs have opened the windows for it."""
         payload = b"\x00" + struct.pack(">I", len(message)) + message
-        if self._waiting or not self._fits(sid, len(payload)):
+        if self._waiting or not self._fits(sid, len(payload)) or len(payload) > self._max_frame:
             self._waiting.append((sid, payload))
+            self._flush_waiting()
             return
         self._write_data(sid, payload)
 
@@ -154,13 +161,21 @@ class Connection(asyncio.Protocol):
         self._transport.write(frame(DATA, 0, sid, payload))
 
     def _flush_waiting(self) -> None:
+        """Write what waits, in order, as far as the windows allow: a message larger than
+        they are goes in parts (the server grants the rest once it has read the start)."""
         while self._waiting:
             sid, payload = self._waiting[0]
             if sid not in self._streams:  # ended meanwhile
                 self._waiting.popleft()
                 continue
-            if not self._fits(sid, len(payload)):
+            n = min(len(payload), self._max_frame, self._send_window,
+                    self._stream_windows.get(sid, 0))
+            if n <= 0:
                 return
+            if n < len(payload):
+                self._waiting[0] = (sid, payload[n:])
+                self._write_data(sid, payload[:n])
+                continue
             self._waiting.popleft()
             self._write_data(sid, payload)
 
@@ -245,6 +260,8 @@ class Connection(asyncio.Protocol):
             if not flags & ACK:
                 for i in range(0, len(payload) - 5, 6):
                     key, value = struct.unpack(">HI", payload[i:i + 6])
+                    if key == SETTINGS_MAX_FRAME_SIZE:
+                        self._max_frame = value
                     if key == SETTINGS_INITIAL_WINDOW_SIZE:
                         delta = value - self._initial_window
                         self._initial_window = value
@@ -254,6 +271,7 @@ class Connection(asyncio.Protocol):
                 self._flush_waiting()
         elif kind == PING:
             if not flags & ACK:
+                self.pings += 1
                 self._transport.write(frame(PING, ACK, 0, payload))
         elif kind == WINDOW_UPDATE:
             increment = int.from_bytes(payload[:4], "big") & 0x7FFFFFFF

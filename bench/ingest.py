@@ -5,8 +5,9 @@
 The controller runs as its own process (`gearshift controller`, SQLite store in a
 temp dir). Simulated agents run in `--workers` separate processes, each holding
 many agents on one event loop (uvloop; `--agent-loop asyncio` for asyncio's); every
-agent has its own bidirectional stream (`--agents-per-channel` streams share one
-HTTP/2 connection). An agent starts at a random moment within the first interval (as
+agent has its own bidirectional stream on its own HTTP/2 connection, as agent hosts
+connect (`--agents-per-channel N`: N streams share one instead, which costs gRPC less
+per report and per agent than a fleet's connections do). An agent starts at a random moment within the first interval (as
 a fleet coming up does), sends Hello, waits for Welcome, then sends a Report with N
 deployment samples every interval on a fixed schedule, times its Ack and sends the
 next report one interval after the last. Reports are serialized once per agent;
@@ -23,7 +24,7 @@ Prints one JSON object:
   controller_cpu_s_per_1k_reports, controller_cores, controller_rss_mb,
   controller_peak_rss_mb, lost_reports,
   streams_failed, stream_errors, connect_p50_ms, connect_max_ms, all_connected_s, report_bytes,
-  agent_processes, pinned, controller_fds, controller_fd_limit, agent_cores,
+  server_pings_per_report, agent_processes, pinned, controller_fds, controller_fd_limit, agent_cores,
   agent_max_process_cores, agent_loop_lag_p99_ms, agent_loop_stalls_over_50ms,
   machine_cores, machine_count, machine_nice_cores, other_cores, controller_split
 `--floor` serves the same agents with gRPC's floor instead of the controller
@@ -53,7 +54,11 @@ streams wait in gRPC core's queue until the controller takes them), and
 measured window (`--duration-s`) opens one interval after every agent is
 connected, so acks and CPU describe the fleet in steady state and the start-up
 burst shows in the connect figures only. `report_bytes` is one report's
-serialized size. `lost_reports` counts reports sent in the measured window that
+serialized size. `server_pings_per_report`: the HTTP/2 PINGs the server sent in the window
+(keepalive and, where enabled, gRPC's bandwidth-delay probe, which pings for a connection's
+first DATA frame while no probe is out), per report; null with gRPC's client, which
+answers them unseen. `controller_fds` is the controller's open files at the window's
+start, every agent connected. `lost_reports` counts reports sent in the measured window that
 were not acked by ACK_GRACE_S after it. `controller_rss_mb` is the controller's RSS at the window's end,
 `controller_peak_rss_mb` its largest so far (VmHWM: the connect burst's, usually).
 
@@ -100,6 +105,8 @@ from typing import Any
 import agent_wire
 import psutil
 from machine import MachineWatch
+
+from gearshift.controller.limits import raise_open_files_limit
 
 WARMUP_S = 3.0  # worker processes importing and starting their loops
 # Agents per simulator process by default: at 10 s intervals one process runs about
@@ -148,6 +155,7 @@ class _Stats:
         self.connect_ms: list[float] = []  # stream opened -> Welcome read
         self.errors: list[str] = []
         self.cpu_window: list[float] = []  # this process's CPU seconds at the window's start, end
+        self.pings_window: list[int] = []  # the server's PINGs on this process's connections, too
         self.lags_ms: list[float] = []  # how late this loop woke, per probe in the window
 
 
@@ -393,15 +401,19 @@ async def _worker_main(args: argparse.Namespace, agent_ids: list[int], shared: A
     start_rng = random.Random(len(agent_ids) * 7919 + (agent_ids[0] if agent_ids else 0))
     host, _, port = args.controller.rpartition(":")
     agent: Callable[..., Coroutine[Any, Any, None]]  # `_wire_agent` or `_grpc_agent`
+    # gRPC's client: a local subchannel pool (each channel its own connection, as separate
+    # hosts' are) and the agent's own options.
+    channel_options: list[tuple[str, int]] = [("grpc.use_local_subchannel_pool", 1)]
+    if args.agent_client == "grpc":
+        from gearshift.agents.daemon import CHANNEL_OPTIONS
+
+        channel_options += CHANNEL_OPTIONS
     for start in range(0, len(agent_ids), args.agents_per_channel):
         if args.agent_client == "wire":
             channel = await agent_wire.connect(host, int(port), CONNECT_PATH)
             agent, via = _wire_agent, channel
         else:
-            # A local subchannel pool: each channel is its own connection, as separate
-            # hosts' are.
-            channel = grpc.aio.insecure_channel(
-                args.controller, options=[("grpc.use_local_subchannel_pool", 1)])
+            channel = grpc.aio.insecure_channel(args.controller, options=channel_options)
             agent, via = _grpc_agent, _connect_method(channel)
         channels.append(channel)
         for idx in agent_ids[start:start + args.agents_per_channel]:
@@ -419,6 +431,8 @@ async def _worker_main(args: argparse.Namespace, agent_ids: list[int], shared: A
         for at in (window.start, window.end):
             await asyncio.sleep(max(0.0, at - loop.time()))
             stats.cpu_window.append(time.process_time())
+            if args.agent_client == "wire":  # gRPC's client answers PINGs unseen
+                stats.pings_window.append(sum(c.pings for c in channels))
 
     async def probe_lag() -> None:
         # The simulator's own stalls: an ack read late by this loop counts as a slow ack.
@@ -462,6 +476,7 @@ def _worker(args: argparse.Namespace, agent_ids: list[int], shared: Any, connect
             q: Any) -> None:
     if args.pin:  # before gRPC starts its threads, which inherit it
         os.sched_setaffinity(0, _agent_cpus())
+    raise_open_files_limit()  # a connection per agent: AGENTS_PER_WORKER and more
     main = _worker_main(args, agent_ids, shared, connected)
     if args.agent_loop == "uvloop":
         import uvloop
@@ -470,9 +485,10 @@ def _worker(args: argparse.Namespace, agent_ids: list[int], shared: Any, connect
     else:
         stats = asyncio.run(main)
     cpu = stats.cpu_window[1] - stats.cpu_window[0] if len(stats.cpu_window) == 2 else float("nan")
+    pings = stats.pings_window[1] - stats.pings_window[0] if len(stats.pings_window) == 2 else None
     q.put({"acks": stats.acks, "connect_ms": stats.connect_ms, "sent": stats.sent, "lost": stats.lost,
            "connected": stats.connected, "errors": dict(Counter(stats.errors)),
-           "failed": len(stats.errors), "cpu_s": cpu, "lags_ms": stats.lags_ms,
+           "failed": len(stats.errors), "cpu_s": cpu, "lags_ms": stats.lags_ms, "pings": pings,
            "report_bytes": _report_bytes(args)})
 
 
@@ -588,8 +604,9 @@ def main() -> int:
     p.add_argument("--duration-s", type=float, default=30.0)
     p.add_argument("--workers", type=int, default=0,
                    help=f"agent processes (default: one per {AGENTS_PER_WORKER} agents, at least 2)")
-    p.add_argument("--agents-per-channel", type=int, default=100,
-                   help="agent streams sharing one connection")
+    p.add_argument("--agents-per-channel", type=int, default=1,
+                   help="agent streams sharing one connection (default: each agent its own, "
+                        "as agent hosts connect)")
     p.add_argument("--agent-client", choices=("wire", "grpc"), default="wire",
                    help="the simulated agents' client: HTTP/2 frames written by hand "
                         "(bench/agent_wire.py), or gRPC's asyncio client")
@@ -662,6 +679,7 @@ def main() -> int:
             cpu0 = sum(ctl_ps.cpu_times()[:2]) if ctl_ps else 0.0
             split0 = _thread_cpu(pid) if ctl_ps else {}
             m0 = _scrape(fleet.metrics_port if ctl else 0)
+            fds = ctl_ps.num_fds() if ctl_ps else 0  # every agent connected
             time.sleep(max(0.0, t_end - time.time()))
             cpu1 = sum(ctl_ps.cpu_times()[:2]) if ctl_ps else 0.0
             machine1 = psutil.cpu_times()
@@ -669,7 +687,6 @@ def main() -> int:
             m1 = _scrape(fleet.metrics_port if ctl else 0)
             rss_mb = ctl_ps.memory_info().rss / 1e6 if ctl_ps else 0.0
             peak_rss_mb = _peak_rss_mb(pid) if ctl_ps else 0.0
-            fds = ctl_ps.num_fds() if ctl_ps else 0
             fd_limit = ctl_ps.rlimit(psutil.RLIMIT_NOFILE)[0] if ctl_ps else 0
             stats = [q.get(timeout=args.interval_s + ACK_GRACE_S + 120) for _ in procs]
             for pr in procs:
@@ -709,6 +726,9 @@ def main() -> int:
     out["connect_max_ms"] = round(connects[-1], 3) if connects else float("nan")
     out["all_connected_s"] = round(connected_s, 1)
     out["report_bytes"] = stats[0]["report_bytes"] if stats else 0
+    pings = [s["pings"] for s in stats]
+    out["server_pings_per_report"] = (round(sum(pings) / max(1, sent), 4)
+                                      if pings and None not in pings else None)
     out["agent_processes"] = args.workers
     out["pinned"] = ({"controller_cpus": [CONTROLLER_CPU], "agent_cpus": sorted(_agent_cpus())}
                      if args.pin else None)

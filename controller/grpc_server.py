@@ -52,11 +52,21 @@ MAX_PENDING_STREAMS = 20_000
 # connect for a sixth of them at 30 s), and each would reconnect into the same queue.
 MAX_UNREQUESTED_S = 120
 ENROL_MAX_MESSAGE_BYTES = 64 * 1024  # a token and a CSR
+# HTTP/2 flow control without gRPC's bandwidth-delay probe. With it, core sends a PING
+# on a connection's first DATA frame while no probe is out (src/core/lib/transport/
+# bdp_estimator.h) to grow the receive window for bulk transfers. An agent's connection
+# carries one small report (about 2 KB) every interval, so every report drew a PING and
+# its ack: one more frame each way and a round of core's threads per report, about 0.1
+# core at 10,000 agents (docs/architecture.md, "Scale targets"), for a window that the
+# default 64 KiB already leaves far from full. The largest message (MAX_MESSAGE_BYTES)
+# still passes at that window's pace: 64 KiB a round trip.
+BDP_PROBE = 0
 # The controller's server options (the ingest bench's gRPC floor, bench/grpc_floor.py,
 # serves with the same).
 SERVER_OPTIONS: list[tuple[str, int]] = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.http2.bdp_probe", BDP_PROBE),
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),

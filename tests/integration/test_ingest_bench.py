@@ -93,6 +93,14 @@ def test_a_small_bench_run_acks_every_report(client: str) -> None:
     result = small_bench_run("--agent-client", client)
     assert result["server"] == "controller"
     assert result["report_bytes"] == 1726
+    assert result["controller_fds"] >= 20  # a connection per agent, as agent hosts hold
+    if client == "wire":
+        # No bandwidth-delay probe: with gRPC's default it pinged once for every report
+        # (each the first DATA frame on its connection since the last probe). What is
+        # left is keepalive's, one per connection in 20 s.
+        assert 0 <= result["server_pings_per_report"] < 0.1
+    else:
+        assert result["server_pings_per_report"] is None  # gRPC's client hides them
     split = result["controller_split"]  # the loop's time applying reports, from its metric
     assert 0 < split["handle_us_per_report"] < 1e6
     assert 0 <= split["handle_cores"] <= split["event_loop_cores"] + 0.05
