@@ -53,13 +53,14 @@ MAX_PENDING_STREAMS = 20_000
 MAX_UNREQUESTED_S = 120
 ENROL_MAX_MESSAGE_BYTES = 64 * 1024  # a token and a CSR
 # HTTP/2 flow control without gRPC's bandwidth-delay probe. With it, core sends a PING
-# on a connection's first DATA frame while no probe is out (src/core/lib/transport/
-# bdp_estimator.h) to grow the receive window for bulk transfers. An agent's connection
-# carries one small report (about 2 KB) every interval, so every report drew a PING and
-# its ack: one more frame each way and a round of core's threads per report, about 0.1
-# core at 10,000 agents (docs/architecture.md, "Scale targets"), for a window that the
-# default 64 KiB already leaves far from full. The largest message (MAX_MESSAGE_BYTES)
-# still passes at that window's pace: 64 KiB a round trip.
+# for the first DATA frame a connection reads once the probe's delay has passed (100 ms,
+# growing towards 10 s while the estimate holds: src/core/lib/transport/bdp_estimator.cc),
+# to grow the receive window for bulk transfers. An agent's connection carries one small
+# report (about 2 KB) every interval, so every report drew a PING and its ack: a frame
+# more each way and a round of core's threads per report, 0.05-0.15 core at 10,000 agents
+# (docs/architecture.md, "Scale targets"), for a window that the default 64 KiB already
+# leaves far from full. The largest message (MAX_MESSAGE_BYTES) still passes at that
+# window's pace: 64 KiB a round trip.
 BDP_PROBE = 0
 # The controller's server options (the ingest bench's gRPC floor, bench/grpc_floor.py,
 # serves with the same).
