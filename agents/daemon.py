@@ -66,8 +66,8 @@ STREAM_END_WAIT_S = 1.0  # a finished call's reader ends within this
 PENDING_RESULTS_LIMIT = 1000
 # The channel to the controller, without gRPC's bandwidth-delay probe: it would send a
 # PING for the first DATA frame read once the probe's delay (at most 10 s) has passed, so
-# for about every ack of the controller's, to grow a window that acks and commands never fill (the controller's
-# server does without it too: controller/grpc_server.py, BDP_PROBE).
+# for about every ack of the controller's, to grow a window that acks and commands never
+# fill (the controller's server does without it too: controller/grpc_server.py, BDP_PROBE).
 CHANNEL_OPTIONS: list[tuple[str, int]] = [("grpc.http2.bdp_probe", 0)]
 DEFAULT_DRAIN_GRACE_S = 30.0
 VERSION_MATCH_PROTO = {

@@ -7,10 +7,10 @@ temp dir). Simulated agents run in `--workers` separate processes, each holding
 many agents on one event loop (uvloop; `--agent-loop asyncio` for asyncio's); every
 agent has its own bidirectional stream on its own HTTP/2 connection, as agent hosts
 connect (`--agents-per-channel N`: N streams share one instead, which costs gRPC less
-per report and per agent than a fleet's connections do). An agent starts at a random moment within the first interval (as
-a fleet coming up does), sends Hello, waits for Welcome, then sends a Report with N
-deployment samples every interval on a fixed schedule, times its Ack and sends the
-next report one interval after the last. Reports are serialized once per agent;
+per report and per agent than a fleet's connections do). An agent starts at a random
+moment within the first interval (as a fleet coming up does), sends Hello, waits for
+Welcome, then sends a Report with N deployment samples every interval on a fixed
+schedule, times its Ack and sends the next report one interval after the last. Reports are serialized once per agent;
 only the sequence number changes.
 
 The agents speak gRPC with HTTP/2 frames written by hand (`bench/agent_wire.py`): to
@@ -55,8 +55,8 @@ measured window (`--duration-s`) opens one interval after every agent is
 connected, so acks and CPU describe the fleet in steady state and the start-up
 burst shows in the connect figures only. `report_bytes` is one report's
 serialized size. `server_pings_per_report`: the HTTP/2 PINGs the server sent in the window
-(keepalive and, where enabled, gRPC's bandwidth-delay probe, which pings for a connection's
-first DATA frame while no probe is out), per report; null with gRPC's client, which
+(keepalive and, where enabled, gRPC's bandwidth-delay probe, which pings for the first DATA
+frame a connection reads once its delay, 100 ms growing towards 10 s, has passed), per report; null with gRPC's client, which
 answers them unseen. `controller_fds` is the controller's open files at the window's
 start, every agent connected. `lost_reports` counts reports sent in the measured window that
 were not acked by ACK_GRACE_S after it. `controller_rss_mb` is the controller's RSS at the window's end,

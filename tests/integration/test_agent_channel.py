@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,15 +23,22 @@ from hpack import Encoder
 
 from gearshift.agents.daemon import CHANNEL_OPTIONS
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, SETTINGS, PING, WINDOW_UPDATE = 0, 1, 4, 6, 8
-END_STREAM, ACK, END_HEADERS = 0x1, 0x1, 0x4
+# The ingest bench's HTTP/2 frames (bench/ is not a package).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from agent_wire import (
+    ACK,
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    HEADERS,
+    PING,
+    PREFACE,
+    SETTINGS,
+    WINDOW_UPDATE,
+    frame,
+)
+
 MESSAGES = 5
-
-
-def frame(kind: int, flags: int, sid: int, payload: bytes) -> bytes:
-    return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(
-        ">I", sid) + payload
 
 
 class EchoServer(asyncio.Protocol):
