@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROTOS := $(wildcard proto/gearshift/v1/*.proto)
 
-.PHONY: demo test proto lint bench clean check-proto fuzz promtool image image-emulator test-containers podman-setup
+.PHONY: demo test proto lint bench clean check-proto fuzz promtool image image-emulator image-engines test-containers podman-setup
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -78,6 +78,13 @@ image:
 image-emulator:
 	$(call PODMAN_ENV,--with-base) CONTAINER=$(CONTAINER) ENGINE=emulator ENGINE_IMAGE=$(LOCAL_BASE_IMAGE) \
 		CONTROL_BASE_IMAGE=$(LOCAL_BASE_IMAGE) scripts/build-images.sh
+
+# Emulated engine images (deploy/images/engine-emulated.Containerfile): vLLM, TensorRT-LLM
+# and SGLang serving images whose engine is the emulator, FROM the emulator agent image
+# (built first when missing), for running engines as containers without GPUs.
+image-engines:
+	$(call PODMAN_ENV,--with-base) CONTAINER=$(CONTAINER) AGENT_BASE_IMAGE=$(LOCAL_BASE_IMAGE) \
+		scripts/build-engine-images.sh
 
 # The container test alone (it is part of `make test` too, where podman can run).
 test-containers: $(STAMP)

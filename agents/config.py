@@ -5,6 +5,7 @@ Unknown keys are errors; every error names the field path and the value found.
 
 from __future__ import annotations
 
+import re
 import socket
 from pathlib import Path
 from typing import Any, Literal
@@ -45,10 +46,21 @@ class GpuConfig(_Strict):
 
 
 class EngineConfig(_Strict):
+    # A container image (a tag, or pinned by digest: name@sha256:...): the engine runs as a
+    # container of the `containers:` runtime instead of a host program (docs/containers.md).
+    image: str = ""
     executable: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     version: str = ""                    # reported in Hello; empty = unknown
     build_executable: list[str] = Field(default_factory=list)
+
+    @field_validator("image")
+    @classmethod
+    def _image_reference(cls, v: str) -> str:
+        if v and (len(v) > 512 or not _IMAGE_RE.match(v)):
+            raise ValueError("expected an image reference such as "
+                             "docker.io/vllm/vllm-openai:v0.11.0 or name@sha256:<64 hex digits>")
+        return v
 
     @field_validator("executable")
     @classmethod
@@ -56,6 +68,84 @@ class EngineConfig(_Strict):
         if any(not p for p in v):
             raise ValueError("executable parts must be non-empty strings")
         return v
+
+
+_IMAGE_RE = re.compile(
+    r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$")
+
+
+class ContainersConfig(_Strict):
+    """How engines with an `image` run: the container runtime and what every engine
+    container gets (docs/containers.md)."""
+
+    runtime: Literal["podman", "docker"] = "podman"
+    # The runtime's API socket: unix:///path or tcp://host:port. "" = the runtime's
+    # default (podman: /run/podman/podman.sock; docker: /var/run/docker.sock).
+    endpoint: str = ""
+    # GPUs: "cdi" (nvidia.com/gpu=<index> per GPU; the NVIDIA Container Toolkit's CDI
+    # specification), "nvidia" (Docker's GPU request), "auto": CDI on podman, and on
+    # docker where its daemon has CDI spec dirs, else Docker's GPU request.
+    gpus: Literal["auto", "cdi", "nvidia"] = "auto"
+    ipc_host: bool = True  # --ipc=host, as the engines' docs ask; else shm_size
+    shm_size: str = "16g"
+    model_cache: Path | None = None  # the Hugging Face cache, mounted read-write
+    model_dirs: list[Path] = Field(default_factory=list)  # mounted read-only, same path
+    # Environment variables whose values are read from files (secrets such as HF_TOKEN):
+    # never put on a command line or a label.
+    secret_env_files: dict[str, Path] = Field(default_factory=dict)
+    # ulimits for every engine container, over those the engine's docs ask for (the
+    # catalog: TensorRT-LLM's memlock=-1, stack=64 MiB); -1 = unlimited.
+    ulimits: dict[str, int] = Field(default_factory=dict)
+    pull_timeout_s: float = Field(1800.0, gt=0)
+    network: Literal["host", "publish"] = "host"  # publish: -p bind_host:port:port
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, v: str) -> str:
+        if v and not (v.startswith(("unix:///", "tcp://", "http://", "https://"))):
+            raise ValueError("expected unix:///path/to.sock or tcp://host:port")
+        return v
+
+    @field_validator("shm_size")
+    @classmethod
+    def _size(cls, v: str) -> str:
+        parse_size(v, "shm_size")
+        return v
+
+    @field_validator("ulimits")
+    @classmethod
+    def _ulimit_names(cls, v: dict[str, int]) -> dict[str, int]:
+        known = ("core", "memlock", "nofile", "nproc", "stack")
+        for name, value in v.items():
+            if name not in known:
+                raise ValueError(f"unknown ulimit {name!r}; known: {', '.join(known)}")
+            if value < -1:
+                raise ValueError(f"ulimit {name}: {value} (give -1 for unlimited)")
+        return v
+
+    @field_validator("secret_env_files")
+    @classmethod
+    def _env_names(cls, v: dict[str, Path]) -> dict[str, Path]:
+        for name in v:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(f"{name!r} is not an environment variable name")
+        return v
+
+    @property
+    def socket_url(self) -> str:
+        if self.endpoint:
+            return self.endpoint
+        return ("unix:///run/podman/podman.sock" if self.runtime == "podman"
+                else "unix:///var/run/docker.sock")
+
+
+def parse_size(text: str, what: str) -> int:
+    """Bytes of "16g", "512m", "1024" (k, m, g, t: powers of 1024)."""
+    m = re.fullmatch(r"\s*([0-9]+)\s*([kmgtKMGT]?)[bB]?\s*", text)
+    if not m:
+        raise ValueError(f"{what}: expected a size such as 16g or 512m, found {text!r}")
+    return int(m.group(1)) * 1024 ** " kmgt".index(m.group(2).lower() or " ")
 
 
 class DeploymentConfig(_Strict):
@@ -126,6 +216,7 @@ class AgentConfig(_Strict):
     metrics_listen: str = ""  # HOST:PORT of /metrics, /healthz, /readyz; empty: none
     gpus: GpuConfig = GpuConfig()
     engines: dict[str, EngineConfig] = Field(default_factory=dict)
+    containers: ContainersConfig | None = None  # needed by engines that have an image
     deployments: list[DeploymentConfig] = Field(default_factory=list)
 
     @field_validator("engines")
@@ -168,6 +259,17 @@ class AgentConfig(_Strict):
             return ",".join(parse_controllers(v, "enrol_controller"))
         except ConfigError as err:
             raise ValueError(err.message.removeprefix("enrol_controller: ")) from None
+
+    @model_validator(mode="after")
+    def _containers(self) -> AgentConfig:
+        imaged = sorted(n for n, e in self.engines.items() if e.image)
+        if imaged and self.containers is None:
+            raise ValueError(f"engines {', '.join(imaged)} run from images: give a "
+                             "'containers' block (e.g. containers: {runtime: podman})")
+        for name in imaged:
+            if self.engines[name].executable or self.engines[name].build_executable:
+                raise ValueError(f"engines.{name}: give image or executable, not both")
+        return self
 
     @model_validator(mode="after")
     def _enrolment(self) -> AgentConfig:

@@ -19,6 +19,7 @@ import random
 import signal
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,18 +35,31 @@ from gearshift.agents.handover import WorkdirLock, clean_up_dead, survey
 from gearshift.agents.metrics import EngineScraper, to_proto
 from gearshift.agents.ops_metrics import AgentMetrics
 from gearshift.agents.runtimes.base import get_runtime
+from gearshift.agents.runtimes.container_supervisor import (
+    ContainerSupervisor,
+    spec_from_labels,
+)
+from gearshift.agents.runtimes.containers import (
+    LABEL_DEPLOYMENT,
+    LABEL_PORT,
+    ContainerRuntime,
+    ImageInfo,
+    PullProgress,
+    image_version,
+)
 from gearshift.agents.runtimes.engine_state import EngineRecord, EngineStateDir
 from gearshift.agents.runtimes.supervisor import EngineSupervisor
 from gearshift.common.credentials import TlsFiles, secure_channel
 from gearshift.common.endpoints import ControllerEndpoints, leader_hint
 from gearshift.common.engine_versions import (
+    EngineRelease,
     ResolvedRelease,
     VersionMatch,
     check_pinned_version,
     release_for,
 )
 from gearshift.common.engines import ENGINE_NAMES, engine_entry
-from gearshift.common.errors import FailedPrecondition, InvalidArgument
+from gearshift.common.errors import FailedPrecondition, GearshiftError, InvalidArgument
 from gearshift.common.ops_http import OpsListener, parse_listen
 from gearshift.common.spec import DeploymentSpec, Phase
 from gearshift.v1 import agent_pb2, agent_pb2_grpc
@@ -108,7 +122,8 @@ class Agent:
         self._session: aiohttp.ClientSession | None = None
         self.commands = CommandExecutor(self._emit_result, {
             "start": self._cmd_start, "drain": self._cmd_drain, "stop": self._cmd_stop,
-            "build": self._cmd_build}, journal=config.command_journal)
+            "build": self._cmd_build, "prepare": self._cmd_prepare},
+            journal=config.command_journal)
         self._stopping = asyncio.Event()
         # Versions found by detection (package METADATA, else the catalog's probe) for
         # engines whose config gives none, and where each was read.
@@ -122,6 +137,10 @@ class Agent:
         self.started = False  # engines adopted and configured deployments started
         self.ops: OpsListener | None = None
         self.enroller: Enroller | None = None
+        # Engines with an `image` run as containers of this runtime (docs/containers.md).
+        self.containers: ContainerRuntime | None = (
+            ContainerRuntime(config.containers) if config.containers is not None else None)
+        self._pulls: dict[str, asyncio.Task[ImageInfo]] = {}  # by image reference
         if config.enrols:
             self.enroller = self._enroller()
 
@@ -139,6 +158,11 @@ class Agent:
 
     def _engine(self, name: str) -> EngineConfig:
         return self.config.engine(name)
+
+    def engine_image(self, name: str) -> str:
+        """The engine's container image ("" = it runs as a host program)."""
+        eng = self.config.engines.get(name)
+        return eng.image if eng is not None else ""
 
     def engine_version(self, name: str) -> str:
         """The configured version, else what detection found ("" = unknown)."""
@@ -162,7 +186,7 @@ class Agent:
         """Each unconfigured engine's version from its package METADATA (file reads only)."""
         for name in ENGINE_NAMES:
             eng = self._engine(name)
-            if eng.version or name in self.probed_versions:
+            if eng.version or name in self.probed_versions or self.engine_image(name):
                 continue
             found = metadata_version(engine_entry(name).package, eng.executable, eng.env)
             if found:
@@ -173,11 +197,60 @@ class Agent:
         """Run the catalog's version probe of every engine whose version is still unknown."""
         async def one(name: str) -> None:
             eng = self._engine(name)
+            if self.engine_image(name):  # read from the image where the runtime has it
+                with contextlib.suppress(GearshiftError):
+                    info = await self._runtime().image(self.engine_image(name))
+                    if info is not None:
+                        await self._version_from_image(name, info)
+                return
             found = await probe_version(engine_entry(name).version_probe, env=eng.env)
             if found:
                 self.probed_versions[name] = found
                 self.version_sources[name] = "probe"
         await asyncio.gather(*(one(n) for n in ENGINE_NAMES if not self.engine_version(n)))
+
+    def _runtime(self) -> ContainerRuntime:
+        if self.containers is None:
+            raise FailedPrecondition("engines run from images need a 'containers' block")
+        return self.containers
+
+    async def _version_from_image(self, name: str, info: ImageInfo) -> None:
+        """The engine's version as its image says (`containers.image_version`)."""
+        if self._engine(name).version:
+            return
+        version, source = await image_version(self._runtime(), info, engine_entry(name))
+        if version:
+            self.probed_versions[name] = version
+            self.version_sources[name] = source
+
+    async def pull_image(self, name: str,
+                         on_progress: Callable[[PullProgress], None] | None = None
+                         ) -> ImageInfo:
+        """The engine's image, pulled when the runtime lacks it (one pull per image at a
+        time: a prepare and a start share it), and its version read."""
+        reference = self.engine_image(name)
+        runtime = self._runtime()
+        info = await runtime.image(reference)
+        if info is None:
+            task = self._pulls.get(reference)
+            if task is None or task.done():
+                task = self._pulls[reference] = asyncio.ensure_future(
+                    runtime.pull(reference, on_progress))
+            info = await asyncio.wait_for(asyncio.shield(task),
+                                          runtime.settings.pull_timeout_s)
+        await self._version_from_image(name, info)
+        return info
+
+    async def _image_ready(self, spec: DeploymentSpec, info: ImageInfo) -> EngineRelease:
+        """The release row `spec` launches with, once its image is here (the version it
+        pins is checked against the image's)."""
+        await self._version_from_image(spec.engine, info)
+        check_pinned_version(spec.engine, spec.engine_version, self.engine_version(spec.engine))
+        resolved = self.engine_release(spec.engine)
+        if resolved.flagged:
+            log.warning("%s %s: launching with the flags of %s (%s)", spec.engine,
+                        resolved.describe(), resolved.row.label, resolved.match.value)
+        return resolved.row
 
     async def start_deployment(self, spec: DeploymentSpec) -> EngineSupervisor:
         existing = self.supervisors.get(spec.deployment_id)
@@ -189,11 +262,13 @@ class Agent:
         if self._probing is not None and not self._probing.done():
             # The command line depends on the engine's release: know it first.
             await asyncio.shield(self._probing)
-        resolved = self.engine_release(spec.engine)
-        check_pinned_version(spec.engine, spec.engine_version, self.engine_version(spec.engine))
-        if resolved.flagged:
-            log.warning("%s %s: launching with the flags of %s (%s)", spec.engine,
-                        resolved.describe(), resolved.row.label, resolved.match.value)
+        if not self.engine_image(spec.engine):  # an image's version is read once it is here
+            resolved = self.engine_release(spec.engine)
+            check_pinned_version(spec.engine, spec.engine_version,
+                                 self.engine_version(spec.engine))
+            if resolved.flagged:
+                log.warning("%s %s: launching with the flags of %s (%s)", spec.engine,
+                            resolved.describe(), resolved.row.label, resolved.match.value)
         sup = self._new_supervisor(spec, self.config.bind_host)
         self.supervisors[spec.deployment_id] = sup
         await sup.start()
@@ -202,7 +277,17 @@ class Agent:
 
     def _new_supervisor(self, spec: DeploymentSpec, bind_host: str) -> EngineSupervisor:
         eng = self._engine(spec.engine)
-        workdir = Path(self.config.workdir) / spec.deployment_id
+        workdir = Path(self.config.workdir).absolute() / spec.deployment_id
+        if self.engine_image(spec.engine):
+            assert self.config.containers is not None  # the config's validator says so
+            return ContainerSupervisor(
+                spec, get_runtime(spec.engine), executable=eng.executable,
+                env=dict(eng.env), workdir=workdir, bind_host=bind_host,
+                release=self.engine_release(spec.engine).row,
+                containers=self._runtime(), settings=self.config.containers,
+                image=self.engine_image(spec.engine), host_id=self.config.host_id,
+                gpus_emulated=self.gpus.emulated,
+                on_image=lambda info: self._image_ready(spec, info))
         return EngineSupervisor(spec, get_runtime(spec.engine), executable=eng.executable,
                                 env=dict(eng.env), workdir=workdir, bind_host=bind_host,
                                 state=self.state, release=self.engine_release(spec.engine).row)
@@ -233,7 +318,46 @@ class Agent:
             if sup is not None:
                 adopted.append(record.deployment_id)
                 self.metrics.adopted.inc()
+        if self.containers is not None:
+            try:
+                adopted += await self._adopt_containers()
+            except GearshiftError as exc:
+                log.error("engine containers not adopted: %s", exc.message)
         self.adopted = adopted
+        return adopted
+
+    async def _adopt_containers(self) -> list[str]:
+        """Take over this host's running engine containers (by their labels); remove
+        those that have exited or whose engine no longer runs from an image here."""
+        runtime = self._runtime()
+        adopted = []
+        for found in await runtime.labelled(self.config.host_id):
+            dep_id = found.labels[LABEL_DEPLOYMENT]
+            why = ""
+            try:
+                spec = DeploymentSpec(**spec_from_labels(found.labels))
+                state = await runtime.state(found.container_id) if found.running else None
+            except (ValueError, KeyError, TypeError, InvalidArgument) as exc:
+                spec, state, why = None, None, f"unreadable labels ({exc})"
+            if spec is not None and not self.engine_image(spec.engine):
+                why = f"{spec.engine} no longer runs from an image on this host"
+            elif spec is not None and dep_id in self.supervisors:
+                why = "its deployment already runs"
+            elif spec is not None and (state is None or not state.get("Running")):
+                why = "it has exited"
+            if why or spec is None or state is None:
+                await runtime.remove(found.container_id)
+                log.info("engine container %s (%s) removed: %s", found.name, dep_id, why)
+                continue
+            sup = self._new_supervisor(spec, self.config.bind_host)
+            assert isinstance(sup, ContainerSupervisor)
+            self.supervisors[dep_id] = sup
+            await sup.adopt_container(found, int(state.get("Pid") or 0))
+            self._watch_metrics(sup)
+            self.metrics.adopted.inc()
+            adopted.append(dep_id)
+            log.info("adopted engine container %s (%s, port %s): %s", found.name, dep_id,
+                     found.labels.get(LABEL_PORT), sup.phase.value)
         return adopted
 
     async def _adopt(self, record: EngineRecord) -> EngineSupervisor | None:
@@ -275,11 +399,36 @@ class Agent:
         dep_id = cmd.stop.deployment_id
         sup = self.supervisors.get(dep_id)
         if sup is None:
+            if self.containers is not None:  # a container of it left behind: not wanted
+                for found in await self.containers.labelled(self.config.host_id):
+                    if found.labels.get(LABEL_DEPLOYMENT) == dep_id:
+                        await self.containers.remove(found.container_id)
+                        return f"{dep_id} was not running; its container {found.name} removed"
             return f"{dep_id} was not running"
         await sup.stop(cmd.stop.grace_s or DEFAULT_DRAIN_GRACE_S)
         self.supervisors.pop(dep_id, None)
         self.scrapers.pop(dep_id, None)
         return f"{dep_id} stopped"
+
+    async def _cmd_prepare(self, cmd: agent_pb2.Command, progress) -> str:  # type: ignore[no-untyped-def]
+        """Pull the image of the spec's engine before the deployment starts (a move's
+        window then leaves out the download); nothing for a host program."""
+        spec = DeploymentSpec.from_proto(cmd.prepare.spec)
+        image = self.engine_image(spec.engine)
+        if not image:
+            return f"{spec.engine} runs as a host program here: nothing to pull"
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+
+        def pulled(p: PullProgress) -> None:
+            progress(p.done / p.total if p.total else 0.0, f"pulling {image}: {p.describe()}")
+
+        progress(0.0, f"pulling {image}")
+        info = await self.pull_image(spec.engine, pulled)
+        check_pinned_version(spec.engine, spec.engine_version, self.engine_version(spec.engine))
+        return (f"{image} is here ({info.digest[:19]}; {spec.engine} "
+                f"{self.engine_version(spec.engine) or 'version unknown'}) after "
+                f"{loop.time() - started:.1f} s")
 
     async def _cmd_build(self, cmd: agent_pb2.Command, progress) -> str:  # type: ignore[no-untyped-def]
         """Run the engine's build step (catalog `BuildStep`, e.g. `trtllm-build`)."""
@@ -336,6 +485,9 @@ class Agent:
                 backend=spec.backend, served_model_name=sup.served_model_name,
                 source=spec.source, tensor_parallel_size=spec.tensor_parallel_size)
             d.gpu_indices.extend(spec.gpu_indices)
+            if isinstance(sup, ContainerSupervisor):
+                d.image, d.image_digest = sup.image, sup.image_digest
+                d.pull_bytes_done, d.pull_bytes_total = sup.pull.done, sup.pull.total
             if sample is not None:
                 to_proto(sample, d)
         return report
@@ -355,7 +507,8 @@ class Agent:
             hello.engines.add(engine=name, version=self.engine_version(name),
                               executable=" ".join(eng.executable), release=resolved.row.label,
                               version_match=VERSION_MATCH_PROTO[resolved.match],
-                              version_source=self.version_source(name))
+                              version_source=self.version_source(name),
+                              image=self.engine_image(name))
         return hello
 
     def _emit_result(self, result: agent_pb2.CommandResult) -> None:
@@ -572,6 +725,8 @@ class Agent:
                                  return_exceptions=True)
         if self._session is not None:
             await self._session.close()
+        if self.containers is not None:
+            await self.containers.close()
 
 
 async def _none() -> None:

@@ -5,10 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from gearshift.common.errors import GearshiftError
+
+if TYPE_CHECKING:
+    from gearshift.agents.config import AgentConfig
 
 
 def setup_logging(level: str) -> None:
@@ -197,18 +201,33 @@ def _tls_from_env() -> dict[str, str] | None:
 @click.option("--grace", "grace_s", type=float, default=30.0, show_default=True,
               help="seconds each engine gets to finish in-flight requests before SIGKILL")
 def agent_drain(config_path: Path | None, workdir: Path | None, grace_s: float) -> None:
-    """Stop the engines a stopped agent left serving on this host (refused while an
-    agent runs on the work dir)."""
+    """Stop the engines a stopped agent left serving on this host, and remove its engine
+    containers (refused while an agent runs on the work dir)."""
     from gearshift.agents.config import load_agent_config
     from gearshift.agents.handover import drain_recorded
 
     try:
         cfg = load_agent_config(config_path, {"workdir": workdir})
         lines = drain_recorded(cfg.workdir, grace_s)
+        if cfg.containers is not None:
+            lines += asyncio.run(_drain_containers(cfg, grace_s))
     except GearshiftError as err:
         raise click.ClickException(err.message) from None
     for line in lines or [f"no engines recorded in {cfg.workdir}"]:
         click.echo(line)
+
+
+async def _drain_containers(cfg: AgentConfig, grace_s: float) -> list[str]:
+    from gearshift.agents.handover import WorkdirLock
+    from gearshift.agents.runtimes.containers import ContainerRuntime, drain_containers
+
+    assert cfg.containers is not None
+    runtime = ContainerRuntime(cfg.containers)
+    try:
+        with WorkdirLock(cfg.workdir):
+            return await drain_containers(runtime, cfg.host_id, grace_s)
+    finally:
+        await runtime.close()
 
 
 @controller.command("status")

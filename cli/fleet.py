@@ -35,6 +35,17 @@ def phase(v: int) -> str:
     return enum_label(agent_pb2.DeploymentPhase, "DEPLOYMENT_PHASE_", v)
 
 
+def phase_cell(r: agent_pb2.DeploymentReport) -> str:
+    """The phase; while an image is pulled, with the bytes pulled of the total."""
+    name = phase(r.phase)
+    if r.phase != agent_pb2.DEPLOYMENT_PHASE_PULLING:
+        return name
+    if r.pull_bytes_total:
+        return (f"{name} {r.pull_bytes_done / r.pull_bytes_total:.0%} "
+                f"({r.pull_bytes_done / 1e6:.0f}/{r.pull_bytes_total / 1e6:.0f} MB)")
+    return f"{name} {r.pull_bytes_done / 1e6:.0f} MB" if r.pull_bytes_done else name
+
+
 @click.group()
 def fleet() -> None:
     """Hosts, deployments and models as the controller sees them."""
@@ -125,7 +136,7 @@ def deployments(ctx: click.Context, model: str, host_id: str, output: str) -> No
         row: tuple[object, ...] = (
             r.deployment_id, d.host_id, r.model,
             engine_label(r.engine, r.engine_version, r.engine_release, r.engine_version_match),
-            r.revision or "-", phase(r.phase), fmt_rate(r.request_rate),
+            r.revision or "-", phase_cell(r), fmt_rate(r.request_rate),
             f"{r.running_requests:.0f}/{r.waiting_requests:.0f}",
             fmt_ms(r.ttft.p50_s, r.ttft.present), fmt_ms(r.ttft.p99_s, r.ttft.present),
             fmt_ms(r.itl.p99_s, r.itl.present), f"{r.generation_tokens_per_s:.0f}",

@@ -125,6 +125,32 @@ class BuildStep:
 
 
 @dataclass(frozen=True)
+class ImageFacts:
+    """How the engine's own container image runs it (docs/containers.md)."""
+
+    repository: str                  # the official image, without a tag
+    # True: the container's ENTRYPOINT is set to the engine's executable, because the
+    # image's own changed between releases (vLLM: `python3 -m
+    # vllm.entrypoints.openai.api_server`, later `vllm serve`). False: the image's
+    # ENTRYPOINT is kept (NVIDIA's /opt/nvidia/nvidia_entrypoint.sh, which runs its
+    # arguments) and the whole command line is the container's command.
+    override_entrypoint: bool = False
+    # ulimits the engine's docs ask for, by name: value (-1 = unlimited).
+    ulimits: tuple[tuple[str, int], ...] = ()
+    # The engine's own container home; the model cache mounts at <home>/.cache/huggingface.
+    home: str = "/root"
+    # An environment variable of the image that holds the engine's version, if any.
+    version_env: str = ""
+
+    def entrypoint_and_command(self, argv: tuple[str, ...] | list[str]
+                               ) -> tuple[list[str] | None, list[str]]:
+        """(ENTRYPOINT or None to keep the image's, command) for the command line `argv`."""
+        if self.override_entrypoint:
+            return [argv[0]], list(argv[1:])
+        return None, list(argv)
+
+
+@dataclass(frozen=True)
 class CapacityPrior:
     """Capacity per replica relative to the baseline engine when nothing is measured:
     the middle of a public range, and the range."""
@@ -152,6 +178,7 @@ class EngineEntry:
     emulator_module: str             # the `gearshift emulate --flavor NAME` flavour
     backends: tuple[str, ...] = ()   # the first is the default; () = no backend choice
     build: BuildStep | None = None
+    image: ImageFacts | None = None  # the engine's official container image
     gpu_vendor: str = ""             # GPUs it needs ("" = any the engine supports)
     sources: tuple[str, ...] = field(default_factory=tuple)  # where the facts were checked
 
@@ -196,6 +223,7 @@ VLLM = EngineEntry(
         cache_config_info=("cache_config_info",)),
     prior=CapacityPrior(1.0, 1.0, 1.0, "the baseline engine"),
     emulator_module="gearshift.agents.emulator.flavor_vllm",
+    image=ImageFacts(repository="docker.io/vllm/vllm-openai", override_entrypoint=True),
     sources=("vLLM 0.11 `vllm serve` CLI and `vllm/v1/metrics/loggers.py`; "
              "tests/fixtures/engine-metrics/vllm-0.11-metrics.txt",),
 )
@@ -229,6 +257,11 @@ TENSORRT_LLM = EngineEntry(
     prior=CapacityPrior(1.05, 0.94, 1.16,
                         "vLLM a few % ahead on 8B models .. TensorRT-LLM +16% on 70B"),
     emulator_module="gearshift.agents.emulator.flavor_trtllm",
+    # docker/release.md: --ipc=host --ulimit memlock=-1 --ulimit stack=67108864; the
+    # release stage sets TRT_LLM_VERSION (docker/Dockerfile.multi).
+    image=ImageFacts(repository="nvcr.io/nvidia/tensorrt-llm/release",
+                     ulimits=(("memlock", -1), ("stack", 67108864)),
+                     version_env="TRT_LLM_VERSION"),
     backends=("pytorch", "tensorrt"),
     build=BuildStep(backends=frozenset({"tensorrt"}), executable=("trtllm-build",),
                     args=("--checkpoint_dir", "{source}", "--output_dir", "{output_dir}",
@@ -273,6 +306,7 @@ SGLANG = EngineEntry(
                         "published serving benchmarks put SGLang and vLLM within a few % on "
                         "dense models, SGLang ahead with shared prefixes: no default lead"),
     emulator_module="gearshift.agents.emulator.flavor_sglang",
+    image=ImageFacts(repository="docker.io/lmsysorg/sglang"),
     sources=("sgl-project/sglang 0.5 line: python/sglang/srt/server_args.py (001067ff), "
              "python/sglang/srt/entrypoints/http_server.py (0025436e), "
              "python/sglang/srt/metrics/collector.py (00ae9c15); "

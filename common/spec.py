@@ -32,6 +32,7 @@ class Phase(StrEnum):
     STOPPED = "stopped"        # stopped on purpose; no process left
     FAILED = "failed"          # gave up restarting (or could not start at all)
     BUILDING = "building"      # engine build in progress
+    PULLING = "pulling"        # the engine's container image is being pulled
 
     def to_proto(self) -> agent_pb2.DeploymentPhase.ValueType:
         return _PHASE_TO_PROTO[self]
@@ -53,6 +54,7 @@ _PHASE_TO_PROTO: dict[Phase, agent_pb2.DeploymentPhase.ValueType] = {
     Phase.STOPPED: agent_pb2.DEPLOYMENT_PHASE_STOPPED,
     Phase.FAILED: agent_pb2.DEPLOYMENT_PHASE_FAILED,
     Phase.BUILDING: agent_pb2.DEPLOYMENT_PHASE_BUILDING,
+    Phase.PULLING: agent_pb2.DEPLOYMENT_PHASE_PULLING,
 }
 
 

@@ -61,6 +61,7 @@ class OrchestratorSettings:
     sla_for: Callable[[str], Sla] = field(default=_no_sla)  # model -> its SLA
     command_timeout_s: float = 600.0  # starting targets / restoring sources must finish within
     build_timeout_s: float = 3600.0  # TensorRT engine builds must finish within
+    pull_timeout_s: float = 1800.0  # target engines' images must be pulled within
     drain_grace_s: float = 30.0  # in-flight requests get this long when a replica leaves
     command_resend_s: float = 30.0  # an unanswered command is re-sent (same id) after this
     min_available: int = 1  # source replicas kept serving until the target is promoted
@@ -92,6 +93,8 @@ class OrchestratorSettings:
 
     def phase_deadline_s(self, phase: MigrationPhase) -> float:
         """How long a move may stay in `phase` before it counts as stuck."""
+        if phase is MigrationPhase.PULLING:
+            return self.stuck_after_s + self.pull_timeout_s
         return self.stuck_after_s + (self.build_timeout_s if phase is MigrationPhase.BUILDING
                                      else 0.0)
 
@@ -139,6 +142,13 @@ class AgentCommands:
         if entry is None or self._fleet.host_state(host_id) != control_pb2.HOST_STATE_CONNECTED:
             raise Paused(f"paused: host {host_id} is unreachable or not reporting")
         return entry
+
+    def engine_image(self, host_id: str, engine: str) -> str:
+        """The image `engine` runs from on `host_id` ("" = a host program, or unknown)."""
+        entry = self._fleet.hosts.get(host_id)
+        if entry is None:
+            return ""
+        return next((e.image for e in entry.hello.engines if e.engine == engine), "")
 
     def dep(self, host_id: str, dep_id: str) -> agent_pb2.DeploymentReport | None:
         dep: agent_pb2.DeploymentReport | None = self.host(host_id).deployments.get(dep_id)

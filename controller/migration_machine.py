@@ -19,6 +19,7 @@ class MigrationPhase(StrEnum):
     """Where one move is (docs/migrations.md)."""
 
     PENDING = "pending"  # created; placing the target replicas (waits here for capacity)
+    PULLING = "pulling"  # the target hosts pull the target engine's image (containers only)
     BUILDING = "building"  # engine build on the target hosts (engines with a build step only)
     STARTING = "starting"  # target replicas started; waiting until the agents report them ready
     WARMING = "warming"  # targets ready, taking no traffic yet, watched for a few intervals
@@ -69,6 +70,12 @@ class Transition:
 _FAIL = "a step failed (target broke, timed out, canary failed its checks) or a person aborted"
 
 TRANSITIONS: dict[tuple[MigrationPhase, MigrationPhase], Transition] = {
+    (P.PENDING, P.PULLING): Transition(
+        "targets placed; the target engine runs from an image on a target host"),
+    (P.PULLING, P.BUILDING): Transition("the image is on every target host; the engine "
+                                        "needs a build"),
+    (P.PULLING, P.STARTING): Transition("the image is on every target host"),
+    (P.PULLING, P.ROLLING_BACK): Transition(_FAIL),
     (P.PENDING, P.BUILDING): Transition("targets placed; the target engine needs a build"),
     (P.PENDING, P.STARTING): Transition("targets placed"),
     (P.PENDING, P.ROLLING_BACK): Transition(_FAIL),

@@ -47,7 +47,8 @@ class PhaseSteps:
         self.settings = settings
 
     def step(self, row: MigrationRow) -> None:
-        handler = {P.PENDING: self._pending, P.BUILDING: self._building,
+        handler = {P.PENDING: self._pending, P.PULLING: self._pulling,
+                   P.BUILDING: self._building,
                    P.STARTING: self._starting, P.WARMING: self._watch,
                    P.CANARY: self._watch, P.PROMOTING: self._watch,
                    P.DRAINING: self._draining, P.ROLLING_BACK: self._rolling_back}[row.phase]
@@ -65,9 +66,38 @@ class PhaseSteps:
             f"{t['spec']['deployment_id']} on {t['host_id']} "
             + (f"replacing {t['replaces']}" + (" (late)" if t["late"] else "")
                if t["replaces"] else "surge") for t in targets)
+        pulls = sorted(h for h in {t["host_id"] for t in targets}
+                       if self._cmd.engine_image(h, row.to_engine))
+        if pulls:
+            self._ledger.go(row, P.PULLING, f"placed: {summary}; pulling the "
+                                            f"{row.to_engine} image on {', '.join(pulls)}")
+            return
+        self._ledger.go(row, self._after_pull(row), f"placed: {summary}")
+
+    def _after_pull(self, row: MigrationRow) -> MigrationPhase:
         target = engine_entry(row.to_engine)
         build = target.needs_build(target.backend_for(self.settings.trtllm_backend))
-        self._ledger.go(row, P.BUILDING if build else P.STARTING, f"placed: {summary}")
+        return P.BUILDING if build else P.STARTING
+
+    def _pulling(self, row: MigrationRow) -> None:
+        """Each target host that runs the target engine from an image pulls it before any
+        target starts, so that the move's window leaves out the download (a host program
+        has nothing to pull: its agent answers at once)."""
+        cmds = self._repo.commands(row.id)
+        by_host = {t["host_id"]: t["spec"] for t in reversed(row.target_specs)}
+        done, said = True, []
+        for host_id in sorted(by_host):
+            known = self._cmd.send(row, cmds, "prepare", host_id, host_id, agent_pb2.Command(
+                prepare=agent_pb2.PrepareDeployment(spec=spec_proto(by_host[host_id]))))
+            if known.phase in FAILED_COMMAND_PHASES:
+                raise Failed(f"image pull on {host_id} {known.phase}: {known.message}")
+            done = done and known.phase == "succeeded"
+            said.append(f"{host_id}: {known.message}")
+        if done:
+            self._ledger.go(row, self._after_pull(row), "; ".join(said))
+        elif self._ledger.elapsed_s(row) > self.settings.pull_timeout_s:
+            raise Failed(f"image pull did not finish within {self.settings.pull_timeout_s:.0f} s"
+                         f" ({'; '.join(said)})")
 
     def _building(self, row: MigrationRow) -> None:
         cmds = self._repo.commands(row.id)

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Make podman usable on this host for `make image` and the container test; idempotent.
 #
-# - installs podman, buildah, runc, debootstrap from the distribution's packages where missing
-#   (Debian/Ubuntu: apt-get; nothing is done elsewhere: have podman or docker installed);
+# - installs podman, buildah, runc, debootstrap and docker-registry (the CNCF distribution
+#   registry, /usr/bin/docker-registry: tests push and pull images through one on loopback) from
+#   the distribution's packages where missing (Debian/Ubuntu: apt-get; nothing is done
+#   elsewhere: have podman or docker installed); the registry service the package may start
+#   (port 5000, all interfaces) is stopped and disabled: tests run their own;
 # - writes a containers.conf under build/podman/ (runtime runc: crun cannot start containers on
 #   hosts whose cgroups are in hybrid mode; default ulimits within this host's limits) and prints
 #   `export CONTAINERS_CONF=...` for the caller;
@@ -28,6 +31,7 @@ command -v podman >/dev/null || need+=(podman)
 command -v buildah >/dev/null || need+=(buildah)
 command -v runc >/dev/null || need+=(runc)
 command -v debootstrap >/dev/null || need+=(debootstrap)
+command -v docker-registry >/dev/null || need+=(docker-registry)
 if [ ${#need[@]} -gt 0 ]; then
     if [ -n "${GEARSHIFT_PODMAN_NO_INSTALL:-}" ]; then
         log "missing ${need[*]} (scripts/podman-setup.sh installs them as root on Debian/Ubuntu)"
@@ -46,8 +50,11 @@ if [ ${#need[@]} -gt 0 ]; then
     apt-get update -qq >&2 || true
     # -o DPkg::Lock::Timeout: wait for another apt run instead of failing.
     apt-get install -y -qq -o DPkg::Lock::Timeout=300 --no-install-recommends \
-        podman buildah runc debootstrap uidmap slirp4netns netavark aardvark-dns \
-        fuse-overlayfs containernetworking-plugins >&2
+        podman buildah runc debootstrap docker-registry uidmap slirp4netns netavark \
+        aardvark-dns fuse-overlayfs containernetworking-plugins >&2
+    if [[ " ${need[*]} " == *" docker-registry "* ]] && [ -d /run/systemd/system ]; then
+        systemctl disable --now docker-registry.service >&2 2>/dev/null || true
+    fi
 fi
 
 # nofile/nproc defaults must fit under the hard limits podman itself runs with.

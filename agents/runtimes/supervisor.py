@@ -28,6 +28,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
 from gearshift.agents.runtimes.adopted import AdoptedProcess
 from gearshift.agents.runtimes.base import (
@@ -49,10 +50,40 @@ from gearshift.common.spec import DeploymentSpec, Phase
 
 log = logging.getLogger(__name__)
 
+LOG_TAIL_LINES = 20           # engine output lines logged when it exits unexpectedly
 STABLE_RUN_S = 60.0          # a run this long resets the consecutive-crash count
 HEALTH_TIMEOUT_S = 2.0
 DEFAULT_STOP_GRACE_S = 5.0
 _FINAL_PHASES = (Phase.STOPPED, Phase.FAILED)
+
+
+class EngineHandle(Protocol):
+    """What the supervisor needs of a running engine: an `asyncio.subprocess.Process`,
+    an `AdoptedProcess`, or a container (`container_supervisor.ContainerHandle`)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+    async def wait(self) -> int: ...
+
+
+def describe_exit(code: int) -> str:
+    """An exit status as people read it (a negative one is the signal that killed it;
+    a container runtime reports 128 + the signal)."""
+    if code < 0:
+        name = f" ({signal.Signals(-code).name})" if -code in _SIGNALS else ""
+        return f"killed by signal {-code}{name}"
+    if code > 128 and code - 128 in _SIGNALS:
+        return f"exited with code {code} ({signal.Signals(code - 128).name})"
+    return f"exited with code {code}"
+
+
+_SIGNALS = {int(s) for s in signal.Signals}
 
 
 def pick_free_port(host: str = "127.0.0.1") -> int:
@@ -109,7 +140,7 @@ class EngineSupervisor:
         self._crashes_in_a_row = 0
         self._port = spec.port
         self._plan: LaunchPlan | None = None
-        self._proc: asyncio.subprocess.Process | AdoptedProcess | None = None
+        self._proc: EngineHandle | None = None
         self._exit_waiter: asyncio.Future[int] | None = None
         self._started_at = clock()
         self._monitor: asyncio.Task[None] | None = None
@@ -182,6 +213,8 @@ class EngineSupervisor:
         if self._port == 0:
             self._port = pick_free_port(self._bind_host if self._bind_host != "0.0.0.0"
                                         else "127.0.0.1")
+        if not await self._prepare():
+            raise FailedPrecondition(f"deployment {self.spec.deployment_id}: {self._message}")
         await self._spawn_safely()
         if self._proc is None:  # could not even exec
             raise FailedPrecondition(f"deployment {self.spec.deployment_id}: {self._message}")
@@ -194,18 +227,25 @@ class EngineSupervisor:
         time); the first health probe, awaited here, sets the phase it is reported in."""
         if self._started:
             raise FailedPrecondition(f"deployment {self.spec.deployment_id}: already started")
+        await self._take_over(AdoptedProcess(record.pid, record.start_time), record.port,
+                              record.restarts, LaunchPlan(argv=record.argv,
+                                                          served_model_name=record.served_model_name),
+                              f"pid {record.pid}")
+
+    async def _take_over(self, proc: EngineHandle, port: int, restarts: int, plan: LaunchPlan,
+                         what: str) -> None:
+        """Watch `proc`, an engine a previous agent started, from now on."""
         self._started = True
         self.adopted = True
-        self._port = record.port
-        self._restarts = record.restarts
-        self._plan = LaunchPlan(argv=record.argv, served_model_name=record.served_model_name)
-        proc = AdoptedProcess(record.pid, record.start_time)
+        self._port = port
+        self._restarts = restarts
+        self._plan = plan
         self._proc = proc
         self._exit_waiter = asyncio.ensure_future(proc.wait())
-        self._set(Phase.STARTING, f"adopted pid {record.pid} (started by a previous agent)")
+        self._set(Phase.STARTING, f"adopted {what} (started by a previous agent)")
         await self._check_health()
         if self._phase is Phase.READY:
-            self._message = f"ready at {self.endpoint} (adopted pid {record.pid})"
+            self._message = f"ready at {self.endpoint} (adopted {what})"
         self._monitor = asyncio.create_task(self._watch(),
                                             name=f"supervise-{self.spec.deployment_id}")
 
@@ -213,8 +253,7 @@ class EngineSupervisor:
         """Stop watching and leave the engine serving (its record stays for the next
         agent to adopt). Fail static: the agent going away is no reason to stop serving."""
         await self._stop_watching()
-        if isinstance(self._proc, AdoptedProcess):
-            self._proc.close()
+        self._release_handle()
         self._close_probe()
 
     async def wait_ready(self, timeout_s: float) -> bool:
@@ -253,19 +292,24 @@ class EngineSupervisor:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop(grace_s=0.0 if exc[0] is not None else DEFAULT_STOP_GRACE_S)
 
-    # --- internals -----------------------------------------------------------------
-    async def _spawn(self) -> None:
+    # --- what a container supervisor does its own way (container_supervisor) ------------
+    @property
+    def launch_host(self) -> str:
+        """The address the engine is told to bind."""
+        return self._bind_host
+
+    async def _prepare(self) -> bool:
+        """Before the first launch (a container's image is pulled); False = failed (the
+        phase and message say why)."""
+        return True
+
+    async def _launch(self, plan: LaunchPlan) -> EngineHandle | None:
+        """Start the engine of `plan`; None when it could not start (phase FAILED)."""
         try:
-            self.workdir.mkdir(parents=True, exist_ok=True)
-            plan = self.runtime.launch_plan(self.spec, executable=self.executable,
-                                            host=self._bind_host, port=self._port,
-                                            workdir=self.workdir, release=self.release)
             log = open(self.log_path, "ab")  # noqa: SIM115 - closed below once the child has it
         except OSError as exc:
-            self._proc = None
-            self._set(Phase.FAILED, f"cannot prepare the launch in {self.workdir}: {exc}")
-            return
-        self._plan = plan
+            self._set(Phase.FAILED, f"cannot open the engine log {self.log_path}: {exc}")
+            return None
         env = {**os.environ, **self._env, **plan.env}
         with log:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
@@ -276,14 +320,52 @@ class EngineSupervisor:
                     *plan.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     env=env, cwd=str(self.workdir), start_new_session=True)
             except OSError as exc:
-                self._proc = None
                 self._set(Phase.FAILED, f"cannot run {plan.argv[0]!r}: {exc.strerror or exc}")
-                return
+                return None
+        self._record(plan, proc.pid)
+        return proc
+
+    def _describe(self, proc: EngineHandle) -> str:
+        return f"pid {proc.pid}"
+
+    async def _last_lines(self) -> str:
+        """The engine's last lines of output, for the log and the report when it exits."""
+        try:
+            with self.log_path.open("rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 4096))
+                text = f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+        return "\n".join(text.rstrip().splitlines()[-LOG_TAIL_LINES:])
+
+    def _release_handle(self) -> None:
+        """Stop watching the engine's process handle; the engine keeps running."""
+        if isinstance(self._proc, AdoptedProcess):
+            self._proc.close()
+
+    async def _after_stop(self) -> None:
+        """Once the engine has stopped for good (a container is removed)."""
+
+    # --- internals -----------------------------------------------------------------
+    async def _spawn(self) -> None:
+        try:
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            plan = self.runtime.launch_plan(self.spec, executable=self.executable,
+                                            host=self.launch_host, port=self._port,
+                                            workdir=self.workdir, release=self.release)
+        except OSError as exc:
+            self._proc = None
+            self._set(Phase.FAILED, f"cannot prepare the launch in {self.workdir}: {exc}")
+            return
+        self._plan = plan
+        proc = await self._launch(plan)
         self._proc = proc
+        if proc is None:
+            return
         self._exit_waiter = asyncio.ensure_future(proc.wait())
         self._started_at = self._clock()
-        self._record(plan, proc.pid)
-        self._set(Phase.STARTING, f"started pid {proc.pid}; loading")
+        self._set(Phase.STARTING, f"started {self._describe(proc)}; loading")
 
     def _record(self, plan: LaunchPlan, pid: int) -> None:
         """Write the engine's record so that a later agent can adopt it."""
@@ -369,13 +451,20 @@ class EngineSupervisor:
         if isinstance(self._proc, AdoptedProcess):
             how = "exited (adopted: its exit status went to its parent)"
         else:
-            how = f"exited with code {code}" if code >= 0 else f"killed by signal {-code}"
+            how = describe_exit(code)
+        last = await self._last_lines()
+        said = f"; last output: {last.splitlines()[-1][:200]}" if last else ""
         if self._max_restarts is not None and self._crashes_in_a_row > self._max_restarts:
-            self._set(Phase.FAILED, f"engine {how}; gave up after {self._restarts} restart(s)")
+            self._set(Phase.FAILED, f"engine {how}; gave up after {self._restarts} restart(s)"
+                      + said)
+            log.error("engine %s %s; gave up after %d restart(s); its last output:\n%s",
+                      self.spec.deployment_id, how, self._restarts, last or "(none)")
             return False
         initial, maximum = self._backoff_s
         delay_s = min(maximum, initial * 2 ** (self._crashes_in_a_row - 1))
-        self._set(Phase.RESTARTING, f"engine {how}; restarting in {delay_s:g} s")
+        self._set(Phase.RESTARTING, f"engine {how}; restarting in {delay_s:g} s{said}")
+        log.warning("engine %s %s; restarting in %g s; its last output:\n%s",
+                    self.spec.deployment_id, how, delay_s, last or "(none)")
         await asyncio.sleep(delay_s)
         if self._stopping:
             return False
@@ -464,6 +553,7 @@ class EngineSupervisor:
             if self._state is not None:
                 self._state.remove(self.spec.deployment_id)
             self._close_probe()
+            await self._after_stop()
 
     def _close_probe(self) -> None:
         if self._probe is not None:

@@ -40,6 +40,7 @@ class DeploymentPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DEPLOYMENT_PHASE_STOPPED: _ClassVar[DeploymentPhase]
     DEPLOYMENT_PHASE_FAILED: _ClassVar[DeploymentPhase]
     DEPLOYMENT_PHASE_BUILDING: _ClassVar[DeploymentPhase]
+    DEPLOYMENT_PHASE_PULLING: _ClassVar[DeploymentPhase]
 
 class EngineSleepState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -75,6 +76,7 @@ DEPLOYMENT_PHASE_DRAINING: DeploymentPhase
 DEPLOYMENT_PHASE_STOPPED: DeploymentPhase
 DEPLOYMENT_PHASE_FAILED: DeploymentPhase
 DEPLOYMENT_PHASE_BUILDING: DeploymentPhase
+DEPLOYMENT_PHASE_PULLING: DeploymentPhase
 ENGINE_SLEEP_STATE_UNSPECIFIED: EngineSleepState
 ENGINE_SLEEP_STATE_AWAKE: EngineSleepState
 ENGINE_SLEEP_STATE_WEIGHTS_OFFLOADED: EngineSleepState
@@ -111,20 +113,22 @@ class GpuInfo(_message.Message):
     def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., model: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_used_bytes: _Optional[int] = ..., utilization: _Optional[float] = ..., temperature_c: _Optional[float] = ..., power_w: _Optional[float] = ..., health: _Optional[_Union[GpuHealth, str]] = ..., health_reason: _Optional[str] = ...) -> None: ...
 
 class EngineInstall(_message.Message):
-    __slots__ = ("engine", "version", "executable", "release", "version_match", "version_source")
+    __slots__ = ("engine", "version", "executable", "release", "version_match", "version_source", "image")
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     EXECUTABLE_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
     VERSION_MATCH_FIELD_NUMBER: _ClassVar[int]
     VERSION_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
     engine: str
     version: str
     executable: str
     release: str
     version_match: VersionMatch
     version_source: str
-    def __init__(self, engine: _Optional[str] = ..., version: _Optional[str] = ..., executable: _Optional[str] = ..., release: _Optional[str] = ..., version_match: _Optional[_Union[VersionMatch, str]] = ..., version_source: _Optional[str] = ...) -> None: ...
+    image: str
+    def __init__(self, engine: _Optional[str] = ..., version: _Optional[str] = ..., executable: _Optional[str] = ..., release: _Optional[str] = ..., version_match: _Optional[_Union[VersionMatch, str]] = ..., version_source: _Optional[str] = ..., image: _Optional[str] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("host_id", "labels", "agent_version", "protocol_version", "gpus", "engines", "emulated_gpus", "session_token")
@@ -168,7 +172,7 @@ class Quantiles(_message.Message):
     def __init__(self, present: _Optional[bool] = ..., p50_s: _Optional[float] = ..., p99_s: _Optional[float] = ..., mean_s: _Optional[float] = ..., count: _Optional[int] = ...) -> None: ...
 
 class DeploymentReport(_message.Message):
-    __slots__ = ("deployment_id", "engine", "engine_version", "model", "revision", "phase", "endpoint", "request_rate", "running_requests", "waiting_requests", "ttft", "itl", "e2e", "prompt_tokens_per_s", "generation_tokens_per_s", "kv_cache_usage", "errors_total", "restarts", "gpu_indices", "message", "metrics_present", "backend", "served_model_name", "source", "tensor_parallel_size", "partial_interval", "engine_release", "engine_version_match", "queue_time", "preemptions_per_s", "prefix_cache_hit_rate", "sleep_state", "mean_prompt_tokens", "mean_generation_tokens", "kv_blocks_total", "kv_blocks_used")
+    __slots__ = ("deployment_id", "engine", "engine_version", "model", "revision", "phase", "endpoint", "request_rate", "running_requests", "waiting_requests", "ttft", "itl", "e2e", "prompt_tokens_per_s", "generation_tokens_per_s", "kv_cache_usage", "errors_total", "restarts", "gpu_indices", "message", "metrics_present", "backend", "served_model_name", "source", "tensor_parallel_size", "partial_interval", "engine_release", "engine_version_match", "queue_time", "preemptions_per_s", "prefix_cache_hit_rate", "sleep_state", "mean_prompt_tokens", "mean_generation_tokens", "kv_blocks_total", "kv_blocks_used", "image", "image_digest", "pull_bytes_done", "pull_bytes_total")
     DEPLOYMENT_ID_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     ENGINE_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -205,6 +209,10 @@ class DeploymentReport(_message.Message):
     MEAN_GENERATION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     KV_BLOCKS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     KV_BLOCKS_USED_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    PULL_BYTES_DONE_FIELD_NUMBER: _ClassVar[int]
+    PULL_BYTES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     deployment_id: str
     engine: str
     engine_version: str
@@ -241,7 +249,11 @@ class DeploymentReport(_message.Message):
     mean_generation_tokens: float
     kv_blocks_total: int
     kv_blocks_used: int
-    def __init__(self, deployment_id: _Optional[str] = ..., engine: _Optional[str] = ..., engine_version: _Optional[str] = ..., model: _Optional[str] = ..., revision: _Optional[str] = ..., phase: _Optional[_Union[DeploymentPhase, str]] = ..., endpoint: _Optional[str] = ..., request_rate: _Optional[float] = ..., running_requests: _Optional[float] = ..., waiting_requests: _Optional[float] = ..., ttft: _Optional[_Union[Quantiles, _Mapping]] = ..., itl: _Optional[_Union[Quantiles, _Mapping]] = ..., e2e: _Optional[_Union[Quantiles, _Mapping]] = ..., prompt_tokens_per_s: _Optional[float] = ..., generation_tokens_per_s: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., errors_total: _Optional[int] = ..., restarts: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., message: _Optional[str] = ..., metrics_present: _Optional[bool] = ..., backend: _Optional[str] = ..., served_model_name: _Optional[str] = ..., source: _Optional[str] = ..., tensor_parallel_size: _Optional[int] = ..., partial_interval: _Optional[bool] = ..., engine_release: _Optional[str] = ..., engine_version_match: _Optional[_Union[VersionMatch, str]] = ..., queue_time: _Optional[_Union[Quantiles, _Mapping]] = ..., preemptions_per_s: _Optional[float] = ..., prefix_cache_hit_rate: _Optional[float] = ..., sleep_state: _Optional[_Union[EngineSleepState, str]] = ..., mean_prompt_tokens: _Optional[float] = ..., mean_generation_tokens: _Optional[float] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ...) -> None: ...
+    image: str
+    image_digest: str
+    pull_bytes_done: int
+    pull_bytes_total: int
+    def __init__(self, deployment_id: _Optional[str] = ..., engine: _Optional[str] = ..., engine_version: _Optional[str] = ..., model: _Optional[str] = ..., revision: _Optional[str] = ..., phase: _Optional[_Union[DeploymentPhase, str]] = ..., endpoint: _Optional[str] = ..., request_rate: _Optional[float] = ..., running_requests: _Optional[float] = ..., waiting_requests: _Optional[float] = ..., ttft: _Optional[_Union[Quantiles, _Mapping]] = ..., itl: _Optional[_Union[Quantiles, _Mapping]] = ..., e2e: _Optional[_Union[Quantiles, _Mapping]] = ..., prompt_tokens_per_s: _Optional[float] = ..., generation_tokens_per_s: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., errors_total: _Optional[int] = ..., restarts: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., message: _Optional[str] = ..., metrics_present: _Optional[bool] = ..., backend: _Optional[str] = ..., served_model_name: _Optional[str] = ..., source: _Optional[str] = ..., tensor_parallel_size: _Optional[int] = ..., partial_interval: _Optional[bool] = ..., engine_release: _Optional[str] = ..., engine_version_match: _Optional[_Union[VersionMatch, str]] = ..., queue_time: _Optional[_Union[Quantiles, _Mapping]] = ..., preemptions_per_s: _Optional[float] = ..., prefix_cache_hit_rate: _Optional[float] = ..., sleep_state: _Optional[_Union[EngineSleepState, str]] = ..., mean_prompt_tokens: _Optional[float] = ..., mean_generation_tokens: _Optional[float] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., image: _Optional[str] = ..., image_digest: _Optional[str] = ..., pull_bytes_done: _Optional[int] = ..., pull_bytes_total: _Optional[int] = ...) -> None: ...
 
 class Report(_message.Message):
     __slots__ = ("seq", "time", "gpus", "deployments", "interval_s")
@@ -349,21 +361,29 @@ class BuildEngine(_message.Message):
     spec: DeploymentSpec
     def __init__(self, spec: _Optional[_Union[DeploymentSpec, _Mapping]] = ...) -> None: ...
 
+class PrepareDeployment(_message.Message):
+    __slots__ = ("spec",)
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    spec: DeploymentSpec
+    def __init__(self, spec: _Optional[_Union[DeploymentSpec, _Mapping]] = ...) -> None: ...
+
 class Command(_message.Message):
-    __slots__ = ("command_id", "epoch", "start", "drain", "stop", "build")
+    __slots__ = ("command_id", "epoch", "start", "drain", "stop", "build", "prepare")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     BUILD_FIELD_NUMBER: _ClassVar[int]
+    PREPARE_FIELD_NUMBER: _ClassVar[int]
     command_id: str
     epoch: int
     start: StartDeployment
     drain: DrainDeployment
     stop: StopDeployment
     build: BuildEngine
-    def __init__(self, command_id: _Optional[str] = ..., epoch: _Optional[int] = ..., start: _Optional[_Union[StartDeployment, _Mapping]] = ..., drain: _Optional[_Union[DrainDeployment, _Mapping]] = ..., stop: _Optional[_Union[StopDeployment, _Mapping]] = ..., build: _Optional[_Union[BuildEngine, _Mapping]] = ...) -> None: ...
+    prepare: PrepareDeployment
+    def __init__(self, command_id: _Optional[str] = ..., epoch: _Optional[int] = ..., start: _Optional[_Union[StartDeployment, _Mapping]] = ..., drain: _Optional[_Union[DrainDeployment, _Mapping]] = ..., stop: _Optional[_Union[StopDeployment, _Mapping]] = ..., build: _Optional[_Union[BuildEngine, _Mapping]] = ..., prepare: _Optional[_Union[PrepareDeployment, _Mapping]] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("seq",)
