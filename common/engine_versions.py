@@ -62,7 +62,10 @@ def _written_numbers(version: str) -> tuple[int, ...]:
 
 
 # Where an agent read an engine's version ("" = nowhere: the version is unknown).
-VERSION_SOURCES = ("config", "metadata", "probe")
+# image-*: an engine that runs as a container (docs/containers.md): its image's version
+# label, an environment variable of the image, the package metadata inside it, its tag.
+VERSION_SOURCES = ("config", "metadata", "probe", "image-label", "image-env", "image-metadata",
+                   "image-tag")
 # A version string as engines and packages write them ("0.11.2", "1.2.0rc4",
 # "0.10.1.dev12+g1234.cu128"): what the version table can compare and a table can show.
 VERSION_TEXT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+_-]{0,63}")  # use with fullmatch

@@ -43,6 +43,9 @@ MAX_KV_BLOCKS = 2.0**40
 SLEEP_STATES = frozenset(agent_pb2.EngineSleepState.values())
 VERSION_MATCHES = frozenset(agent_pb2.VersionMatch.values())
 MAX_EXECUTABLE_LEN = 4096
+MAX_IMAGE_LEN = 512
+IMAGE_TEXT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]*")  # use with fullmatch
+IMAGE_DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
 _CONTROL_CHARS_RE = re.compile(r"[\x00-\x1f\x7f]")
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -84,6 +87,7 @@ def check_hello(hello: agent_pb2.Hello) -> None:
             raise InvalidArgument(f"{p}.version_source: expected one of "
                                   f"{', '.join(VERSION_SOURCES)} or empty, "
                                   f"found {eng.version_source[:80]!r}")
+        check_image_texts(f"{p}.image", eng.image, "")
         if len(eng.executable) > MAX_EXECUTABLE_LEN or _CONTROL_CHARS_RE.search(eng.executable):
             raise InvalidArgument(f"{p}.executable: expected up to {MAX_EXECUTABLE_LEN} "
                                   f"characters without control characters, "
@@ -136,7 +140,8 @@ def _looks_valid(d: agent_pb2.DeploymentReport, deployment_id: str) -> bool:
     for the SLA signals cost as much as their comparisons."""
     if not (deployment_id and d.model and d.engine in _KNOWN_ENGINE_SET
             and d.engine_version_match in VERSION_MATCHES
-            and _version_texts_ok(d.engine_version, d.engine_release)):
+            and _version_texts_ok(d.engine_version, d.engine_release)
+            and _image_texts_ok(d.image, d.image_digest)):
         return False
     gpus = max(1, d.tensor_parallel_size, len(d.gpu_indices))
     prompt, generation = d.prompt_tokens_per_s, d.generation_tokens_per_s
@@ -162,6 +167,24 @@ def _looks_valid(d: agent_pb2.DeploymentReport, deployment_id: str) -> bool:
             and total <= MAX_KV_BLOCKS
             and (used <= total or not d.HasField("kv_blocks_used")
                  or not d.HasField("kv_blocks_total")))
+
+
+@functools.lru_cache(maxsize=1024)
+def _image_texts_ok(image: str, digest: str) -> bool:
+    """Cached: a fleet runs few distinct images, each in every report."""
+    return ((not image or (len(image) <= MAX_IMAGE_LEN and IMAGE_TEXT_RE.fullmatch(image)
+                           is not None))
+            and (not digest or IMAGE_DIGEST_RE.fullmatch(digest) is not None))
+
+
+def check_image_texts(path: str, image: str, digest: str) -> None:
+    """An engine's container image reference and digest: empty, or printable text."""
+    if image and (len(image) > MAX_IMAGE_LEN or not IMAGE_TEXT_RE.fullmatch(image)):
+        raise InvalidArgument(f"{path}: expected an image reference of up to {MAX_IMAGE_LEN} "
+                              f"letters, digits and . _ - / : @ (or empty), found {image[:80]!r}")
+    if digest and not IMAGE_DIGEST_RE.fullmatch(digest):
+        raise InvalidArgument(f"{path}_digest: expected sha256:<64 hex digits> (or empty), "
+                              f"found {digest[:80]!r}")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -307,6 +330,7 @@ def check_report(report: agent_pb2.Report, host_id: str = "",
         check_version_text(f"{p}.engine_version", d.engine_version)
         check_version_text(f"{p}.engine_release", d.engine_release)
         check_version_match(f"{p}.engine_version_match", d.engine_version_match)
+        check_image_texts(f"{p}.image", d.image, d.image_digest)
         gpus = _gpus_of(d)
         per_gpu = f" ({gpus} GPU{'s' if gpus > 1 else ''})"
         _finite_nonneg(f"{p}.request_rate{per_gpu}", d.request_rate,

@@ -104,6 +104,10 @@ class LocalFleet:
     gateway_metrics_port: int = 0  # the gateway's /metrics, /healthz, /readyz
     enrol_port: int = 0  # the controller's enrolment listener (0: none)
     procs: dict[str, Proc] = field(default_factory=dict)
+    # Engines as containers: the agents' `containers:` block, and an image per engine
+    # (engines without one run as host programs).
+    containers: dict[str, Any] | None = None
+    images: dict[str, str] = field(default_factory=dict)
 
     @property
     def controller_addr(self) -> str:
@@ -134,6 +138,10 @@ class LocalFleet:
         engines: dict[str, dict[str, Any]] = {}
         for entry in CATALOG:  # every engine, each served by its emulator flavour
             flavor = entry.name
+            if flavor in self.images:  # an emulated engine image (make image-engines)
+                engines[flavor] = {"image": self.images[flavor],
+                                   "env": (emulator_env or {}).get(flavor, {})}
+                continue
             engines[flavor] = {"executable": emulator_executable(flavor),
                                "version": f"{get_flavor(flavor).default_version}-emulated",
                                "env": (emulator_env or {}).get(flavor, {})}
@@ -154,6 +162,8 @@ class LocalFleet:
         }
         if tls is not None:
             cfg["tls"] = tls
+        if self.containers is not None:
+            cfg["containers"] = self.containers
         path = self.workdir / f"{host_id}.yaml"
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))
         return path

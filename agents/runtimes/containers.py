@@ -144,7 +144,7 @@ def container_request(*, image: str, argv: Sequence[str], facts: ImageFacts,
         "Binds": [m.bind() for m in mounts],
         "Ulimits": [{"Name": name, "Soft": value, "Hard": value}
                     for name, value in grantable_ulimits(
-                        {**dict(facts.ulimits), **settings.ulimits}, settings.runtime)],
+                        {**dict(facts.ulimits), **settings.ulimits})],
         "RestartPolicy": {"Name": "no"},  # the agent restarts it, with backoff
         "Init": False,
     }
@@ -202,19 +202,15 @@ def _may_raise_limits() -> bool:
     return False
 
 
-def grantable_ulimits(wanted: Mapping[str, int], runtime: str) -> list[tuple[str, int]]:
+def grantable_ulimits(wanted: Mapping[str, int]) -> list[tuple[str, int]]:
     """The ulimits to ask for: `wanted` (-1 = unlimited), each capped at the agent's own
-    hard limit where the agent may not raise limits (a container cannot be given more
-    than its runtime holds: runc fails the start). Podman's compatible API drops its
-    configured default ulimits once a request names any, so nofile and nproc are then
-    named too, at the agent's own hard limits."""
-    want = dict(wanted)
-    if want and runtime == "podman":
-        for name in ("nofile", "nproc"):
-            want.setdefault(name, resource.getrlimit(_RLIMITS[name])[1])
+    hard limit where the agent may not raise limits (runc fails a start that asks for
+    more than it may grant). Podman's compatible API replaces its configured
+    default_ulimits once a request names any ulimit: where the host's limits are below
+    Podman's built-in defaults, name nofile and nproc in `containers.ulimits` too."""
     out = []
     capped = not _may_raise_limits()
-    for name, value in sorted(want.items()):
+    for name, value in sorted(wanted.items()):
         limit = _RLIMITS.get(name)
         if capped and limit is not None:
             hard = resource.getrlimit(limit)[1]

@@ -1,0 +1,91 @@
+"""Podman's API service on a socket of its own, for tests and the demo.
+
+`podman system service` serves the Docker Engine API (and Podman's own) on a Unix
+socket; the agent's container launcher talks to it as it would to the host's
+`podman.socket` unit or to dockerd. One per test or demo run, in its work dir, so that
+nothing of the host's own service is touched.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+START_TIMEOUT_S = 30.0
+
+
+class PodmanService:
+    """Starts and stops `podman system service` on `<workdir>/podman.sock`."""
+
+    def __init__(self, workdir: Path, env: dict[str, str] | None = None) -> None:
+        self.workdir = workdir
+        self.env = {**os.environ, **(env or {})}
+        self.socket_path = workdir / "podman.sock"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.socket_path}"
+
+    def start(self) -> str:
+        """Start the service; returns its URL once it answers."""
+        podman = shutil.which("podman")
+        if podman is None:
+            raise RuntimeError("podman is not installed (scripts/podman-setup.sh installs it)")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.socket_path.unlink(missing_ok=True)
+        log = (self.workdir / "podman-service.log").open("ab")
+        self._proc = subprocess.Popen([podman, "system", "service", "--time=0", self.url],
+                                      stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                      start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"podman system service exited with {self._proc.returncode}"
+                                   f": {self.log()[-2000:]}")
+            if self._answers():
+                return self.url
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"podman system service did not answer on {self.url} within "
+                           f"{START_TIMEOUT_S:g} s")
+
+    def _answers(self) -> bool:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(2)
+            try:
+                s.connect(str(self.socket_path))
+                s.sendall(b"GET /_ping HTTP/1.0\r\n\r\n")
+                return s.recv(64).startswith(b"HTTP/1.")
+            except OSError:
+                return False
+
+    def log(self) -> str:
+        try:
+            return (self.workdir / "podman-service.log").read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+    def __enter__(self) -> PodmanService:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
