@@ -13,8 +13,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# DEMO_ARGS=--containers: engines as containers of the emulated images (podman set up and
+# the images built first, as `make image-engines` does).
 demo: $(STAMP)
-	$(BIN)/gearshift demo $(DEMO_ARGS)
+	$(if $(findstring --containers,$(DEMO_ARGS)),$(call PODMAN_ENV,--with-base) \
+		CONTAINER=podman AGENT_BASE_IMAGE=$(LOCAL_BASE_IMAGE) scripts/build-engine-images.sh >/dev/null &&) \
+		$(BIN)/gearshift demo $(DEMO_ARGS)
 
 # The container test (tests/integration/test_containers.py) needs podman: installed and
 # configured here where that is possible (root on Debian/Ubuntu), else it is skipped.

@@ -302,6 +302,8 @@ def _format_error(source: str, err: ValidationError, data: Any) -> str:
         found = e.get("input")
         if e["type"] == "extra_forbidden":
             lines.append(f"{source}: {path}: unknown key")
+        elif not path:  # a rule across fields: the message names them
+            lines.append(f"{source}: {e['msg'].removeprefix('Value error, ')}")
         else:
             msg = e["msg"].removeprefix("Value error, ")
             lines.append(f"{source}: {path}: {msg}; found {found!r}")

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,6 +27,7 @@ from rich.table import Table
 
 from gearshift.common.engines import ENGINE_NAMES
 from gearshift.devfleet.local_fleet import LocalFleet
+from gearshift.devfleet.podman_service import EMULATED_IMAGES, PodmanService, configured_ulimits
 from gearshift.devfleet.scenario import (
     BASE_ENGINES,
     ModelOutcome,
@@ -44,6 +48,43 @@ def _render(rows: list[ModelOutcome], console: Console) -> None:
     console.print(table)
 
 
+def _container_engines(fleet: LocalFleet, console: Console) -> PodmanService:
+    """A Podman API service of the demo's own; the agents run every engine from its
+    emulated image through it."""
+    missing = [i for i in EMULATED_IMAGES.values() if subprocess.run(
+        ["podman", "image", "exists", i], capture_output=True).returncode != 0] \
+        if shutil.which("podman") else list(EMULATED_IMAGES.values())
+    if missing:
+        raise click.ClickException(f"--containers needs podman and the images "
+                                   f"{', '.join(missing)}: run `make demo "
+                                   f"DEMO_ARGS=--containers` (it builds them) or `make "
+                                   f"image-engines`")
+    service = PodmanService(fleet.workdir / "podman")
+    try:
+        service.start()
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None
+    fleet.containers = {"runtime": "podman", "endpoint": service.url,
+                        "ulimits": configured_ulimits()}
+    fleet.images = dict(EMULATED_IMAGES)
+    console.print(f"engines as containers of {', '.join(EMULATED_IMAGES.values())} "
+                  f"(podman API at {service.url})")
+    return service
+
+
+def _remove_engine_containers(fleet: LocalFleet, service: PodmanService) -> None:
+    """`gearshift agent drain` for each demo host: no engine container outlives the demo."""
+    try:
+        for config in sorted(fleet.workdir.glob("*.yaml")):
+            if config.name == "demo-policy.yaml":
+                continue
+            subprocess.run([sys.executable, "-m", "gearshift.cli.main", "agent", "drain",
+                            "--config", str(config), "--grace", "5"], capture_output=True,
+                           timeout=120)
+    finally:
+        service.stop()
+
+
 @click.command()
 @click.option("--duration", "duration_s", type=click.FloatRange(30, 3600), default=150.0,
               show_default=True, help="longest run in seconds (it ends earlier once settled)")
@@ -53,7 +94,11 @@ def _render(rows: list[ModelOutcome], console: Console) -> None:
 @click.option("--engines", "engines_csv", default=",".join(BASE_ENGINES), show_default=True,
               help="engines in the scenario, comma-separated: vllm and tensorrt-llm, and "
                    "sglang to add a model that starts on SGLang and moves to TensorRT-LLM")
-def demo(duration_s: float, workdir: Path | None, json_summary: bool, engines_csv: str) -> None:
+@click.option("--containers", is_flag=True,
+              help="run the engines as containers of their (emulated) images through "
+                   "Podman's API (`make demo DEMO_ARGS=--containers` builds the images)")
+def demo(duration_s: float, workdir: Path | None, json_summary: bool, engines_csv: str,
+         containers: bool) -> None:
     """Run the embedded default fleet on loopback: decisions and migrations, live."""
     engines = tuple(e.strip() for e in engines_csv.split(",") if e.strip())
     unknown = [e for e in engines if e not in ENGINE_NAMES]
@@ -65,6 +110,7 @@ def demo(duration_s: float, workdir: Path | None, json_summary: bool, engines_cs
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gearshift-demo-") as tmp:
         fleet = LocalFleet(workdir or Path(tmp), report_interval_s=1.0)
+        service = _container_engines(fleet, console) if containers else None
         try:
             try:
                 movers = start_demo_fleet(fleet, console, engines)
@@ -75,6 +121,8 @@ def demo(duration_s: float, workdir: Path | None, json_summary: bool, engines_cs
             _render(rows, console)
         finally:
             fleet.stop()
+            if service is not None:
+                _remove_engine_containers(fleet, service)
     for err in load.errors[:10]:
         console.print(f"[red]failed request[/red]: {err}")
     if json_summary:

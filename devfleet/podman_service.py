@@ -17,6 +17,32 @@ import time
 from pathlib import Path
 
 START_TIMEOUT_S = 30.0
+# The emulated engine images of `make image-engines` (scripts/build-engine-images.sh).
+EMULATED_IMAGES = {"vllm": "localhost/gearshift-emulated-vllm:0.11.0",
+                   "tensorrt-llm": "localhost/gearshift-emulated-tensorrt-llm:1.2.0",
+                   "sglang": "localhost/gearshift-emulated-sglang:0.5.7"}
+
+
+def configured_ulimits(env: dict[str, str] | None = None) -> dict[str, int]:
+    """The `default_ulimits` of the containers.conf that $CONTAINERS_CONF names (what
+    scripts/podman-setup.sh writes), as `containers.ulimits` takes them: Podman's API
+    drops them once a container asks for any ulimit, so an agent names them again."""
+    path = (env or os.environ).get("CONTAINERS_CONF", "")
+    if not path:
+        return {}
+    try:
+        import tomllib
+        with open(path, "rb") as f:
+            listed = tomllib.load(f).get("containers", {}).get("default_ulimits", [])
+    except (OSError, ValueError):
+        return {}
+    out = {}
+    for item in listed:
+        name, _, value = str(item).partition("=")
+        soft, _, hard = value.partition(":")
+        if name and (hard or soft).lstrip("-").isdigit():
+            out[name] = int(hard or soft)
+    return out
 
 
 class PodmanService:

@@ -4,8 +4,9 @@
 # - installs podman, buildah, runc, debootstrap and docker-registry (the CNCF distribution
 #   registry, /usr/bin/docker-registry: tests push and pull images through one on loopback) from
 #   the distribution's packages where missing (Debian/Ubuntu: apt-get; nothing is done
-#   elsewhere: have podman or docker installed); the registry service the package may start
-#   (port 5000, all interfaces) is stopped and disabled: tests run their own;
+#   elsewhere: have podman or docker installed), and Docker's engine (docker.io: the
+#   engine-container test runs the same moves against a dockerd of its own); the registry and
+#   docker services the packages may start are stopped and disabled: tests run their own;
 # - writes a containers.conf under build/podman/ (runtime runc: crun cannot start containers on
 #   hosts whose cgroups are in hybrid mode; default ulimits within this host's limits) and prints
 #   `export CONTAINERS_CONF=...` for the caller;
@@ -32,6 +33,7 @@ command -v buildah >/dev/null || need+=(buildah)
 command -v runc >/dev/null || need+=(runc)
 command -v debootstrap >/dev/null || need+=(debootstrap)
 command -v docker-registry >/dev/null || need+=(docker-registry)
+command -v dockerd >/dev/null || need+=(docker.io)
 if [ ${#need[@]} -gt 0 ]; then
     if [ -n "${GEARSHIFT_PODMAN_NO_INSTALL:-}" ]; then
         log "missing ${need[*]} (scripts/podman-setup.sh installs them as root on Debian/Ubuntu)"
@@ -50,10 +52,14 @@ if [ ${#need[@]} -gt 0 ]; then
     apt-get update -qq >&2 || true
     # -o DPkg::Lock::Timeout: wait for another apt run instead of failing.
     apt-get install -y -qq -o DPkg::Lock::Timeout=300 --no-install-recommends \
-        podman buildah runc debootstrap docker-registry uidmap slirp4netns netavark \
+        podman buildah runc debootstrap docker-registry docker.io uidmap slirp4netns netavark \
         aardvark-dns fuse-overlayfs containernetworking-plugins >&2
     if [[ " ${need[*]} " == *" docker-registry "* ]] && [ -d /run/systemd/system ]; then
         systemctl disable --now docker-registry.service >&2 2>/dev/null || true
+    fi
+    # Docker's engine likewise: the engine-container test starts a dockerd of its own.
+    if [[ " ${need[*]} " == *" docker.io "* ]] && [ -d /run/systemd/system ]; then
+        systemctl disable --now docker.socket docker.service >&2 2>/dev/null || true
     fi
 fi
 

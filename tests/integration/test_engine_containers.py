@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -35,9 +36,10 @@ from gearshift.agents.config import parse_agent_config
 from gearshift.agents.daemon import Agent
 from gearshift.common.spec import DeploymentSpec, Phase
 from gearshift.devfleet.local_fleet import LocalFleet
-from gearshift.devfleet.podman_service import PodmanService
+from gearshift.devfleet.podman_service import EMULATED_IMAGES, PodmanService, configured_ulimits
 from gearshift.devfleet.ports import free_port
 from gearshift.v1 import agent_pb2
+from integration.docker_daemon import DockerDaemon
 from integration.helpers import FAST_ENGINE_ENV, gateway_load, gearshift, gearshift_json, wait_for
 from integration.moves import _apply, _engines, _migration_done
 from integration.podman import REPO, podman_env
@@ -46,16 +48,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
               pytest.mark.skipif(os.geteuid() != 0, reason="runs podman as root (rootful "
                                  "engine containers, as on a GPU host)")]
 
-IMAGES = {"vllm": "localhost/gearshift-emulated-vllm:0.11.0",
-          "tensorrt-llm": "localhost/gearshift-emulated-tensorrt-llm:1.2.0",
-          "sglang": "localhost/gearshift-emulated-sglang:0.5.7"}
+IMAGES = EMULATED_IMAGES
 CONTROLLER_ARGS = ("--history-resolution", "0.5", "--canary-steps", "0.5",
                    "--analysis-intervals", "2")
 ENGINE_ENV = {**FAST_ENGINE_ENV, "sglang": {"GEARSHIFT_EMULATOR_LOAD_S": "0.3"}}
 DEPLOYMENT_LABEL = "dev.gearshift.deployment"
-# scripts/podman-setup.sh's default_ulimits, named again: Podman's API drops them once a
-# container asks for any ulimit (TensorRT-LLM's memlock and stack).
-PODMAN_ULIMITS = {"nofile": 20000, "nproc": 32768}
 HOST_LABEL = "dev.gearshift.host"
 
 
@@ -79,32 +76,61 @@ def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str,
         service.stop()
 
 
-def _containers(env: dict[str, str], host_id: str) -> list[dict]:
-    """This host's engine containers, as `podman ps` lists them."""
-    out = subprocess.run(["podman", "ps", "--all", "--format", "json", "--filter",
-                          f"label={HOST_LABEL}={host_id}"], capture_output=True, text=True,
-                         env=env, timeout=60, check=True).stdout
-    return json.loads(out or "[]")
+@dataclass
+class Runtime:
+    """A container runtime as its own command line sees it (`podman` or `docker`)."""
+
+    name: str
+    env: dict[str, str]
+    url: str
+
+    def cli(self, *args: str) -> str:
+        return subprocess.run([self.name, *args], capture_output=True, text=True,
+                              env=self.env, timeout=120, check=True).stdout
+
+    def containers(self, host_id: str) -> list[dict]:
+        """This host's engine containers: `inspect` of each (the same shape in both)."""
+        ids = self.cli("ps", "--all", "--quiet", "--no-trunc", "--filter",
+                       f"label={HOST_LABEL}={host_id}").split()
+        return json.loads(self.cli("inspect", *ids)) if ids else []
+
+    def remove_host_containers(self, host_id: str) -> None:
+        for c in self.containers(host_id):
+            subprocess.run([self.name, "rm", "--force", c["Id"]], env=self.env,
+                           capture_output=True, timeout=60)
 
 
-def _remove_host_containers(env: dict[str, str], host_id: str) -> None:
-    for c in _containers(env, host_id):
-        subprocess.run(["podman", "rm", "--force", "--time", "0", c["Id"]], env=env,
-                       capture_output=True, timeout=60)
+@pytest.fixture(scope="module")
+def docker(podman: tuple[dict[str, str], str]) -> Iterator[Runtime]:
+    """A dockerd of this module's own with the emulated engine images loaded."""
+    daemon = DockerDaemon()
+    daemon.start()
+    try:
+        daemon.load_from_podman(list(IMAGES.values()), podman[0])
+        yield Runtime("docker", daemon.env, daemon.url)
+    finally:
+        daemon.stop()
+
+
+@pytest.fixture(params=["podman", "docker"])
+def runtime(request: pytest.FixtureRequest, podman: tuple[dict[str, str], str]) -> Runtime:
+    if request.param == "docker":
+        return request.getfixturevalue("docker")
+    return Runtime("podman", *podman)
 
 
 @pytest.fixture
-def container_fleet(fleet: LocalFleet, podman: tuple[dict[str, str], str]
-                    ) -> Iterator[tuple[LocalFleet, dict[str, str]]]:
-    env, url = podman
-    fleet.containers = {"runtime": "podman", "endpoint": url, "ulimits": PODMAN_ULIMITS}
+def container_fleet(fleet: LocalFleet, runtime: Runtime) -> Iterator[tuple[LocalFleet, Runtime]]:
+    fleet.containers = {"runtime": runtime.name, "endpoint": runtime.url}
+    if runtime.name == "podman":
+        fleet.containers["ulimits"] = configured_ulimits(runtime.env)
     fleet.images = dict(IMAGES)
     try:
-        yield fleet, env
+        yield fleet, runtime
     finally:
         fleet.stop()
         for host in ("host-a", "host-b"):  # a failed test's leftovers (its asserts say why)
-            _remove_host_containers(env, host)
+            runtime.remove_host_containers(host)
 
 
 def _drain(fleet: LocalFleet, host_id: str) -> str:
@@ -116,16 +142,17 @@ def _drain(fleet: LocalFleet, host_id: str) -> str:
 
 
 def test_a_model_moves_between_engine_images_under_load(
-        container_fleet: tuple[LocalFleet, dict[str, str]], tmp_path: Path) -> None:
-    fleet, env = container_fleet
+        container_fleet: tuple[LocalFleet, Runtime], tmp_path: Path) -> None:
+    fleet, rt = container_fleet
     fleet.start_controller(CONTROLLER_ARGS)
     fleet.start_agent("host-a", [{"deployment_id": "m-vllm-0", "model": "m", "engine": "vllm",
                                   "source": "org/m", "revision": "r1", "gpu_indices": [0]}],
                       ENGINE_ENV)
     wait_for(lambda: any(d["report"]["phase"] == "DEPLOYMENT_PHASE_READY"
                          for d in gearshift_json(fleet, "fleet", "deployments")), 120, "m ready")
-    [first] = _containers(env, "host-a")
-    assert first["Labels"][DEPLOYMENT_LABEL] == "m-vllm-0" and first["State"] == "running"
+    [first] = rt.containers("host-a")
+    assert first["Config"]["Labels"][DEPLOYMENT_LABEL] == "m-vllm-0"
+    assert first["State"]["Status"] == "running"
     [dep] = gearshift_json(fleet, "fleet", "deployments")
     assert dep["report"]["image"] == IMAGES["vllm"]
     assert dep["report"]["image_digest"].startswith("sha256:")
@@ -143,24 +170,23 @@ def test_a_model_moves_between_engine_images_under_load(
             phases = [s["to_phase"] for s in gearshift_json(fleet, "migrations", "show",
                                                             done["id"])["steps"]]
             assert phases.index("pulling") < phases.index("starting"), phases  # image first
-            running = [c for c in _containers(env, "host-a") if c["State"] == "running"]
-            assert [c["Labels"][DEPLOYMENT_LABEL] for c in running] == \
+            running = [c for c in rt.containers("host-a") if c["State"]["Status"] == "running"]
+            assert [c["Config"]["Labels"][DEPLOYMENT_LABEL] for c in running] == \
                 done["target_deployments"], running  # the source's container is gone
 
         # The agent dies; its successor adopts the container, which never stopped.
-        [serving] = _containers(env, "host-a")
+        [serving] = rt.containers("host-a")
         fleet.procs["host-a"].kill()
         fleet.start_agent("host-a", [], ENGINE_ENV)
         wait_for(lambda: "adopted engine container" in fleet.procs["host-a"].log(), 60,
                  "the new agent to adopt the container")
-        [still] = _containers(env, "host-a")
-        assert still["Id"] == serving["Id"] and still["State"] == "running"
+        [still] = rt.containers("host-a")
+        assert still["Id"] == serving["Id"] and still["State"]["Status"] == "running"
         time.sleep(3)  # traffic through the adopted engine
         assert load.failed == 0, load.errors[:5]
 
         # The engine container dies: the agent restarts it, and says why in its log.
-        subprocess.run(["podman", "kill", "--signal", "KILL", serving["Id"]], env=env,
-                       check=True, capture_output=True, timeout=60)
+        rt.cli("kill", "--signal", "KILL", serving["Id"])
         wait_for(lambda: "exited with code 137" in fleet.procs["host-a"].log(), 60,
                  "the agent to log the container's exit code")
         wait_for(lambda: any(d["report"]["phase"] == "DEPLOYMENT_PHASE_READY"
@@ -173,12 +199,13 @@ def test_a_model_moves_between_engine_images_under_load(
     fleet.procs["host-a"].terminate()
     drained = _drain(fleet, "host-a")
     assert "removed" in drained, drained
-    assert _containers(env, "host-a") == []
+    assert rt.containers("host-a") == []
 
 
+@pytest.mark.parametrize("runtime", ["podman"], indirect=True)
 def test_a_move_to_a_missing_image_rolls_back_with_the_runtimes_message(
-        container_fleet: tuple[LocalFleet, dict[str, str]], tmp_path: Path) -> None:
-    fleet, env = container_fleet
+        container_fleet: tuple[LocalFleet, Runtime], tmp_path: Path) -> None:
+    fleet, rt = container_fleet
     fleet.images["tensorrt-llm"] = "localhost/gearshift-emulated-tensorrt-llm:0.0.0-missing"
     fleet.start_controller(CONTROLLER_ARGS)
     fleet.start_agent("host-a", [{"deployment_id": "m-vllm-0", "model": "m", "engine": "vllm",
@@ -201,7 +228,7 @@ def test_a_move_to_a_missing_image_rolls_back_with_the_runtimes_message(
     assert _engines(fleet) == {"vllm"}
     fleet.procs["host-a"].terminate()
     _drain(fleet, "host-a")
-    assert _containers(env, "host-a") == []
+    assert rt.containers("host-a") == []
 
 
 @pytest.fixture
@@ -279,7 +306,7 @@ async def test_an_image_pulled_from_a_registry_reports_its_progress(
     cfg = parse_agent_config({
         "host_id": "pull-host", "workdir": str(tmp_path / "agent"),
         "gpus": {"source": "emulated", "emulated": {"count": 1}},
-        "containers": {"runtime": "podman", "endpoint": service.url, "ulimits": PODMAN_ULIMITS},
+        "containers": {"runtime": "podman", "endpoint": service.url, "ulimits": configured_ulimits(env)},
         "engines": {"vllm": {"image": ref, "env": FAST_ENGINE_ENV["vllm"]}}})
     agent = Agent(cfg)
     import aiohttp
@@ -309,5 +336,5 @@ async def test_an_image_pulled_from_a_registry_reports_its_progress(
         link.close()
         subprocess.run(["podman", "rmi", "--force", ref], env=env, capture_output=True,
                        timeout=120)
-        _remove_host_containers(env, "pull-host")
-    assert _containers(env, "pull-host") == []
+        Runtime("podman", env, "").remove_host_containers("pull-host")
+    assert Runtime("podman", env, "").containers("pull-host") == []
