@@ -17,7 +17,9 @@ $(STAMP): pyproject.toml
 # the images built first, as `make image-engines` does).
 demo: $(STAMP)
 	$(if $(findstring --containers,$(DEMO_ARGS)),$(call PODMAN_ENV,--with-base) \
-		CONTAINER=podman AGENT_BASE_IMAGE=$(LOCAL_BASE_IMAGE) scripts/build-engine-images.sh >/dev/null &&) \
+		mkdir -p build && echo "building the emulated engine images (log: build/engine-images.log)" && \
+		{ CONTAINER=podman AGENT_BASE_IMAGE=$(LOCAL_BASE_IMAGE) scripts/build-engine-images.sh \
+		  >/dev/null 2>build/engine-images.log || { tail -30 build/engine-images.log; exit 1; }; } &&) \
 		$(BIN)/gearshift demo $(DEMO_ARGS)
 
 # The container test (tests/integration/test_containers.py) needs podman: installed and
