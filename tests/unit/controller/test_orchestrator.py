@@ -114,7 +114,9 @@ class Agents:
 class Harness:
     def __init__(self, tmp_path: Path, gpus: dict[str, int],
                  sources: list[tuple[str, str, tuple[int, ...]]],
-                 settings: OrchestratorSettings = SETTINGS) -> None:
+                 settings: OrchestratorSettings = SETTINGS,
+                 images: dict[str, str] | None = None) -> None:
+        self.images = images or {}  # engines that run from images on every host
         self.url = f"sqlite:///{tmp_path / 'gs.db'}"
         self.store = Store.open(self.url)
         self.engine = sa.create_engine(self.url)
@@ -136,7 +138,8 @@ class Harness:
         for host_id, n in self.agents.gpus.items():
             self.fleet.hello(agent_pb2.Hello(
                 host_id=host_id, gpus=[agent_pb2.GpuInfo(index=i) for i in range(n)],
-                engines=[agent_pb2.EngineInstall(engine=e) for e in ENGINE_NAMES]),
+                engines=[agent_pb2.EngineInstall(engine=e, image=self.images.get(e, ""))
+                         for e in ENGINE_NAMES]),
                 INTERVAL_S)
         self.agents.report(self.fleet)
         self.orch = MigrationOrchestrator(
@@ -186,9 +189,10 @@ def make(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
 
     def _make(gpus: dict[str, int] | None = None,
               sources: list[tuple[str, str, tuple[int, ...]]] | None = None,
-              **overrides: object) -> Harness:
+              images: dict[str, str] | None = None, **overrides: object) -> Harness:
         settings = OrchestratorSettings(**{**SETTINGS.__dict__, **overrides})  # type: ignore[arg-type]
-        h = Harness(tmp_path, gpus or {"h1": 2}, sources or [("h1", "src", (0,))], settings)
+        h = Harness(tmp_path, gpus or {"h1": 2}, sources or [("h1", "src", (0,))], settings,
+                    images)
         made.append(h)
         return h
 
@@ -398,6 +402,49 @@ def test_failed_start_rolls_back_with_the_agents_message(make: Callable[..., Har
     mid = h.orch.create("llama", "vllm", "tensorrt-llm").id
     row = h.until(phase_is(P.ROLLED_BACK), mid)
     assert row.reason == f"start of {row.target_deployment_ids[0]} on h1 failed: out of memory"
+
+
+TRT_IMAGE = {"tensorrt-llm": "nvcr.io/nvidia/tensorrt-llm/release:1.2.0"}
+
+
+def test_a_target_that_runs_from_an_image_is_pulled_before_it_starts(
+        make: Callable[..., Harness]) -> None:
+    h = make(images=TRT_IMAGE)
+    mid = h.orch.create("llama", "vllm", "tensorrt-llm").id
+    h.until(phase_is(P.DONE), mid)
+    assert h.transitions[:3] == [("pending", "pulling"), ("pulling", "starting"),
+                                 ("starting", "warming")]
+    actions = [c.WhichOneof("action") for _h, c in h.agents.sent]
+    assert actions.index("prepare") < actions.index("start")
+    [prepare] = [c for _h, c in h.agents.sent if c.WhichOneof("action") == "prepare"]
+    assert prepare.prepare.spec.engine == "tensorrt-llm"
+
+
+def test_a_move_to_a_host_program_has_no_pulling_phase(make: Callable[..., Harness]) -> None:
+    h = make(images={"vllm": "docker.io/vllm/vllm-openai:v0.11.0"})  # the source's only
+    mid = h.orch.create("llama", "vllm", "tensorrt-llm").id
+    h.until(phase_is(P.DONE), mid)
+    assert ("pending", "starting") in h.transitions
+    assert all(c.WhichOneof("action") != "prepare" for _h, c in h.agents.sent)
+
+
+def test_a_failed_pull_rolls_back_with_the_runtimes_message(
+        make: Callable[..., Harness]) -> None:
+    h = make(images=TRT_IMAGE)
+    h.agents.fail["prepare"] = "podman: pull x: manifest unknown"
+    mid = h.orch.create("llama", "vllm", "tensorrt-llm").id
+    row = h.until(phase_is(P.ROLLED_BACK), mid)
+    assert row.reason == "image pull on h1 failed: podman: pull x: manifest unknown"
+    assert all(c.WhichOneof("action") != "start" for _h, c in h.agents.sent)
+    assert h.weights() == {"src": (1.0, False)}
+
+
+def test_a_pull_past_its_own_deadline_rolls_back(make: Callable[..., Harness]) -> None:
+    h = make(images=TRT_IMAGE, pull_timeout_s=5.0, command_timeout_s=600.0)
+    h.agents.drop.add("prepare")
+    mid = h.orch.create("llama", "vllm", "tensorrt-llm").id
+    row = h.until(phase_is(P.ROLLED_BACK), mid)
+    assert row.reason.startswith("image pull did not finish within 5 s"), row.reason
 
 
 def test_target_never_ready_rolls_back_after_the_timeout(make: Callable[..., Harness]) -> None:

@@ -99,6 +99,26 @@ def test_report_bad_version_strings_are_refused_naming_the_field(field: str, bad
     assert repr(bad[:80]) in err.value.message
 
 
+def test_report_image_fields_as_agents_send_them_pass() -> None:
+    check_report(report(image="docker.io/vllm/vllm-openai:v0.11.0",
+                        image_digest="sha256:" + "ab" * 32, pull_bytes_done=5,
+                        pull_bytes_total=10))
+    check_report(report(image="img@sha256:" + "0" * 64))
+
+
+@pytest.mark.parametrize(("field", "bad", "needle"), [
+    ("image", "img\n", "image: expected an image reference"),
+    ("image", "-rm", "image: expected an image reference"),
+    ("image", "i" * 513, "image: expected an image reference"),
+    ("image_digest", "md5:abc", "image_digest: expected sha256:<64 hex digits>"),
+])
+def test_report_bad_image_fields_are_refused_naming_them(field: str, bad: str,
+                                                         needle: str) -> None:
+    with pytest.raises(InvalidArgument) as err:
+        check_report(report(**{field: bad}))
+    assert err.value.message.startswith(f"report.deployments[0].{needle}"), err.value.message
+
+
 @pytest.mark.parametrize("match", [agent_pb2.VERSION_MATCH_UNSPECIFIED, agent_pb2.VERSION_MATCH_KNOWN,
                                    agent_pb2.VERSION_MATCH_NEAREST, agent_pb2.VERSION_MATCH_UNKNOWN])
 def test_report_each_version_match_passes(match: int) -> None:
@@ -134,10 +154,12 @@ def test_hello_engines_as_agents_send_them_pass() -> None:
     *[("version", b, "expected a version") for b in BAD_VERSIONS],
     *[("release", b, "expected a version") for b in BAD_VERSIONS],
     ("version_match", 9, "expected one of VERSION_MATCH_UNSPECIFIED"),
-    ("version_source", "pip freeze", "expected one of config, metadata, probe or empty"),
+    ("version_source", "pip freeze", "expected one of config, metadata, probe, image-label, image-env, image-metadata, image-tag or empty"),
     ("version_source", "m" * 10_000, "expected one of config"),
     ("executable", "/bin/vllm" * 1000, "expected up to 4096 characters"),
     ("executable", "/bin/vllm\x1b[2J", "expected up to 4096 characters without control"),
+    ("image", "vllm\x1b]52;c;x\x07", "expected an image reference"),
+    ("image", "x" * 600, "expected an image reference"),
 ])
 def test_hello_bad_engine_fields_are_refused_naming_them(field: str, bad: object,
                                                          needle: str) -> None:
