@@ -35,18 +35,6 @@ from gearshift.agents.handover import WorkdirLock, clean_up_dead, survey
 from gearshift.agents.metrics import EngineScraper, to_proto
 from gearshift.agents.ops_metrics import AgentMetrics
 from gearshift.agents.runtimes.base import get_runtime
-from gearshift.agents.runtimes.container_supervisor import (
-    ContainerSupervisor,
-    spec_from_labels,
-)
-from gearshift.agents.runtimes.containers import (
-    LABEL_DEPLOYMENT,
-    LABEL_PORT,
-    ContainerRuntime,
-    ImageInfo,
-    PullProgress,
-    image_version,
-)
 from gearshift.agents.runtimes.engine_state import EngineRecord, EngineStateDir
 from gearshift.agents.runtimes.supervisor import EngineSupervisor
 from gearshift.common.credentials import TlsFiles, secure_channel
@@ -65,7 +53,10 @@ from gearshift.common.spec import DeploymentSpec, Phase
 from gearshift.v1 import agent_pb2, agent_pb2_grpc
 
 if TYPE_CHECKING:
+    # Engines as containers (docs/containers.md) are imported only by an agent that has a
+    # `containers:` block: the container client is not loaded otherwise.
     from gearshift.agents.enrolment import Enroller
+    from gearshift.agents.runtimes.containers import ContainerRuntime, ImageInfo, PullProgress
 
 log = logging.getLogger(__name__)
 
@@ -138,8 +129,10 @@ class Agent:
         self.ops: OpsListener | None = None
         self.enroller: Enroller | None = None
         # Engines with an `image` run as containers of this runtime (docs/containers.md).
-        self.containers: ContainerRuntime | None = (
-            ContainerRuntime(config.containers) if config.containers is not None else None)
+        self.containers: ContainerRuntime | None = None
+        if config.containers is not None:
+            from gearshift.agents.runtimes.containers import ContainerRuntime
+            self.containers = ContainerRuntime(config.containers)
         self._pulls: dict[str, asyncio.Task[ImageInfo]] = {}  # by image reference
         if config.enrols:
             self.enroller = self._enroller()
@@ -218,6 +211,7 @@ class Agent:
         """The engine's version as its image says (`containers.image_version`)."""
         if self._engine(name).version:
             return
+        from gearshift.agents.runtimes.containers import image_version
         version, source = await image_version(self._runtime(), info, engine_entry(name))
         if version:
             self.probed_versions[name] = version
@@ -280,6 +274,7 @@ class Agent:
         workdir = Path(self.config.workdir).absolute() / spec.deployment_id
         if self.engine_image(spec.engine):
             assert self.config.containers is not None  # the config's validator says so
+            from gearshift.agents.runtimes.container_supervisor import ContainerSupervisor
             return ContainerSupervisor(
                 spec, get_runtime(spec.engine), executable=eng.executable,
                 env=dict(eng.env), workdir=workdir, bind_host=bind_host,
@@ -329,6 +324,11 @@ class Agent:
     async def _adopt_containers(self) -> list[str]:
         """Take over this host's running engine containers (by their labels); remove
         those that have exited or whose engine no longer runs from an image here."""
+        from gearshift.agents.runtimes.container_supervisor import (
+            ContainerSupervisor,
+            spec_from_labels,
+        )
+        from gearshift.agents.runtimes.containers import LABEL_DEPLOYMENT, LABEL_PORT
         runtime = self._runtime()
         adopted = []
         for found in await runtime.labelled(self.config.host_id):
@@ -400,6 +400,7 @@ class Agent:
         sup = self.supervisors.get(dep_id)
         if sup is None:
             if self.containers is not None:  # a container of it left behind: not wanted
+                from gearshift.agents.runtimes.containers import LABEL_DEPLOYMENT
                 for found in await self.containers.labelled(self.config.host_id):
                     if found.labels.get(LABEL_DEPLOYMENT) == dep_id:
                         await self.containers.remove(found.container_id)
@@ -485,9 +486,9 @@ class Agent:
                 backend=spec.backend, served_model_name=sup.served_model_name,
                 source=spec.source, tensor_parallel_size=spec.tensor_parallel_size)
             d.gpu_indices.extend(spec.gpu_indices)
-            if isinstance(sup, ContainerSupervisor):
+            if sup.image:
                 d.image, d.image_digest = sup.image, sup.image_digest
-                d.pull_bytes_done, d.pull_bytes_total = sup.pull.done, sup.pull.total
+                d.pull_bytes_done, d.pull_bytes_total = sup.pull_bytes
             if sample is not None:
                 to_proto(sample, d)
         return report

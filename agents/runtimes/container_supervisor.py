@@ -144,6 +144,10 @@ class ContainerSupervisor(EngineSupervisor):
     def image_digest(self) -> str:
         return self.image_info.digest if self.image_info is not None else ""
 
+    @property
+    def pull_bytes(self) -> tuple[int, int]:
+        return self.pull.done, self.pull.total
+
     async def _prepare(self) -> bool:
         try:
             info = await self.containers.image(self.image)

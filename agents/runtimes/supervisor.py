@@ -293,6 +293,17 @@ class EngineSupervisor:
         await self.stop(grace_s=0.0 if exc[0] is not None else DEFAULT_STOP_GRACE_S)
 
     # --- what a container supervisor does its own way (container_supervisor) ------------
+    image = ""  # the engine's container image ("" = a host program)
+
+    @property
+    def image_digest(self) -> str:
+        return ""
+
+    @property
+    def pull_bytes(self) -> tuple[int, int]:
+        """(bytes pulled, of the total) while the image is pulled; (0, 0) otherwise."""
+        return 0, 0
+
     @property
     def launch_host(self) -> str:
         """The address the engine is told to bind."""
