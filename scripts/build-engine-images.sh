@@ -3,17 +3,17 @@
 # or docker: each engine's real executables and entrypoint running the gearshift emulator, so
 # the agent can run engines as containers without GPUs. `make image-engines` runs it.
 #
-# They are built FROM the emulator agent image (`make image-emulator`), which is built here
-# first when it is missing (scripts/build-images.sh IMAGES=agent ENGINE=emulator); with
-# REBUILD_AGENT=1 it is rebuilt anyway (seconds when only gearshift's sources changed), so
-# the images carry the working tree's gearshift.
+# They are built FROM the emulator agent image (`make image-emulator`), which is (re)built
+# here first (scripts/build-images.sh IMAGES=agent ENGINE=emulator: seconds from the layer
+# cache when gearshift's sources are unchanged), so the images carry the working tree's
+# gearshift; REBUILD_AGENT=0 keeps an existing one as it is.
 #
 # Environment (all optional):
 #   CONTAINER            podman or docker (default: podman when installed, else docker)
 #   AGENT_BASE_IMAGE     base of the emulator agent image when it is built here
 #                        (default localhost/gearshift-debian:bookworm, scripts/podman-setup.sh
 #                        --with-base makes it)
-#   REBUILD_AGENT        1: rebuild the emulator agent image even when it exists
+#   REBUILD_AGENT        0: keep the emulator agent image when it exists (default 1)
 #   VLLM_VERSION         vLLM release emulated (default 0.11.0)
 #   TRTLLM_VERSION       TensorRT-LLM release emulated (default 1.2.0)
 #   SGLANG_VERSION       SGLang release emulated (default 0.5.7)
@@ -40,7 +40,7 @@ if [ "$CONTAINER" = docker ]; then
     export DOCKER_BUILDKIT=1  # build secrets need BuildKit
 fi
 
-if [ "${REBUILD_AGENT:-}" = 1 ] || ! "$CONTAINER" image inspect "$AGENT_IMAGE" >/dev/null 2>&1; then
+if [ "${REBUILD_AGENT:-1}" = 1 ] || ! "$CONTAINER" image inspect "$AGENT_IMAGE" >/dev/null 2>&1; then
     log "building $AGENT_IMAGE on $AGENT_BASE_IMAGE"
     CONTAINER="$CONTAINER" IMAGES=agent ENGINE=emulator ENGINE_IMAGE="$AGENT_BASE_IMAGE" \
         IMAGE_PREFIX="$PREFIX" CA_BUNDLE="$CA_BUNDLE" scripts/build-images.sh >/dev/null

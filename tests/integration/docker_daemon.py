@@ -77,11 +77,15 @@ class DockerDaemon:
             return ""
 
     def load_from_podman(self, images: list[str], podman_env: dict[str, str]) -> None:
-        """Copy `images` from podman's store into this engine where it lacks them (no
-        registry between the two: `podman save | docker load`)."""
+        """Copy `images` from podman's store into this engine where it lacks them or has
+        another build (no registry between the two: `podman save | docker load`, which
+        keeps the image id)."""
         for image in images:
-            if subprocess.run(["docker", "image", "inspect", image], capture_output=True,
-                              env=self.env).returncode == 0:
+            want = subprocess.run(["podman", "image", "inspect", "--format", "{{.Id}}", image],
+                                  capture_output=True, text=True, env=podman_env).stdout.strip()
+            have = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", image],
+                                  capture_output=True, text=True, env=self.env).stdout.strip()
+            if want and have.removeprefix("sha256:") == want:
                 continue
             save = subprocess.Popen(["podman", "save", image], stdout=subprocess.PIPE,
                                     env=podman_env)
