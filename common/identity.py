@@ -9,6 +9,9 @@ from __future__ import annotations
 
 SPIFFE_TRUST_DOMAIN = "gearshift"
 HOST_URI_PREFIX = f"spiffe://{SPIFFE_TRUST_DOMAIN}/host/"  # + host id: an agent's URI SAN
+GATEWAY_URI = f"spiffe://{SPIFFE_TRUST_DOMAIN}/gateway"  # a gateway's URI SAN
+ROLE_URI_PREFIX = f"spiffe://{SPIFFE_TRUST_DOMAIN}/role/"  # + read | admin: a person's
+LEGACY_CLI_URI = f"spiffe://{SPIFFE_TRUST_DOMAIN}/cli"  # before roles: counts as read
 AUTHORIZATION_HEADER = "authorization"  # gRPC metadata key of the bearer token
 BEARER_PREFIX = "bearer "  # compared in lower case
 LEADER_METADATA_KEY = "gearshift-leader"  # trailing metadata of a follower's refusal

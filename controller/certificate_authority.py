@@ -10,14 +10,15 @@ the controller will sign agents' certificate requests with the same code.
 | `ca.pem`, `ca-key.pem` | the private CA (self-signed, path length 0) |
 | `controller.pem`, `controller-key.pem` | the controller's server certificate; SANs from `--controller-san` |
 | `agent-<host>.pem`, `agent-<host>-key.pem` | one client certificate per agent host |
-| `gateway.pem`, `gateway-key.pem`, `cli.pem`, `cli-key.pem` | client certificates for the gateway and the CLI |
+| `gateway.pem`, `gateway-key.pem` | the gateway's client certificate (URI `spiffe://gearshift/gateway`) |
+| `cli.pem`, `cli-key.pem`, `cli-read.pem`, `cli-read-key.pem` | people's client certificates, of the roles admin and read (URIs `spiffe://gearshift/role/admin`, `…/role/read`) |
 | `tokens.yaml`, `admin.token`, `read.token` | random bearer tokens for the two roles |
 
 Identity: an agent certificate has CN `<host>` and one SAN URI
 `spiffe://gearshift/host/<host>`; the controller trusts ONLY that URI SAN (see
-`gearshift.controller.security.peer_host_id`), never the CN, so the gateway and
-CLI certificates (URIs `spiffe://gearshift/gateway`, `spiffe://gearshift/cli`)
-can never pass as a host. Keys are ECDSA P-256. Private keys and token files are
+`gearshift.controller.security.peer_host_id`), never the CN, so the gateway's and
+people's certificates can never pass as a host, and a host's certificate is only ever
+an agent's (docs/security.md: what each identity may call). Keys are ECDSA P-256. Private keys and token files are
 written with mode 0600; existing files are never overwritten without `--force`.
 `issue_agent_cert` (`gearshift certs issue --out DIR --host H`) adds an agent
 certificate signed by the CA already in DIR (a new host, or a renewal).
@@ -37,7 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from gearshift.common.errors import ConfigError, FailedPrecondition
-from gearshift.common.identity import HOST_URI_PREFIX, SPIFFE_TRUST_DOMAIN
+from gearshift.common.identity import (
+    GATEWAY_URI,
+    HOST_URI_PREFIX,
+    ROLE_URI_PREFIX,
+    SPIFFE_TRUST_DOMAIN,
+)
 
 DEFAULT_CONTROLLER_SANS: tuple[str, ...] = ("127.0.0.1", "localhost")
 DEFAULT_VALIDITY_DAYS = 365
@@ -189,8 +195,14 @@ def _emit(out: dict[str, Path], out_dir: Path, stem: str, cert: Any, key: Any) -
     out[stem], out[f"{stem}-key"] = cert_path, key_path
 
 
+# The people's and the gateway's certificates and the identity (URI SAN) each carries:
+# the controller decides what a caller may do by it (docs/security.md).
+CLIENT_IDENTITIES = {"gateway": GATEWAY_URI, "cli": ROLE_URI_PREFIX + "admin",
+                     "cli-read": ROLE_URI_PREFIX + "read"}
+
+
 def _client_stems(hosts: Sequence[str]) -> list[str]:
-    return [f"agent-{h}" for h in hosts] + ["gateway", "cli"]
+    return [f"agent-{h}" for h in hosts] + list(CLIENT_IDENTITIES)
 
 
 def init_certs(out_dir: Path | str, hosts: Sequence[str] = (),
@@ -200,6 +212,7 @@ def init_certs(out_dir: Path | str, hosts: Sequence[str] = (),
 
     Returns the written paths by name: "ca", "ca-key", "controller", "controller-key",
     "agent-<host>", "agent-<host>-key", "gateway", "gateway-key", "cli", "cli-key",
+    "cli-read", "cli-read-key",
     "tokens" (tokens.yaml), "admin-token", "read-token". `now` moves the validity
     window (a past `now` with days=1 gives expired certificates for tests).
     """
@@ -228,11 +241,11 @@ def init_certs(out_dir: Path | str, hosts: Sequence[str] = (),
         _emit(out, out_dir, f"agent-{host}",
               _sign(host, key.public_key(), (ca_cert, ca_key), window,
                     uri=HOST_URI_PREFIX + host), key)
-    for stem in ("gateway", "cli"):
+    for stem, uri in CLIENT_IDENTITIES.items():
         key = _new_key()
         _emit(out, out_dir, stem,
-              _sign(f"gearshift-{stem}", key.public_key(), (ca_cert, ca_key), window,
-                    uri=f"spiffe://{SPIFFE_TRUST_DOMAIN}/{stem}"), key)
+              _sign(f"gearshift-{stem}", key.public_key(), (ca_cert, ca_key), window, uri=uri),
+              key)
     out.update(_write_tokens(out_dir))
     return out
 

@@ -108,9 +108,17 @@ def build_server(config: ControllerConfig, agents: AgentService, control: Contro
     """The server with its interceptors and services, bound to ``config.listen``."""
     tokens = load_tokens(config)
     interceptors: list[aio.ServerInterceptor] = [LeaderGate(leadership), ErrorInterceptor()]
+    client_certs = config.tls_cert is not None and config.tls_ca is not None
+    if tokens is not None or client_certs:
+        # Refuse before any handler runs: every call by its caller's identity.
+        interceptors.insert(0, AuthInterceptor(tokens, require_identity=client_certs))
     if tokens is not None:
-        interceptors.insert(0, AuthInterceptor(tokens))  # refuse before any handler runs
-        log.info("bearer tokens required on the control API (%s)", tokens.describe())
+        log.info("bearer tokens required of people on the control API (%s)", tokens.describe())
+    elif client_certs:
+        log.warning("no --tokens-file: people's calls are decided by their certificate's role "
+                    "(spiffe://gearshift/role/read|admin; `gearshift certs init` writes cli.pem "
+                    "as admin); an agent's or a gateway's certificate can never act as a "
+                    "person (docs/security.md)")
     server = aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
     agent_pb2_grpc.add_AgentServiceServicer_to_server(agents, server)
     control_pb2_grpc.add_ControlServiceServicer_to_server(control, server)

@@ -8,14 +8,15 @@
   environment variable, never from the command line. Tokens are compared with
   `hmac.compare_digest` and never logged: logs name the role and a short SHA-256
   prefix (`token_fingerprint`).
-- `AuthInterceptor` (grpc.aio) checks `authorization: Bearer <token>` against
-  `METHOD_ROLES` BEFORE the handler runs, so a refused call has no side effect.
-  Roles: `read` (listing, showing, explaining) and `admin` (changing things);
-  admin implies read. `WatchRoutes` and `ReportGateway` need `read`: the gateway
-  runs with a read token, because it only follows the routing table and reports
-  what its clients saw (counters the controller folds into its own view; they can
-  approve, apply or abort nothing). Unknown methods of ControlService need admin
-  (fail closed); AgentService, health and reflection are exempt from tokens.
+- `AuthInterceptor` (grpc.aio) decides every call by its caller's identity against
+  `METHOD_RULES` BEFORE the handler runs, so a refused call has no side effect.
+  Identities: an agent host's certificate (its stream and its renewal only), a
+  gateway's certificate (the routing table and its reports only), and people: the
+  role `read` (listing, showing, explaining) or `admin` (changing things; implies
+  read), from a bearer token where the controller has tokens, else from the
+  certificate (`spiffe://gearshift/role/<role>`). An agent's or a gateway's
+  certificate never acts as a person, whatever token it sends. Unknown methods need
+  admin (fail closed). The table is in docs/security.md.
 - `peer_host_id` returns the host that a verified agent certificate names: the
   URI SAN `spiffe://gearshift/host/<host>` only (never the CN), so that
   `check_peer_host` can refuse a Hello or Report for another host.
@@ -39,24 +40,39 @@ from grpc import aio
 
 from gearshift.common.credentials import check_plaintext
 from gearshift.common.errors import ConfigError, PermissionDenied
-from gearshift.common.identity import AUTHORIZATION_HEADER, BEARER_PREFIX, HOST_URI_PREFIX
+from gearshift.common.identity import (
+    AUTHORIZATION_HEADER,
+    BEARER_PREFIX,
+    GATEWAY_URI,
+    HOST_URI_PREFIX,
+    LEGACY_CLI_URI,
+    ROLE_URI_PREFIX,
+    SPIFFE_TRUST_DOMAIN,
+)
 
 log = logging.getLogger(__name__)
 
 CONTROL_SERVICE = "/gearshift.v1.ControlService/"
 AGENT_SERVICE = "/gearshift.v1.AgentService/"
 ENROL_SERVICE = "/gearshift.v1.EnrolService/"
+SPIFFE_PREFIX = f"spiffe://{SPIFFE_TRUST_DOMAIN}/"
 TOKEN_MIN_CHARS = 16
 FINGERPRINT_HEX_CHARS = 8
 
 
 class Role(StrEnum):
-    READ = "read"    # list, show, explain; the gateway's routes and reports
-    ADMIN = "admin"  # apply, approve, reject, pause, abort, publish, evaluate; implies read
+    """Who a caller is, by its certificate or its bearer token (docs/security.md)."""
+
+    READ = "read"        # a person: list, show, explain
+    ADMIN = "admin"      # a person: apply, approve, reject, pause, abort, publish, evaluate
+    AGENT = "agent"      # an agent host's certificate: its stream and its renewal, nothing else
+    GATEWAY = "gateway"  # a gateway's certificate: the routing table and its reports
 
 
+PEOPLE = frozenset({Role.READ, Role.ADMIN})
+_READERS = PEOPLE  # admin implies read: every rule a reader passes, an admin passes
 _READ_METHODS = (
-    "FleetStatus", "ListHosts", "ListDeployments", "ListModels", "WatchRoutes", "ReportGateway",
+    "FleetStatus", "ListHosts", "ListDeployments", "ListModels",
     "ValidatePolicy", "GetPolicy", "PolicyHistory", "ListDecisions", "GetDecision",
     "ListMigrations", "GetMigration", "GetCapacity", "GetRateHistory", "ControllerStatus",
     "ListEnrolments",
@@ -67,18 +83,26 @@ _ADMIN_METHODS = (
     "CreateBootstrapToken", "ListBootstrapTokens", "RevokeBootstrapToken", "ApproveHost",
     "RevokeHost",
 )
-# Full gRPC method name -> the role it needs. None: no token checked (mTLS or public).
-METHOD_ROLES: dict[str, Role | None] = {
-    **{CONTROL_SERVICE + m: Role.READ for m in _READ_METHODS},
-    **{CONTROL_SERVICE + m: Role.ADMIN for m in _ADMIN_METHODS},
-    AGENT_SERVICE + "Connect": None,
+# Every RPC of every service the controller serves -> the roles that may call it; None:
+# anyone (health, reflection; Enrol carries its own bootstrap token). A method without a
+# rule is refused to all but admins (fail closed), and the descriptor-driven test
+# (tests/unit/controller/test_authorization.py) fails until it has one.
+METHOD_RULES: dict[str, frozenset[Role] | None] = {
+    **{CONTROL_SERVICE + m: _READERS for m in _READ_METHODS},
+    **{CONTROL_SERVICE + m: frozenset({Role.ADMIN}) for m in _ADMIN_METHODS},
+    CONTROL_SERVICE + "WatchRoutes": frozenset({Role.GATEWAY, *_READERS}),
+    CONTROL_SERVICE + "ReportGateway": frozenset({Role.GATEWAY}),
+    AGENT_SERVICE + "Connect": frozenset({Role.AGENT}),
+    ENROL_SERVICE + "Renew": frozenset({Role.AGENT}),
+    ENROL_SERVICE + "Enrol": None,
+    "/grpc.health.v1.Health/Check": None,
+    "/grpc.health.v1.Health/Watch": None,
+    "/grpc.health.v1.Health/List": None,
+    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": None,
+    "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo": None,
 }
-# Prefixes that never need a token: agents (mTLS), enrolment (a bootstrap token in the
-# request, or the agent's certificate), health checks, reflection (grpcurl).
-EXEMPT_PREFIXES: tuple[str, ...] = (
-    AGENT_SERVICE, ENROL_SERVICE, "/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/",
-    "/grpc.reflection.v1.ServerReflection/",
-)
+MACHINES = frozenset({Role.AGENT, Role.GATEWAY})
+_FAIL_CLOSED = frozenset({Role.ADMIN})
 
 
 def _read_file(path: Path | str, what: str) -> bytes:
@@ -212,10 +236,6 @@ def _check_token(tok: Any, where: str) -> str:
     return tok
 
 
-def role_allows(have: Role, need: Role) -> bool:
-    return have == Role.ADMIN or have == need
-
-
 def bearer_token(metadata: Iterable[tuple[str, Any]] | None) -> str | None:
     """The token of the `authorization: Bearer <token>` metadata entry, if any."""
     for key, value in metadata or ():
@@ -250,51 +270,76 @@ def denying_handler(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, detai
 
 
 class AuthInterceptor(aio.ServerInterceptor):
-    """Refuse calls without a valid bearer token of the needed role, before any handler runs.
+    """Refuse a call its caller may not make, before its handler runs (docs/security.md).
 
-    Missing token -> UNAUTHENTICATED "missing bearer token"; unknown token ->
-    UNAUTHENTICATED "invalid token"; too weak a role -> PERMISSION_DENIED
-    "role read cannot call ApplyPolicy (needs admin)". Put it FIRST in the
-    server's interceptor list so that it wraps everything else.
+    The caller is its verified certificate's identity (`certificate_role`: an agent
+    host, a gateway, or a person with the read or admin role) and, for people, its
+    bearer token where the controller has tokens. Agent and gateway certificates may
+    call their own RPCs only, whatever token they send. A person's role is the token's
+    where tokens are configured (a missing token -> UNAUTHENTICATED "missing bearer
+    token"), else the certificate's. Refusals: UNAUTHENTICATED (no credential, or an
+    unknown token), PERMISSION_DENIED naming the role and what the RPC needs.
+
+    `require_identity` (TLS with client certificates): a call without a certificate
+    role is no agent or gateway, and without tokens nobody at all. Without it (a
+    plaintext controller on loopback, for development) a caller without credentials
+    may call anything. Put it FIRST in the server's interceptor list.
     """
 
-    def __init__(self, tokens: TokenStore,
-                 method_roles: Mapping[str, Role | None] | None = None,
-                 exempt_prefixes: Iterable[str] = EXEMPT_PREFIXES) -> None:
+    def __init__(self, tokens: TokenStore | None,
+                 rules: Mapping[str, frozenset[Role] | None] | None = None, *,
+                 require_identity: bool = False) -> None:
         self.tokens = tokens
-        self.method_roles = dict(METHOD_ROLES if method_roles is None else method_roles)
-        self.exempt_prefixes = tuple(exempt_prefixes)
+        self.rules = dict(METHOD_RULES if rules is None else rules)
+        self.require_identity = require_identity
 
-    def required_role(self, method: str) -> Role | None:
-        if method in self.method_roles:
-            return self.method_roles[method]
-        if method.startswith(self.exempt_prefixes):
-            return None
-        return Role.ADMIN  # fail closed: a method nobody classified needs the strongest role
+    def allowed(self, method: str) -> frozenset[Role] | None:
+        return self.rules.get(method, _FAIL_CLOSED)
 
     def check(self, method: str, metadata: Iterable[tuple[str, Any]] | None,
-              ) -> tuple[grpc.StatusCode, str] | None:
+              cert_role: Role | None = None) -> tuple[grpc.StatusCode, str] | None:
         """None when the call may go on, else the status and details to refuse it with."""
-        need = self.required_role(method)
-        if need is None:
+        allowed = self.allowed(method)
+        if allowed is None:
             return None
         short = method.rsplit("/", 1)[-1]
-        token = bearer_token(metadata)
-        if token is None:
-            log.warning("refused %s: missing bearer token", short)
-            return grpc.StatusCode.UNAUTHENTICATED, "missing bearer token"
-        principal = self.tokens.authenticate(token)
-        if principal is None:
-            log.warning("refused %s: invalid token %s", short, token_fingerprint(token))
-            return grpc.StatusCode.UNAUTHENTICATED, "invalid token"
-        if not role_allows(principal.role, need):
-            log.warning("refused %s: role %s (token %s)", short, principal.role.value,
-                        principal.fingerprint)
+        if cert_role in MACHINES:
+            if cert_role in allowed:
+                return None
+            log.warning("refused %s: a %s certificate", short, cert_role)
             return (grpc.StatusCode.PERMISSION_DENIED,
-                    f"role {principal.role.value} cannot call {short} (needs {need.value})")
-        if need == Role.ADMIN:
-            log.info("%s by role %s (token %s)", short, principal.role.value,
-                     principal.fingerprint)
+                    f"a {cert_role} certificate cannot call {short} "
+                    f"(needs {_names(allowed)})")
+        if allowed <= MACHINES:  # an agent's or a gateway's own RPC
+            if not self.require_identity:
+                return None  # plaintext development: agents and gateways have no certificate
+            return (grpc.StatusCode.PERMISSION_DENIED,
+                    f"{short} needs a certificate of role {_names(allowed)}")
+        role: Role | None = cert_role
+        if self.tokens is not None:
+            token = bearer_token(metadata)
+            if token is None:
+                log.warning("refused %s: missing bearer token", short)
+                return grpc.StatusCode.UNAUTHENTICATED, "missing bearer token"
+            principal = self.tokens.authenticate(token)
+            if principal is None:
+                log.warning("refused %s: invalid token %s", short, token_fingerprint(token))
+                return grpc.StatusCode.UNAUTHENTICATED, "invalid token"
+            role, who = principal.role, f"token {principal.fingerprint}"
+        elif role is None:
+            if not self.require_identity:
+                return None  # plaintext development on loopback
+            return (grpc.StatusCode.UNAUTHENTICATED,
+                    "no credential: a certificate of role read or admin, or a bearer token")
+        else:
+            who = "certificate"
+        if role not in allowed:
+            log.warning("refused %s: role %s (%s)", short, role.value, who)
+            need = "admin" if allowed == _FAIL_CLOSED else _names(allowed - MACHINES)
+            return (grpc.StatusCode.PERMISSION_DENIED,
+                    f"role {role.value} cannot call {short} (needs {need})")
+        if allowed == _FAIL_CLOSED:
+            log.info("%s by role %s (%s)", short, role.value, who)
         return None
 
     async def intercept_service(
@@ -305,11 +350,55 @@ class AuthInterceptor(aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
-        refusal = self.check(handler_call_details.method,
-                             handler_call_details.invocation_metadata)
-        if refusal is None:
+        method = handler_call_details.method
+        metadata = handler_call_details.invocation_metadata
+        if self.allowed(method) is None:
             return handler
-        return denying_handler(handler, *refusal)
+        if not self.require_identity:  # no certificates: decide now, as before
+            refusal = self.check(method, metadata)
+            return handler if refusal is None else denying_handler(handler, *refusal)
+        return guarded_handler(handler, lambda ctx: self.check(
+            method, metadata, certificate_role(ctx)))
+
+
+def _names(roles: Iterable[Role]) -> str:
+    return " or ".join(sorted(r.value for r in roles))
+
+
+def guarded_handler(handler: grpc.RpcMethodHandler,
+                    check: Callable[[Any], tuple[grpc.StatusCode, str] | None]
+                    ) -> grpc.RpcMethodHandler:
+    """`handler` behind `check(context)`: the certificate is known only once the call
+    runs, so the check is made there, before the real behaviour starts."""
+    ser = {"request_deserializer": handler.request_deserializer,
+           "response_serializer": handler.response_serializer}
+
+    async def unary(request: Any, context: aio.ServicerContext) -> Any:
+        refusal = check(context)
+        if refusal is not None:
+            await context.abort(*refusal)
+        behaviour = handler.unary_unary or handler.stream_unary
+        return await behaviour(request, context)
+
+    async def streaming(request: Any, context: aio.ServicerContext) -> Any:
+        refusal = check(context)
+        if refusal is not None:
+            await context.abort(*refusal)
+        behaviour = handler.unary_stream or handler.stream_stream
+        result = behaviour(request, context)
+        if hasattr(result, "__aiter__"):
+            async for item in result:
+                yield item
+        else:  # a coroutine that writes through the context
+            await result
+
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(unary, **ser)
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(unary, **ser)
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(streaming, **ser)
+    return grpc.stream_stream_rpc_method_handler(streaming, **ser)
 
 
 def _auth_values(context: Any, key: str) -> list[str]:
@@ -336,6 +425,31 @@ def peer_host_id(context: Any) -> str | None:
     if len(hosts) != 1:
         return None  # none, or a certificate naming several hosts: trust neither
     return hosts.pop() or None
+
+
+def certificate_role(context: Any) -> Role | None:
+    """The role the peer's verified client certificate names, or None: an agent host
+    (`spiffe://gearshift/host/<host>`), a gateway (`spiffe://gearshift/gateway`), a
+    person (`spiffe://gearshift/role/read|admin`; the older `spiffe://gearshift/cli`
+    counts as read). A certificate with several gearshift URIs names none."""
+    if "ssl" not in _auth_values(context, "transport_security_type"):
+        return None
+    uris = {san for key in ("peer_uri", "x509_subject_alternative_name", "peer_spiffe_id")
+            for san in _auth_values(context, key) if san.startswith(SPIFFE_PREFIX)}
+    if len(uris) != 1:
+        return None
+    uri = uris.pop()
+    if uri.startswith(HOST_URI_PREFIX) and len(uri) > len(HOST_URI_PREFIX):
+        return Role.AGENT
+    if uri == GATEWAY_URI:
+        return Role.GATEWAY
+    if uri == LEGACY_CLI_URI:
+        return Role.READ
+    if uri.startswith(ROLE_URI_PREFIX):
+        name = uri[len(ROLE_URI_PREFIX):]
+        if name in (Role.READ.value, Role.ADMIN.value):
+            return Role(name)
+    return None
 
 
 def check_peer_host(context: Any, host_id: str, *, require: bool = True) -> None:

@@ -23,7 +23,6 @@ from gearshift.common.credentials import (
 )
 from gearshift.common.errors import ConfigError
 from gearshift.controller.security import (
-    METHOD_ROLES,
     AuthInterceptor,
     Role,
     TokenStore,
@@ -32,7 +31,6 @@ from gearshift.controller.security import (
     server_credentials,
     token_fingerprint,
 )
-from gearshift.v1 import agent_pb2, control_pb2
 
 ADMIN = "admin-token-0123456789abcdef"
 READ = "read-token-0123456789abcdef"
@@ -118,20 +116,6 @@ def test_bearer_token_parsing() -> None:
 
 
 # -- roles ----------------------------------------------------------------------------
-
-
-def test_every_control_method_has_a_role_and_connect_is_exempt() -> None:
-    methods = control_pb2.DESCRIPTOR.services_by_name["ControlService"].methods
-    assert {CONTROL + m.name for m in methods} <= set(METHOD_ROLES)
-    admin = {m for m, r in METHOD_ROLES.items() if r == Role.ADMIN}
-    assert admin == {CONTROL + m for m in ("ApplyPolicy", "ApproveDecision", "RejectDecision",
-                                           "EvaluateNow", "SetPaused", "AbortMigration",
-                                           "PublishRevision", "CreateBootstrapToken",
-                                           "ListBootstrapTokens", "RevokeBootstrapToken",
-                                           "ApproveHost", "RevokeHost")}
-    assert METHOD_ROLES[CONTROL + "ListEnrolments"] == Role.READ
-    connect = agent_pb2.DESCRIPTOR.services_by_name["AgentService"].methods_by_name["Connect"]
-    assert METHOD_ROLES["/gearshift.v1.AgentService/" + connect.name] is None
 
 
 @pytest.mark.parametrize(("method", "token", "expected"), [
