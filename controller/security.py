@@ -306,10 +306,10 @@ class AuthInterceptor(aio.ServerInterceptor):
         if cert_role in MACHINES:
             if cert_role in allowed:
                 return None
-            log.warning("refused %s: a %s certificate", short, cert_role)
+            whose = "an agent's" if cert_role is Role.AGENT else "a gateway's"
+            log.warning("refused %s: %s certificate", short, whose)
             return (grpc.StatusCode.PERMISSION_DENIED,
-                    f"a {cert_role} certificate cannot call {short} "
-                    f"(needs {_names(allowed)})")
+                    f"{whose} certificate cannot call {short} (needs {_names(allowed)})")
         if allowed <= MACHINES:  # an agent's or a gateway's own RPC
             if not self.require_identity:
                 return None  # plaintext development: agents and gateways have no certificate
