@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import random
+import re
 import signal
 import time
 from collections import deque
@@ -482,7 +483,8 @@ class Agent:
                 engine_release=resolved.row.label,
                 engine_version_match=VERSION_MATCH_PROTO[resolved.match],
                 model=spec.model, revision=spec.revision, phase=sup.phase.to_proto(),
-                endpoint=sup.endpoint or "", restarts=sup.restarts, message=sup.last_message or "",
+                endpoint=sup.endpoint or "", restarts=sup.restarts,
+                message=printable(sup.last_message or "", MAX_MESSAGE_CHARS),
                 backend=spec.backend, served_model_name=sup.served_model_name,
                 source=spec.source, tensor_parallel_size=spec.tensor_parallel_size)
             d.gpu_indices.extend(spec.gpu_indices)
@@ -728,6 +730,16 @@ class Agent:
             await self._session.close()
         if self.containers is not None:
             await self.containers.close()
+
+
+MAX_MESSAGE_CHARS = 2000  # the controller takes up to 2048 (controller/validation.py)
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str, limit: int) -> str:
+    """`text` without control characters (an engine's colored output), cut to `limit`."""
+    text = _CONTROLS.sub(" ", text)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 async def _none() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,9 +39,18 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]
         table.add_column(c, overflow="fold")
     for r in rows:
         # Cells are data (agents' host ids and labels, engine labels such as "vllm 0.40.0
-        # [as 0.18: ...]"), never console markup: a "[...]" in them is shown as written.
-        table.add_row(*(Text("" if v is None else str(v)) for v in r))
+        # [as 0.18: ...]"), never console markup: a "[...]" in them is shown as written,
+        # and a control character as its escape (no cell can drive the terminal).
+        table.add_row(*(Text(escape_controls("" if v is None else str(v))) for v in r))
     Console(width=width).print(table)
+
+
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def escape_controls(text: str) -> str:
+    """`text` with each C0/C1 control character written as its escape (ESC -> \\x1b)."""
+    return _CONTROLS.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 def fmt_ms(seconds: float | None, present: bool = True) -> str:

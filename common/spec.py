@@ -19,6 +19,7 @@ from gearshift.v1 import agent_pb2
 
 DEFAULT_GPU_MEMORY_FRACTION = 0.9
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # what a name may not hold
 
 
 class Phase(StrEnum):
@@ -94,6 +95,11 @@ class DeploymentSpec:
                 "digits, '.', '_' or '-', starting with a letter or digit")
         if not self.model or not self.model.strip():
             raise InvalidArgument(f"{where}: model must not be empty")
+        for name, limit in (("model", 256), ("revision", 128), ("source", 1024)):
+            value = getattr(self, name)
+            if len(value) > limit or _CONTROL_RE.search(value):
+                raise InvalidArgument(f"{where}: {name} must be up to {limit} printable "
+                                      f"characters, found {value[:80]!r}")
         if not is_engine(self.engine):
             raise InvalidArgument(
                 f"{where}: engine {self.engine!r} is not one of {', '.join(ENGINE_NAMES)}")

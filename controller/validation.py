@@ -43,6 +43,17 @@ MAX_KV_BLOCKS = 2.0**40
 SLEEP_STATES = frozenset(agent_pb2.EngineSleepState.values())
 VERSION_MATCHES = frozenset(agent_pb2.VersionMatch.values())
 MAX_EXECUTABLE_LEN = 4096
+# What an agent names: bounded and printable (no C0 or C1 control characters, so
+# nothing it sends can move a terminal's cursor, set its clipboard or link text), and
+# counted, so that no host and no fleet can swell the store, /metrics or a list answer.
+MAX_ID_LEN = 128  # deployment ids (common/spec.py's id pattern allows 128)
+MAX_MODEL_LEN = 256  # served model names and hub ids are far shorter
+MAX_REVISION_LEN = 128
+MAX_SOURCE_LEN = 1024  # a checkpoint path
+MAX_BACKEND_LEN = 32
+MAX_MESSAGE_LEN = 2048  # free text; shown escaped
+MAX_MODELS_PER_HOST = 64  # distinct models one report names
+_PRINTABLE_RE = re.compile(r"[^\x00-\x1f\x7f-\x9f]*")  # use with fullmatch
 MAX_IMAGE_LEN = 512
 IMAGE_TEXT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]*")  # use with fullmatch
 IMAGE_DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
@@ -62,10 +73,12 @@ def check_hello(hello: agent_pb2.Hello) -> None:
     if len(hello.labels) > MAX_LABELS:
         raise InvalidArgument(f"hello.labels: at most {MAX_LABELS} labels, found {len(hello.labels)}")
     for k, v in hello.labels.items():
-        if not k or len(k) > MAX_LABEL_LEN or len(v) > MAX_LABEL_LEN:
+        if not k or len(k) > MAX_LABEL_LEN or len(v) > MAX_LABEL_LEN \
+                or not _PRINTABLE_RE.fullmatch(k) or not _PRINTABLE_RE.fullmatch(v):
             raise InvalidArgument(
                 f"hello.labels[{k[:40]!r}]: keys 1-{MAX_LABEL_LEN} and values up to "
-                f"{MAX_LABEL_LEN} characters")
+                f"{MAX_LABEL_LEN} printable characters")
+    check_text("hello.agent_version", hello.agent_version, 64)
     if len(hello.gpus) > MAX_GPUS_PER_HOST:
         raise InvalidArgument(f"hello.gpus: at most {MAX_GPUS_PER_HOST}, found {len(hello.gpus)}")
     for i, g in enumerate(hello.gpus):
@@ -139,6 +152,9 @@ def _looks_valid(d: agent_pb2.DeploymentReport, deployment_id: str) -> bool:
     HasField is asked on the common path. One function: a second call per deployment
     for the SLA signals cost as much as their comparisons."""
     if not (deployment_id and d.model and d.engine in _KNOWN_ENGINE_SET
+            and _names_ok(deployment_id, d.model, d.revision, d.source, d.served_model_name,
+                          d.backend)
+            and (not d.message or _message_ok(d.message))
             and d.engine_version_match in VERSION_MATCHES
             and _version_texts_ok(d.engine_version, d.engine_release)
             and _image_texts_ok(d.image, d.image_digest)):
@@ -167,6 +183,32 @@ def _looks_valid(d: agent_pb2.DeploymentReport, deployment_id: str) -> bool:
             and total <= MAX_KV_BLOCKS
             and (used <= total or not d.HasField("kv_blocks_used")
                  or not d.HasField("kv_blocks_total")))
+
+
+@functools.lru_cache(maxsize=65536)
+def _names_ok(dep_id: str, model: str, revision: str, source: str, served: str,
+              backend: str) -> bool:
+    """Cached: a host reports the same names in every report."""
+    return (len(dep_id) <= MAX_ID_LEN and len(model) <= MAX_MODEL_LEN
+            and len(revision) <= MAX_REVISION_LEN and len(source) <= MAX_SOURCE_LEN
+            and len(served) <= MAX_MODEL_LEN and len(backend) <= MAX_BACKEND_LEN
+            and _PRINTABLE_RE.fullmatch(dep_id + model + revision + source + served + backend)
+            is not None)
+
+
+@functools.lru_cache(maxsize=4096)
+def _message_ok(message: str) -> bool:
+    return len(message) <= MAX_MESSAGE_LEN and _PRINTABLE_RE.fullmatch(message) is not None
+
+
+def check_text(path: str, value: str, max_len: int) -> None:
+    """A name an agent sends: up to `max_len` printable characters (no control ones)."""
+    if len(value) > max_len or not _PRINTABLE_RE.fullmatch(value):
+        bad = next((c for c in value if not _PRINTABLE_RE.fullmatch(c)), None)
+        why = (f"a control character {bad!r}" if bad is not None
+               else f"{len(value)} characters")
+        raise InvalidArgument(f"{path}: expected up to {max_len} printable characters, "
+                              f"found {why} in {value[:80]!r}")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -302,6 +344,10 @@ def check_report(report: agent_pb2.Report, host_id: str = "",
         raise InvalidArgument(
             f"report.deployments: at most {MAX_DEPLOYMENTS_PER_REPORT}, "
             f"found {len(report.deployments)}")
+    models = {d.model for d in report.deployments}
+    if len(models) > MAX_MODELS_PER_HOST:
+        raise InvalidArgument(f"report.deployments: at most {MAX_MODELS_PER_HOST} distinct "
+                              f"models per host, found {len(models)}")
     seen: set[str] = set()
     for i, d in enumerate(report.deployments):
         dep_id = d.deployment_id
@@ -327,6 +373,11 @@ def check_report(report: agent_pb2.Report, host_id: str = "",
                 f"{p}.engine: expected one of {', '.join(KNOWN_ENGINES)}, found {d.engine!r}")
         if not d.model:
             raise InvalidArgument(f"{p}.model: expected a model name, found ''")
+        for name, limit in (("deployment_id", MAX_ID_LEN), ("model", MAX_MODEL_LEN),
+                            ("revision", MAX_REVISION_LEN), ("source", MAX_SOURCE_LEN),
+                            ("served_model_name", MAX_MODEL_LEN), ("backend", MAX_BACKEND_LEN),
+                            ("message", MAX_MESSAGE_LEN)):
+            check_text(f"{p}.{name}", getattr(d, name), limit)
         check_version_text(f"{p}.engine_version", d.engine_version)
         check_version_text(f"{p}.engine_release", d.engine_release)
         check_version_match(f"{p}.engine_version_match", d.engine_version_match)
