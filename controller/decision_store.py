@@ -18,11 +18,13 @@ from sqlmodel import Session, col, select
 
 from gearshift.common.errors import AlreadyExists, InvalidArgument, NotFound
 from gearshift.controller.tables import (
+    SETTING_ACTIVE_POLICY_VERSION,
     DecisionRow,
     DecisionStatus,
     ModelTenureRow,
     PolicyVersionRow,
     RevisionRow,
+    SettingRow,
     utcnow,
 )
 
@@ -45,6 +47,7 @@ class DecisionQueries:
     """Policy versions, decisions and revisions; mixed into `Store`, which sets `_engine`."""
 
     _engine: Engine
+    _upsert: Any  # Store's: an upsert of rows on a connection
 
     def _session(self) -> Session:
         return Session(self._engine, expire_on_commit=False)
@@ -62,6 +65,26 @@ class DecisionQueries:
             s.commit()
             assert row.version is not None
             return row.version
+
+    def add_active_policy_version(self, name: str, yaml_text: str, applied_by: str,
+                                  comment: str = "") -> int:
+        """Store an applied policy document and make it the active version, in one
+        transaction: a crash between the two can leave neither half (a version stored
+        and never active). Returns the new version number."""
+        digest = hashlib.sha256(yaml_text.encode()).hexdigest()
+        row = PolicyVersionRow(name=name, yaml_text=yaml_text, digest=digest,
+                               applied_by=applied_by, comment=comment)
+        with self._session() as s:
+            s.add(row)
+            s.flush()  # assigns the version
+            assert row.version is not None
+            self._activate(s.connection(), row.version)
+            s.commit()
+            return row.version
+
+    def _activate(self, conn: Any, version: int) -> None:
+        self._upsert(conn, SettingRow, [{"key": SETTING_ACTIVE_POLICY_VERSION,
+                                         "value": version, "updated": utcnow()}], ["key"])
 
     def get_policy_version(self, version: int) -> PolicyVersionRow | None:
         with self._session() as s:

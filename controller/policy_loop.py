@@ -189,8 +189,8 @@ class PolicyLoop:
                 return row, False, policy
         if self.prepare is not None:
             self.prepare(policy)  # raises: nothing stored
-        version = self.store.add_policy_version(policy.name, yaml_text, applied_by, comment)
-        self.store.set_setting(SETTING_ACTIVE_POLICY_VERSION, version)
+        version = self.store.add_active_policy_version(policy.name, yaml_text, applied_by,
+                                                       comment)
         self._policy = (version, policy)
         log.info("policy %s applied as version %d (mode %s) by %s", policy.name, version,
                  policy.mode, applied_by or "?")
