@@ -294,6 +294,11 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
     def _handle(self, host_id: str, entry: HostEntry, msg: agent_pb2.AgentMessage,
                 conn: AgentConnection) -> agent_pb2.ControllerMessage | None:
         """Apply one message of an open stream; returns the ack to write, if any."""
+        if conn.closed:
+            # Ended by the controller (revoked, replaced, leadership lost) while this
+            # message was on its way: the host may have been forgotten, and nothing it
+            # says now may put its deployments back in the routing table.
+            return None
         kind = msg.WhichOneof("body")
         if kind == "report":
             return self._handle_report(host_id, entry, msg.report, conn)

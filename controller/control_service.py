@@ -1,4 +1,9 @@
-"""`ControlService`: the fleet as the CLI and the gateway see it."""
+"""`ControlService`: the fleet as the CLI and the gateway see it.
+
+Gateways' reports are checked and kept bounded (`fleet.GatewayReports`): any holder of
+a read token can call `ReportGateway`, so neither the number of gateway ids nor the
+size of a report may grow the controller's memory.
+"""
 
 from __future__ import annotations
 
@@ -14,8 +19,9 @@ from gearshift.common.errors import GearshiftError
 from gearshift.common.identity import LEADER_METADATA_KEY
 from gearshift.controller.control_actions import ActionRpcs
 from gearshift.controller.enrolment_service import EnrolmentRpcs
-from gearshift.controller.fleet import FleetState
+from gearshift.controller.fleet import MAX_GATEWAY_ID_CHARS, FleetState, check_gateway_report
 from gearshift.controller.ha import Leadership
+from gearshift.controller.validation import MAX_DEPLOYMENTS_PER_REPORT
 from gearshift.v1 import agent_pb2, control_pb2, control_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -109,7 +115,7 @@ class ControlService(ActionRpcs, EnrolmentRpcs, control_pb2_grpc.ControlServiceS
                 await asyncio.sleep(0.2)
             fleet = self.fleet
             q = fleet.watch_routes()
-            log.info("gateway %s watches routes", request.gateway_id or "(anonymous)")
+            log.info("gateway %s watches routes", _shown_gateway(request.gateway_id))
             try:
                 while not ended.is_set():
                     getter = asyncio.ensure_future(q.get())
@@ -167,6 +173,19 @@ class ControlService(ActionRpcs, EnrolmentRpcs, control_pb2_grpc.ControlServiceS
 
     async def ReportGateway(self, request: control_pb2.GatewayReport,
                             context: aio.ServicerContext) -> control_pb2.GatewayReportAck:
-        self.fleet.gateway_stats[request.gateway_id] = {
-            d.deployment_id: d for d in request.deployments}
+        fleet = self.fleet
+        # A gateway routes only to deployments its hosts reported, each at most
+        # MAX_DEPLOYMENTS_PER_REPORT of them.
+        check_gateway_report(request, MAX_DEPLOYMENTS_PER_REPORT * max(1, len(fleet.hosts)))
+        fleet.gateway_stats.record(request, fleet.routed_deployment_ids(), fleet.now())
         return control_pb2.GatewayReportAck()
+
+
+def _shown_gateway(gateway_id: str) -> str:
+    """A gateway's id as logged: any caller chooses it, so never long or with control
+    characters."""
+    if not gateway_id:
+        return "(anonymous)"
+    if len(gateway_id) <= MAX_GATEWAY_ID_CHARS and gateway_id.isprintable():
+        return gateway_id
+    return repr(gateway_id[:MAX_GATEWAY_ID_CHARS])

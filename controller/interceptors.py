@@ -2,7 +2,8 @@
 
 A handler raises a `GearshiftError`; this interceptor turns the plain code it
 carries into the gRPC status of that name (`grpc_status`), with its message as
-the details. Anything else is logged
+the details. A database error becomes UNAVAILABLE "the store refused the write:
+<cause>" (`controller.store_errors`). Anything else is logged
 with its traceback and returned as INTERNAL without internals.
 """
 
@@ -13,9 +14,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
+import sqlalchemy as sa
 from grpc import aio
 
 from gearshift.common.errors import GearshiftError
+from gearshift.controller.store_errors import store_refused
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +29,10 @@ def grpc_status(err: GearshiftError) -> grpc.StatusCode:
 
 
 async def _abort(context: aio.ServicerContext, exc: BaseException) -> None:
+    if isinstance(exc, sa.exc.SQLAlchemyError):  # one line naming the cause, no traceback
+        refused = store_refused(exc)
+        log.error("%s", refused.message)
+        exc = refused
     if isinstance(exc, GearshiftError):
         await context.abort(grpc_status(exc), exc.message)
     log.exception("unhandled error in handler", exc_info=exc)
@@ -36,7 +43,7 @@ def _wrap_unary(behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaita
     async def wrapper(request: Any, context: aio.ServicerContext) -> Any:
         try:
             return await behavior(request, context)
-        except (GearshiftError, ValueError, TypeError) as exc:
+        except (GearshiftError, ValueError, TypeError, sa.exc.SQLAlchemyError) as exc:
             await _abort(context, exc)
 
     return wrapper
@@ -47,7 +54,7 @@ def _wrap_stream(behavior: Callable[..., Any]) -> Callable[..., Any]:
         try:
             async for item in behavior(request, context):
                 yield item
-        except GearshiftError as exc:
+        except (GearshiftError, sa.exc.SQLAlchemyError) as exc:
             await _abort(context, exc)
 
     return wrapper

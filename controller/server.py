@@ -135,12 +135,17 @@ class Controller:
         return SigningCa.load(self.config.tls_ca, self.config.ca_key)
 
     def _close_revoked(self, host_id: str, why: str = "") -> None:
-        """End the open stream of a revoked host, if it is connected here."""
+        """End the open stream of a revoked host, if it is connected here, and forget the
+        host: its deployments leave the routing table at once (gateways must send it
+        no more prompts), not when it would be pruned for silence."""
         conn = self.agents.connections.get(host_id)
         if conn is not None and not conn.closed:
             log.warning("closing the stream of revoked host %s", host_id)
             conn.close(grpc.StatusCode.PERMISSION_DENIED,
                        self.revocations.refusal(host_id) or f"host {host_id!r} is revoked")
+        if self.fleet.remove_host(host_id):
+            log.warning("revoked host %s forgotten; its deployments are no longer routed",
+                        host_id)
 
     async def _watch_revocations(self) -> None:
         """Revocations made on any controller reach this one within REVOCATION_REFRESH_S."""
@@ -151,7 +156,8 @@ class Controller:
                 if new:
                     log.warning("hosts revoked in the store: %s", ", ".join(sorted(new)))
                 self.metrics.revoked_hosts.set(len(self.revocations.hosts))
-                for host_id in self.revocations.hosts & set(self.agents.connections):
+                for host_id in [h for h in self.revocations.hosts
+                                if h in self.agents.connections or h in self.fleet.hosts]:
                     self._close_revoked(host_id)
             except Exception:  # the store is away: the next round retries
                 log.exception("reading revocations failed")
@@ -329,9 +335,13 @@ class Controller:
 
     def readiness(self) -> tuple[bool, str]:
         """Ready = serving its gRPC API in a known role: the leader, or a follower
-        that knows a live leader (it serves reads and names the leader to writers)."""
+        that knows a live leader (it serves reads and names the leader to writers), and
+        its store accepts writes."""
         if not self._serving:
             return False, "starting"
+        refused = self.persistence.writer.failing
+        if refused is not None:  # no write succeeds: a probe should take it out of service
+            return False, f"the store refuses writes: {refused}"
         if self.leading:
             return True, f"leader, epoch {self.epoch}"
         lease = self.leadership.lease() if self.leadership is not None else None
@@ -383,6 +393,7 @@ class Controller:
                 if popped:
                     self.persistence.rollups_done(await to_rows_in_slices(popped))
                 self._update_gauges()
+                self.fleet.gateway_stats.prune(time.time())
                 if not self.leading:
                     continue
                 self.persistence.save_hosts(self.fleet)

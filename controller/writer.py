@@ -37,6 +37,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from sqlmodel import SQLModel
 
 from gearshift.controller.store import Store
+from gearshift.controller.store_errors import store_cause
 from gearshift.controller.tables import CommandLogRow, DeploymentRow, HostRow, RollupRow
 from gearshift.controller.upserts import (
     COMMANDS,
@@ -103,6 +104,14 @@ class WriterMetrics:
         self.pending = Gauge(
             "gearshift_store_pending_writes", "Rows waiting for the next batch commit.",
             registry=registry)
+        self.failing = Gauge(
+            "gearshift_store_writes_failing",
+            "1 while the store refuses the writer's commits (/readyz says not ready), else 0.",
+            registry=registry)
+        self.refusals = Counter(
+            "gearshift_store_refusals_total",
+            "Commits the store refused, by cause (disk full, read-only store, store locked, "
+            "disk I/O error, store unreachable, ...).", ["cause"], registry=registry)
 
 
 class _Pending:
@@ -182,6 +191,7 @@ class BatchingWriter:
         self._max_batch = max_batch
         self._max_pending = max_pending
         self.metrics = WriterMetrics(registry or CollectorRegistry())
+        self.failing: str | None = None  # the cause while the store refuses commits
         self._lock = threading.Lock()
         self._durable_cv = threading.Condition(self._lock)
         self._pending = _Pending()
@@ -315,6 +325,7 @@ class BatchingWriter:
             self._commit(taken)
         except Exception as err:  # any database error: keep the rows and retry
             self.metrics.write_errors.inc()
+            self._refused(err)
             if _is_bad_data(err):
                 log.warning("store batch of %d rows refused (%s); writing them one by one",
                             len(taken), err)
@@ -331,6 +342,19 @@ class BatchingWriter:
         with self._lock:
             self._durable = max(self._durable, target)
             self._durable_cv.notify_all()
+        if self.failing is not None:
+            log.warning("the store accepts writes again (it refused them: %s)", self.failing)
+            self.failing = None
+            self.metrics.failing.set(0)
+
+    def _refused(self, err: BaseException) -> None:
+        """Name the cause once per episode (the retries say nothing new), count each."""
+        cause = store_cause(err)
+        self.metrics.refusals.labels(cause).inc()
+        if self.failing is None:
+            log.error("the store refused the write: %s", cause)
+        self.failing = cause
+        self.metrics.failing.set(1)
 
     def _commit(self, rows: _Pending) -> None:
         with self._store.engine.begin() as conn:
