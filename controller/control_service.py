@@ -1,6 +1,6 @@
 """`ControlService`: the fleet as the CLI and the gateway see it.
 
-Gateways' reports are checked and kept bounded (`fleet.GatewayReports`): any holder of
+Gateways' reports are checked and kept bounded (`gateway_reports.GatewayReports`): any holder of
 a read token can call `ReportGateway`, so neither the number of gateway ids nor the
 size of a report may grow the controller's memory.
 """
@@ -19,7 +19,8 @@ from gearshift.common.errors import GearshiftError
 from gearshift.common.identity import LEADER_METADATA_KEY
 from gearshift.controller.control_actions import ActionRpcs
 from gearshift.controller.enrolment_service import EnrolmentRpcs
-from gearshift.controller.fleet import MAX_GATEWAY_ID_CHARS, FleetState, check_gateway_report
+from gearshift.controller.fleet import FleetState
+from gearshift.controller.gateway_reports import MAX_GATEWAY_ID_CHARS, check_gateway_report
 from gearshift.controller.ha import Leadership
 from gearshift.controller.validation import MAX_DEPLOYMENTS_PER_REPORT
 from gearshift.v1 import agent_pb2, control_pb2, control_pb2_grpc

@@ -13,11 +13,11 @@ import pytest
 from grpc import aio
 
 from gearshift.controller.control_service import ControlService
-from gearshift.controller.fleet import (
+from gearshift.controller.fleet import FleetState
+from gearshift.controller.gateway_reports import (
     GATEWAY_STALE_S,
     MAX_GATEWAY_ID_CHARS,
     MAX_GATEWAYS,
-    FleetState,
 )
 from gearshift.controller.interceptors import ErrorInterceptor
 from gearshift.controller.validation import MAX_DEPLOYMENTS_PER_REPORT
