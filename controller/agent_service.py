@@ -317,6 +317,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         t0 = time.perf_counter()
         try:
             check_report(report, host_id, conn.peer_addr, conn.endpoints_ok)
+            self.fleet.check_models(report)
         except GearshiftError:
             self.metrics.rejected.labels("bad_report").inc()
             raise

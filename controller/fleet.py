@@ -29,11 +29,16 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from sys import intern
 
+from gearshift.common.errors import ResourceExhausted
 from gearshift.controller.engine_restarts import RestartTracker
 from gearshift.controller.gateway_reports import GatewayReports
 from gearshift.v1 import agent_pb2, control_pb2
 
 UNREACHABLE_AFTER_INTERVALS = 3
+# Distinct models the whole fleet may serve at once (controller/validation.py caps them
+# per host): the fleet gearshift is sized for (10,000 hosts x 8 deployments) serves far
+# fewer models than deployments.
+MAX_FLEET_MODELS = 4096
 # Route changes arriving together (a fleet reconnecting) are coalesced into one recomputation.
 ROUTE_DEBOUNCE_S = 0.05
 # Recomputations are spaced at least this many times their own cost apart (<= ~10% of a core).
@@ -226,6 +231,17 @@ class FleetState:
             entry.last_seq = 0
         self.hosts[hello.host_id] = entry  # its deployments, and so the routes, are unchanged
         return entry
+
+    def check_models(self, report: agent_pb2.Report) -> None:
+        """Refuse a report that would take the fleet past MAX_FLEET_MODELS distinct models
+        (each model has its routes, rollups, metric series and decisions)."""
+        known = self._hosts_by_model
+        new = {d.model for d in report.deployments if d.model not in known}
+        if new and len(known) + len(new) > MAX_FLEET_MODELS:
+            raise ResourceExhausted(
+                f"report.deployments: the fleet serves at most {MAX_FLEET_MODELS} distinct "
+                f"models (MAX_FLEET_MODELS); {len(known)} are served and this report names "
+                f"{len(new)} more")
 
     def report(self, host_id: str, report: agent_pb2.Report) -> bool:
         """Apply a report; returns False for a duplicate or out-of-order one."""

@@ -109,3 +109,24 @@ def test_an_agents_message_is_always_acceptable(text: str) -> None:
     msg = printable(text, 2000)
     assert len(msg) <= 2000
     check_report(report(message=msg))
+
+
+def test_the_fleet_refuses_a_report_past_its_distinct_models_cap(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from gearshift.common.errors import ResourceExhausted
+    from gearshift.controller import fleet as fleet_module
+    from gearshift.controller.fleet import FleetState
+
+    monkeypatch.setattr(fleet_module, "MAX_FLEET_MODELS", 3)
+    fleet = FleetState()
+    fleet.hello(agent_pb2.Hello(host_id="h1", protocol_version=agent_pb2.PROTOCOL_VERSION_1), 10)
+    first = agent_pb2.Report(seq=1, interval_s=10.0)
+    for i in range(3):
+        first.deployments.add(deployment_id=f"d{i}", engine="vllm", model=f"m{i}")
+    fleet.check_models(first)
+    fleet.report("h1", first)
+    fleet.check_models(first)  # the same models again: nothing new
+    more = agent_pb2.Report(seq=2, interval_s=10.0)
+    more.deployments.add(deployment_id="d9", engine="vllm", model="m9")
+    with pytest.raises(ResourceExhausted, match="at most 3 distinct models"):
+        fleet.check_models(more)
