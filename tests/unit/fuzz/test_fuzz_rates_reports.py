@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from fuzz_settings import FUZZ
 from gearshift.agents.metrics import RateCalculator, parse_prometheus_text
+from gearshift.cli.output import escape_controls
 from gearshift.common.errors import InvalidArgument
 from gearshift.controller.fleet import FleetState
 from gearshift.controller.validation import (
@@ -72,6 +73,10 @@ ENDPOINTS = st.one_of(
                      "http://0.0.0.0:80", "http://127.0.0.1:0", "http://127.0.0.1:8000/#x",
                      "http://localhost:1", "ftp://127.0.0.1:21", "http://a@127.0.0.1:1"]),
     st.text(max_size=40))
+# Names as agents send them, as attackers do: escapes, NUL, very long ones.
+NAMES = st.one_of(st.sampled_from(["m", "meta-llama/Llama-3.3-70B-Instruct", "m\x1b[2J",
+                                   "m\x1b]52;c;eA==\x07", "m\x00", "x" * 300, "\x9b1m"]),
+                  st.text(max_size=300))
 FLOATS = st.one_of(st.floats(allow_nan=True, allow_infinity=True),
                    st.floats(min_value=0, max_value=100))
 
@@ -87,7 +92,8 @@ def reports(draw: st.DrawFn) -> agent_pb2.Report:
     for i in range(draw(st.integers(min_value=0, max_value=3))):
         d = r.deployments.add(
             deployment_id=draw(st.sampled_from(["d0", "d1", f"d{i}", ""])),
-            engine=draw(st.sampled_from(["vllm", "tensorrt-llm", "sglang"])), model="m",
+            engine=draw(st.sampled_from(["vllm", "tensorrt-llm", "sglang"])),
+            model=draw(NAMES) or "m", revision=draw(NAMES), source=draw(NAMES),
             phase=draw(st.integers(min_value=0, max_value=99)), endpoint=draw(ENDPOINTS),
             request_rate=draw(st.one_of(FLOATS, st.floats(0, 1e6))),
             running_requests=draw(FLOATS), waiting_requests=draw(FLOATS),
@@ -118,6 +124,9 @@ def test_a_report_passes_in_range_or_is_refused_without_a_change(
         assert 0 <= d.request_rate <= MAX_REQUEST_RATE_PER_GPU * gpus
         assert 0 <= d.kv_cache_usage <= 1 and 0 <= d.ttft.p99_s <= MAX_LATENCY_S
         assert d.endpoint == "" or d.endpoint.startswith(("http://", "https://"))
+        for name, limit in (("model", 256), ("revision", 128), ("source", 1024)):
+            value = getattr(d, name)
+            assert len(value) <= limit and escape_controls(value) == value
     for g in report.gpus:
         assert 0 <= g.utilization <= 1 and math.isfinite(g.temperature_c)
     fleet.report("h1", report)  # what passed applies without an error
