@@ -193,3 +193,16 @@ def control_stub(ctx: click.Context) -> Iterator[control_pb2_grpc.ControlService
 
 def call(fn: Callable[..., T], request: object) -> T:
     return fn(request, timeout=RPC_TIMEOUT_S)
+
+
+def call_pages(fn: Callable[..., T], request: Any, field: str) -> T:
+    """Every page of a paged list RPC (controller/paging.py), as one answer: the pages'
+    `field` items in order."""
+    first = fn(request, timeout=RPC_TIMEOUT_S)
+    resp: Any = first
+    while resp.next_page_token:
+        request.page_token = resp.next_page_token
+        resp = fn(request, timeout=RPC_TIMEOUT_S)
+        getattr(first, field).extend(getattr(resp, field))
+    first.next_page_token = ""  # type: ignore[attr-defined]
+    return first

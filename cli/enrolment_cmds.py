@@ -1,4 +1,4 @@
-"""`gearshift tokens create | list | revoke` and `gearshift hosts list | approve | revoke`.
+"""`gearshift tokens create | list | revoke` and `gearshift hosts list | approve | revoke | reset`.
 
 Bootstrap tokens let agents join by themselves (docs/enrolment.md): an agent with
 a token makes its own key and gets a certificate from the controller's CA. These
@@ -105,7 +105,7 @@ def state_label(v: int) -> str:
 
 @click.group()
 def hosts() -> None:
-    """Hosts that enrolled or asked to: approve, revoke, list."""
+    """Hosts that enrolled or asked to: approve, revoke, reset, list."""
 
 
 @hosts.command("list")
@@ -149,3 +149,20 @@ def revoke(ctx: click.Context, host: str, reason: str) -> None:
         h = call(stub.RevokeHost, enrol_pb2.HostActionRequest(host_id=host, reason=reason))
     click.echo(f"host {h.host_id}: {state_label(h.state)}; its stream is closed and it is "
                "refused from now on")
+
+
+@hosts.command("reset")
+@click.argument("host")
+@click.option("--reason", default="", help="kept with the host's enrolment")
+@click.pass_context
+def reset(ctx: click.Context, host: str, reason: str) -> None:
+    """Let a host that lost its key enrol again (with a bootstrap token).
+
+    Its enrolment is cleared: its old certificate is refused (its stream closed) until
+    its next enrolment, which is then a first one. For a host whose key may have been
+    stolen, use `gearshift hosts revoke` (docs/enrolment.md).
+    """
+    with control_stub(ctx) as stub:
+        h = call(stub.ResetHost, enrol_pb2.HostActionRequest(host_id=host, reason=reason))
+    click.echo(f"host {h.host_id}: {state_label(h.state)}; its old certificate is refused "
+               "until it enrols again with a bootstrap token")

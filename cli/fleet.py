@@ -6,7 +6,7 @@ import time
 
 import click
 
-from gearshift.cli.client import call, control_stub
+from gearshift.cli.client import call, call_pages, control_stub
 from gearshift.cli.output import (
     TABLE_WIDTH_CHARS,
     WIDE_TABLE_WIDTH_CHARS,
@@ -91,7 +91,7 @@ def engine_label(engine: str, version: str, release: str, match: int) -> str:
 def hosts(ctx: click.Context, output: str) -> None:
     """Hosts with their GPUs, engines and liveness."""
     with control_stub(ctx) as stub:
-        resp = call(stub.ListHosts, control_pb2.ListHostsRequest())
+        resp = call_pages(stub.ListHosts, control_pb2.ListHostsRequest(), "hosts")
     if output == "json":
         print_json([to_dict(h) for h in resp.hosts])
         return
@@ -123,8 +123,9 @@ def deployments(ctx: click.Context, model: str, host_id: str, output: str) -> No
     """Deployments with live figures from the engines' own metrics (-o wide: also queue
     time, preemptions, prefix-cache hit rate, sleep state, request lengths, KV blocks)."""
     with control_stub(ctx) as stub:
-        resp = call(stub.ListDeployments,
-                    control_pb2.ListDeploymentsRequest(model=model, host_id=host_id))
+        resp = call_pages(stub.ListDeployments,
+                          control_pb2.ListDeploymentsRequest(model=model, host_id=host_id),
+                          "deployments")
     if output == "json":
         print_json([to_dict(d) for d in resp.deployments])
         return
@@ -173,7 +174,7 @@ def sla_cells(r: agent_pb2.DeploymentReport) -> tuple[str, ...]:
 def models(ctx: click.Context, output: str) -> None:
     """Models: which engines serve them, traffic and worst latency."""
     with control_stub(ctx) as stub:
-        resp = call(stub.ListModels, control_pb2.ListModelsRequest())
+        resp = call_pages(stub.ListModels, control_pb2.ListModelsRequest(), "models")
     if output == "json":
         print_json([to_dict(m) for m in resp.models])
         return

@@ -39,7 +39,7 @@ COMMANDS = {
         "Route OpenAI requests to the deployments the controller says serve each model."),
     "hosts": LazyCommand(
         "gearshift.cli.enrolment_cmds:hosts",
-        "Hosts that enrolled or asked to: approve, revoke, list."),
+        "Hosts that enrolled or asked to: approve, revoke, reset, list."),
     "migrations": LazyCommand(
         "gearshift.cli.migrations:migrations",
         "Moves and rollouts in flight and done, step by step."),

@@ -22,6 +22,7 @@ from gearshift.controller.enrolment_service import EnrolmentRpcs
 from gearshift.controller.fleet import FleetState
 from gearshift.controller.gateway_reports import MAX_GATEWAY_ID_CHARS, check_gateway_report
 from gearshift.controller.ha import Leadership
+from gearshift.controller.paging import one_page, page_size, table_parts
 from gearshift.controller.validation import MAX_DEPLOYMENTS_PER_REPORT
 from gearshift.v1 import agent_pb2, control_pb2, control_pb2_grpc
 
@@ -71,7 +72,11 @@ class ControlService(ActionRpcs, EnrolmentRpcs, control_pb2_grpc.ControlServiceS
                         context: aio.ServicerContext) -> control_pb2.ListHostsResponse:
         now = self.fleet.now()
         resp = control_pb2.ListHostsResponse()
-        for host_id in sorted(self.fleet.hosts):
+        ids, resp.next_page_token = one_page(
+            (((h,), h) for h in self.fleet.hosts),
+            page_size(request.page_size, "ListHostsRequest"), request.page_token,
+            "ListHostsRequest", size_of=lambda h: len(self.fleet.hosts[h].hello_bytes) + 512)
+        for host_id in ids:
             e = self.fleet.hosts[host_id]
             hello = e.hello  # parsed from the kept bytes at each read: once per host
             h = resp.hosts.add(
@@ -87,19 +92,25 @@ class ControlService(ActionRpcs, EnrolmentRpcs, control_pb2_grpc.ControlServiceS
     async def ListDeployments(self, request: control_pb2.ListDeploymentsRequest,
                               context: aio.ServicerContext) -> control_pb2.ListDeploymentsResponse:
         resp = control_pb2.ListDeploymentsResponse()
-        rows = sorted(self.fleet.deployments(), key=lambda r: (r[1].model, r[0], r[1].deployment_id))
+        rows, resp.next_page_token = one_page(
+            (((dep.model, host_id, dep.deployment_id), (host_id, dep, ts))
+             for host_id, dep, ts in self.fleet.deployments()
+             if (not request.model or dep.model == request.model)
+             and (not request.host_id or host_id == request.host_id)),
+            page_size(request.page_size, "ListDeploymentsRequest"), request.page_token,
+            "ListDeploymentsRequest", size_of=lambda row: row[1].ByteSize() + 64)
         for host_id, dep, ts in rows:
-            if request.model and dep.model != request.model:
-                continue
-            if request.host_id and host_id != request.host_id:
-                continue
             d = resp.deployments.add(host_id=host_id, report=dep)
             d.updated.FromNanoseconds(int(ts * 1e9))
         return resp
 
     async def ListModels(self, request: control_pb2.ListModelsRequest,
                          context: aio.ServicerContext) -> control_pb2.ListModelsResponse:
-        return control_pb2.ListModelsResponse(models=self.fleet.models())
+        models, token = one_page(
+            (((m.model,), m) for m in self.fleet.models()),
+            page_size(request.page_size, "ListModelsRequest"), request.page_token,
+            "ListModelsRequest")
+        return control_pb2.ListModelsResponse(models=models, next_page_token=token)
 
     async def WatchRoutes(self, request: control_pb2.WatchRoutesRequest,
                           context: aio.ServicerContext) -> AsyncIterator[control_pb2.RoutingTable]:
@@ -126,7 +137,8 @@ class ControlService(ActionRpcs, EnrolmentRpcs, control_pb2_grpc.ControlServiceS
                     for f in pending:
                         f.cancel()
                     if getter in done:
-                        yield getter.result()
+                        for part in table_parts(getter.result()):  # a large fleet's in parts
+                            yield part
             except asyncio.CancelledError:
                 return
             finally:

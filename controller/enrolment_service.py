@@ -5,13 +5,16 @@
   Both check everything before they store anything (`EnrolmentStore` does each
   change in one transaction) and refuse with a status and a message naming the
   fault: malformed token or CSR, another host than the token allows, an expired,
-  revoked or used one-time token, a revoked host.
-- `Revocations` is the set of revoked hosts this controller refuses: read from the
-  shared store at start and every `REVOCATION_REFRESH_S`, and updated at once by a
-  revocation made here. The agent service refuses a Hello from a host in it; the
-  controller closes the open streams of hosts in it.
+  revoked or spent one-time token, a revoked host, a host already enrolled.
+  `Enrol` admits requests by rate first (`EnrolAdmission`: per source address and
+  overall), and logs its refusals as one summary line per `REFUSAL_LOG_INTERVAL_S`.
+- `Revocations` is the set of hosts this controller refuses (revoked, or reset and
+  not enrolled again): read from the shared store at start and every
+  `REVOCATION_REFRESH_S`, and updated at once by a revocation or reset made here.
+  The agent service refuses a Hello from a host in it; the controller closes the
+  open streams of hosts in it.
 - `EnrolmentRpcs` are the administration calls of `ControlService` (tokens, the
-  hosts that asked to join, approval and revocation).
+  hosts that asked to join, approval, revocation and reset).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -32,14 +36,20 @@ from gearshift.common.errors import (
 )
 from gearshift.controller.certificate_authority import SigningCa
 from gearshift.controller.enrolment_rules import (
+    REFUSAL_LOG_INTERVAL_S,
     Csr,
+    EnrolAdmission,
     EnrolmentState,
     Outcome,
+    RefusalKind,
+    RefusalTally,
     check_host_id,
     check_pattern,
     check_renewal,
     new_token,
     parse_csr,
+    peer_source,
+    refusal_kind,
     split_token,
 )
 from gearshift.controller.enrolment_store import (
@@ -60,23 +70,36 @@ DEFAULT_TOKEN_TTL_S = 86400.0
 
 
 class Revocations:
-    """Hosts this controller refuses, as last read from the store (plus its own revocations)."""
+    """Hosts this controller refuses, as last read from the store (plus its own revocations
+    and resets): revoked hosts, and reset hosts until they enrol again."""
 
     def __init__(self, store: EnrolmentStore) -> None:
         self.store = store
         self.hosts: frozenset[str] = frozenset()
+        self._reset: frozenset[str] = frozenset()  # of `hosts`, those reset (not revoked)
 
     def refresh(self) -> set[str]:
-        """Read the store; returns the hosts newly revoked since the last read."""
-        found = self.store.revoked_hosts()
-        new = found - self.hosts
+        """Read the store; returns the hosts newly refused since the last read."""
+        found = self.store.refused_hosts()
+        new = set(found) - self.hosts
         self.hosts = frozenset(found)
+        self._reset = frozenset(h for h, state in found.items() if state == EnrolmentState.RESET)
         return new
 
-    def add(self, host: str) -> None:
+    def add(self, host: str, state: EnrolmentState = EnrolmentState.REVOKED) -> None:
         self.hosts = self.hosts | {host}
+        self._reset = self._reset | {host} if state == EnrolmentState.RESET \
+            else self._reset - {host}
+
+    def enrolled_again(self, host: str) -> None:
+        """A reset host enrolled here: no longer refused (other controllers read it)."""
+        if host in self._reset:
+            self.hosts, self._reset = self.hosts - {host}, self._reset - {host}
 
     def refusal(self, host: str) -> str | None:
+        if host in self._reset:
+            return (f"host {host!r} was reset (`gearshift hosts reset`); its certificate is "
+                    "refused until it enrols again with a bootstrap token")
         if host in self.hosts:
             return f"host {host!r} is revoked (`gearshift hosts revoke`); refused"
         return None
@@ -86,12 +109,20 @@ class EnrolService(enrol_pb2_grpc.EnrolServiceServicer):
     """Signs certificate requests with the controller's CA (see the module doc)."""
 
     def __init__(self, store: EnrolmentStore, ca: SigningCa | None, cert_ttl_s: float,
-                 revocations: Revocations, outcomes: Any = None) -> None:
+                 revocations: Revocations, outcomes: Any = None, *,
+                 admission: EnrolAdmission | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 refusal_log_interval_s: float = REFUSAL_LOG_INTERVAL_S) -> None:
         self.store = store
-        self.outcomes = outcomes  # a Counter labelled by outcome, or None
+        # a Counter labelled by outcome (issued, pending, renewed, refused, rate_limited)
+        self.outcomes = outcomes
         self.ca = ca
         self.cert_ttl_s = cert_ttl_s
         self.revocations = revocations
+        self.admission = admission if admission is not None else EnrolAdmission()
+        self.clock = clock  # monotonic seconds, for the rate limits
+        self.refusal_log_interval_s = refusal_log_interval_s
+        self.refusals = RefusalTally()
 
     def _sign(self, csr: Csr) -> tuple[bytes, dt.datetime]:
         if self.ca is None:
@@ -106,14 +137,31 @@ class EnrolService(enrol_pb2_grpc.EnrolServiceServicer):
 
     async def Enrol(self, request: enrol_pb2.EnrolRequest,
                     context: aio.ServicerContext) -> enrol_pb2.EnrolResponse:
+        source = peer_source(context.peer())
         try:
+            self.admission.admit(source, self.clock())  # before any costly work
             resp = await self._enrol(request)
         except GearshiftError as exc:
-            self._count("refused")
-            log.warning("enrolment refused (%s): %s", context.peer(), exc.message)
+            self._refused(exc, source)
             raise
         self._count("issued" if resp.status == enrol_pb2.ENROL_STATUS_ISSUED else "pending")
         return resp
+
+    def _refused(self, exc: GearshiftError, source: str) -> None:
+        """Counted at once; logged in the interval's summary line (`log_refusals`), not
+        one line per request: anyone who reaches the listener can send them."""
+        kind = refusal_kind(exc)
+        self._count("rate_limited" if kind == RefusalKind.RATE_LIMITED else "refused")
+        if self.refusals.add(kind, source, exc.message):
+            asyncio.get_running_loop().call_later(self.refusal_log_interval_s,
+                                                  self.log_refusals)
+
+    def log_refusals(self) -> str | None:
+        """Log (and return) the summary line of the refusals since the last one."""
+        line = self.refusals.summary(self.refusal_log_interval_s)
+        if line is not None:
+            log.warning("%s", line)
+        return line
 
     async def _enrol(self, request: enrol_pb2.EnrolRequest) -> enrol_pb2.EnrolResponse:
         token_id, secret = split_token(request.bootstrap_token)
@@ -121,7 +169,9 @@ class EnrolService(enrol_pb2_grpc.EnrolServiceServicer):
         if self.ca is None:
             self._sign(csr)  # refuses before anything is stored
         outcome, cert_pem, not_after, message = await asyncio.to_thread(
-            self.store.enrol, token_id, secret, csr, request.csr_pem.decode(), self._sign)
+            self.store.enrol, token_id, secret, csr, request.csr_pem.decode("ascii"),
+            self._sign)
+        self.revocations.enrolled_again(csr.host)  # if it was reset: a first enrolment now
         resp = enrol_pb2.EnrolResponse(message=message)
         if outcome == Outcome.ISSUE:
             assert not_after is not None
@@ -179,7 +229,8 @@ def token_proto(row: BootstrapTokenRow) -> enrol_pb2.BootstrapToken:
 
 _STATES = {EnrolmentState.PENDING: enrol_pb2.ENROLMENT_STATE_PENDING,
            EnrolmentState.APPROVED: enrol_pb2.ENROLMENT_STATE_APPROVED,
-           EnrolmentState.REVOKED: enrol_pb2.ENROLMENT_STATE_REVOKED}
+           EnrolmentState.REVOKED: enrol_pb2.ENROLMENT_STATE_REVOKED,
+           EnrolmentState.RESET: enrol_pb2.ENROLMENT_STATE_RESET}
 
 
 def enrolment_proto(row: HostEnrolmentRow) -> enrol_pb2.HostEnrolment:
@@ -260,6 +311,20 @@ class EnrolmentRpcs:
         if self.on_host_revoked is not None:
             self.on_host_revoked(host, row.note)
         log.warning("host %s revoked%s", host, f": {request.reason}" if request.reason else "")
+        return enrolment_proto(row)
+
+    async def ResetHost(self, request: enrol_pb2.HostActionRequest,
+                        context: aio.ServicerContext) -> enrol_pb2.HostEnrolment:
+        """Clear a host's enrolment (it lost its key): its old certificate is refused, and
+        its stream here closed, until it enrols again with a valid bootstrap token."""
+        host = check_host_id(request.host_id, "HOST")
+        row = await asyncio.to_thread(self._enrolments().reset, host, request.reason)
+        if self.revocations is not None:
+            self.revocations.add(host, EnrolmentState.RESET)
+        if self.on_host_revoked is not None:
+            self.on_host_revoked(host, row.note)
+        log.warning("host %s reset%s: it may enrol again with a bootstrap token", host,
+                    f" ({request.reason})" if request.reason else "")
         return enrolment_proto(row)
 
 

@@ -1,16 +1,19 @@
 """Durable enrolment state (docs/enrolment.md): bootstrap tokens and host enrolments.
 
 `BootstrapTokenRow` keeps a token's id, the SHA-256 of its secret (never the
-secret) and what it allows. `HostEnrolmentRow` keeps one row per host that asked
-to join, or that was revoked: its state, the token it used, the fingerprint of the
+secret), what it allows and its use (a one-time token is spent once a certificate
+is issued with it). `HostEnrolmentRow` keeps one row per host that asked to join,
+or that was revoked or reset: its state, the token it used, the fingerprint of the
 key it asked for, the request itself while it waits, and the expiry of the last
-certificate issued to it. The tables are created by the Alembic revision
-``0005`` (keep them in step; a test compares them).
+certificate issued to it for this enrolment (none: not issued yet). The tables are
+created by the Alembic revisions ``0005`` and ``0007`` (keep them in step; a test
+compares them).
 
 `EnrolmentStore` does each change in one transaction, checking inside it what the
 change depends on (a token's use by a one-time request, a host's state), so a
-refused request stores nothing and two controllers on one PostgreSQL database
-cannot both consume one one-time token.
+refused request stores nothing, two controllers on one PostgreSQL database
+cannot both consume one one-time token, and a request for an enrolled host changes
+nothing of it.
 """
 
 from __future__ import annotations
@@ -26,12 +29,14 @@ from sqlmodel import Field, Session, SQLModel, col, select
 
 from gearshift.common.errors import FailedPrecondition, NotFound, PermissionDenied
 from gearshift.controller.enrolment_rules import (
+    BadToken,
     Csr,
     Enrolled,
     EnrolmentState,
     NewToken,
     Outcome,
     TokenGrant,
+    check_reset,
     decide,
     secret_matches,
 )
@@ -61,14 +66,17 @@ class BootstrapTokenRow(SQLModel, table=True):
     uses: int = 0
     used_by: str | None = None  # one-time tokens: the host that used it
     revoked: dt.datetime | None = Field(default=None, sa_type=UTCDateTime, nullable=True)
+    # one-time tokens: when a certificate was issued with it (refused from then on)
+    spent: dt.datetime | None = Field(default=None, sa_type=UTCDateTime, nullable=True)
 
     def grant(self) -> TokenGrant:
         return TokenGrant(self.token_id, self.host_pattern, self.expires, self.one_time,
-                          self.auto_approve, self.revoked is not None, self.used_by)
+                          self.auto_approve, self.revoked is not None, self.used_by,
+                          self.spent)
 
 
 class HostEnrolmentRow(SQLModel, table=True):
-    """One host's enrolment: pending, approved or revoked."""
+    """One host's enrolment: pending, approved, revoked or reset."""
 
     __tablename__ = "host_enrolments"
 
@@ -80,12 +88,13 @@ class HostEnrolmentRow(SQLModel, table=True):
     csr_pem: str | None = Field(default=None, sa_type=sa.Text)  # while pending
     requested: dt.datetime = Field(default_factory=utcnow, sa_type=UTCDateTime, nullable=False)
     changed: dt.datetime = Field(default_factory=utcnow, sa_type=UTCDateTime, nullable=False)
+    # the last certificate issued (or renewed) for this enrolment; None: none yet
     cert_not_after: dt.datetime | None = Field(default=None, sa_type=UTCDateTime,
                                                nullable=True)
     note: str = ""
 
     def enrolled(self) -> Enrolled:
-        return Enrolled(self.state, self.key_fingerprint)
+        return Enrolled(self.state, self.key_fingerprint, self.cert_not_after is not None)
 
 
 # Signs the request's key for a host and returns (certificate PEM, not_after).
@@ -147,8 +156,7 @@ class EnrolmentStore:
                            .where(col(BootstrapTokenRow.token_id) == token_id)
                            .with_for_update()).first()
             if token is None or not secret_matches(secret, token.secret_hash):
-                raise PermissionDenied(f"bootstrap token {token_id} is unknown or its secret "
-                                       "is wrong")
+                raise BadToken(f"bootstrap token {token_id} is unknown or its secret is wrong")
             current = s.exec(select(HostEnrolmentRow)
                              .where(col(HostEnrolmentRow.host_id) == csr.host)
                              .with_for_update()).first()
@@ -157,21 +165,25 @@ class EnrolmentStore:
             if token.one_time and token.used_by is None:
                 token.used_by = csr.host
             token.uses += 1
-            s.add(token)
             row = current or HostEnrolmentRow(host_id=csr.host, state=EnrolmentState.PENDING,
                                               requested=now)
-            if current is None or row.key_fingerprint != csr.key_fingerprint:
+            if current is None or row.key_fingerprint != csr.key_fingerprint \
+                    or row.state == EnrolmentState.RESET:
                 row.requested = now
             row.token_id, row.key_fingerprint, row.changed = token_id, csr.key_fingerprint, now
             if outcome == Outcome.ISSUE:
                 cert_pem, not_after = sign(csr)
+                if token.one_time:
+                    token.spent = now
+                s.add(token)
                 row.state, row.csr_pem, row.cert_not_after = EnrolmentState.APPROVED, None, \
                     not_after
                 row.note = "auto-approved" if token.auto_approve else row.note
                 s.add(row)
                 s.commit()
                 return outcome, cert_pem, not_after, f"certificate issued to {csr.host}"
-            row.state, row.csr_pem = EnrolmentState.PENDING, csr_pem
+            s.add(token)
+            row.state, row.csr_pem, row.cert_not_after = EnrolmentState.PENDING, csr_pem, None
             s.add(row)
             s.commit()
             return (outcome, b"", None,
@@ -183,8 +195,8 @@ class EnrolmentStore:
         with Session(self.engine, expire_on_commit=False) as s:
             row = s.get(HostEnrolmentRow, host) or HostEnrolmentRow(
                 host_id=host, state=EnrolmentState.APPROVED, requested=now, note="renewed")
-            if row.state == EnrolmentState.REVOKED:
-                raise PermissionDenied(f"host {host!r} is revoked")
+            if row.state in (EnrolmentState.REVOKED, EnrolmentState.RESET):
+                raise PermissionDenied(f"host {host!r} is {row.state.value}; renewal refused")
             row.key_fingerprint, row.cert_not_after, row.changed = \
                 csr.key_fingerprint, not_after, now
             s.add(row)
@@ -210,6 +222,9 @@ class EnrolmentStore:
             if row.state == EnrolmentState.REVOKED:
                 raise FailedPrecondition(f"host {host!r} is revoked; a revoked host id "
                                          "cannot be approved again")
+            if row.state == EnrolmentState.RESET:
+                raise FailedPrecondition(f"host {host!r} was reset and has not asked to enrol "
+                                         "again yet (see `gearshift hosts list --pending`)")
             if row.state == EnrolmentState.PENDING:
                 row.state, row.changed = EnrolmentState.APPROVED, self.clock()
                 row.note = f"approved{': ' + reason if reason else ''}"
@@ -231,10 +246,38 @@ class EnrolmentStore:
                 s.commit()
             return row
 
+    def reset(self, host: str, reason: str = "") -> HostEnrolmentRow:
+        """Clear `host`'s enrolment (`gearshift hosts reset`): its key and certificate no
+        longer count, its next request with a valid token is a first enrolment, and
+        until then it is refused like a revoked host. Idempotent; a revoked host stays so."""
+        now = self.clock()
+        with self._enrol_lock, Session(self.engine, expire_on_commit=False) as s:
+            row = s.exec(select(HostEnrolmentRow)
+                         .where(col(HostEnrolmentRow.host_id) == host)
+                         .with_for_update()).first()
+            check_reset(host, row.enrolled() if row is not None else None)
+            assert row is not None
+            if row.state != EnrolmentState.RESET:
+                row.state, row.changed = EnrolmentState.RESET, now
+                row.key_fingerprint, row.csr_pem, row.cert_not_after = "", None, None
+                row.note = f"reset{': ' + reason if reason else ''}"
+                s.add(row)
+                s.commit()
+            return row
+
     def revoked_hosts(self) -> set[str]:
         with Session(self.engine) as s:
             return set(s.exec(select(HostEnrolmentRow.host_id).where(
                 col(HostEnrolmentRow.state) == EnrolmentState.REVOKED)).all())
+
+    def refused_hosts(self) -> dict[str, EnrolmentState]:
+        """Hosts refused whatever certificate they present: revoked, or reset and not
+        enrolled again yet."""
+        refused = (EnrolmentState.REVOKED, EnrolmentState.RESET)
+        with Session(self.engine) as s:
+            rows = s.exec(select(HostEnrolmentRow.host_id, HostEnrolmentRow.state).where(
+                col(HostEnrolmentRow.state).in_(refused))).all()
+            return {host: EnrolmentState(state) for host, state in rows}
 
 
 __all__ = ["BootstrapTokenRow", "EnrolmentStore", "HostEnrolmentRow", "Signer"]

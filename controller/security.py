@@ -81,7 +81,7 @@ _ADMIN_METHODS = (
     "ApplyPolicy", "ApproveDecision", "RejectDecision", "EvaluateNow", "SetPaused",
     "AbortMigration", "PublishRevision",
     "CreateBootstrapToken", "ListBootstrapTokens", "RevokeBootstrapToken", "ApproveHost",
-    "RevokeHost",
+    "RevokeHost", "ResetHost",
 )
 # Every RPC of every service the controller serves -> the roles that may call it; None:
 # anyone (health, reflection; Enrol carries its own bootstrap token). A method without a

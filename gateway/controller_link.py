@@ -19,7 +19,7 @@ import grpc
 
 from gearshift.common.endpoints import ControllerEndpoints, leader_hint
 from gearshift.gateway.proxy import Router
-from gearshift.gateway.routes import RoutingTable, table_from_proto
+from gearshift.gateway.routes import RoutingTable, TableParts, table_from_proto
 from gearshift.v1 import control_pb2, control_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -96,9 +96,13 @@ async def watch_routes(
         now_again = False
         try:
             call = link.stub().WatchRoutes(control_pb2.WatchRoutesRequest(gateway_id=gateway_id))
+            parts = TableParts()  # a large fleet's table comes in parts
             async for msg in call:
                 link.succeeded()
-                table = table_from_proto(msg)
+                whole = parts.add(msg)
+                if whole is None:
+                    continue
+                table = table_from_proto(whole)
                 on_table(table)
                 if not have_table or attempt:
                     log.info("routing table v%d from the controller: %d models",

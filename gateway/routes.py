@@ -138,6 +138,38 @@ def _with_scheme(endpoint: str) -> str:
     return endpoint if "://" in endpoint else f"http://{endpoint}"
 
 
+class TableParts:
+    """A routing table the controller sent in parts (`RoutingTable.part` of `parts`, each
+    under the gRPC message cap at a fleet's size): `add` returns the whole table once its
+    every part has arrived, None before. A part of a newer version starts over; parts of
+    an older one are dropped. A table sent whole (`parts` 0 or 1) passes straight on."""
+
+    def __init__(self) -> None:
+        self._version: int | None = None
+        self._parts: dict[int, control_pb2.RoutingTable] = {}
+        self._expected = 0
+
+    def add(self, msg: control_pb2.RoutingTable) -> control_pb2.RoutingTable | None:
+        if msg.parts <= 1:
+            self._version, self._parts = None, {}
+            return msg
+        if self._version is None or msg.version > self._version or msg.parts != self._expected:
+            self._version, self._parts, self._expected = msg.version, {}, msg.parts
+        elif msg.version < self._version:
+            return None
+        if msg.part >= msg.parts:
+            raise ValueError(f"routing table v{msg.version}: part {msg.part} of {msg.parts}")
+        self._parts[msg.part] = msg
+        if len(self._parts) < self._expected:
+            return None
+        whole = control_pb2.RoutingTable(version=msg.version)
+        whole.generated.CopyFrom(self._parts[0].generated)
+        for i in range(self._expected):
+            whole.models.extend(self._parts[i].models)
+        self._version, self._parts = None, {}
+        return whole
+
+
 def table_from_proto(msg: control_pb2.RoutingTable) -> RoutingTable:
     """Convert the controller's `RoutingTable` message into the gateway's table.
 

@@ -90,38 +90,56 @@ class ModelSummary(_message.Message):
     def __init__(self, model: _Optional[str] = ..., engines: _Optional[_Iterable[str]] = ..., deployments: _Optional[int] = ..., ready: _Optional[int] = ..., request_rate: _Optional[float] = ..., ttft_p99_s: _Optional[float] = ..., itl_p99_s: _Optional[float] = ..., latency_present: _Optional[bool] = ..., revisions: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListHostsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListHostsResponse(_message.Message):
-    __slots__ = ("hosts",)
+    __slots__ = ("hosts", "next_page_token")
     HOSTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     hosts: _containers.RepeatedCompositeFieldContainer[Host]
-    def __init__(self, hosts: _Optional[_Iterable[_Union[Host, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, hosts: _Optional[_Iterable[_Union[Host, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class ListDeploymentsRequest(_message.Message):
-    __slots__ = ("model", "host_id")
+    __slots__ = ("model", "host_id", "page_size", "page_token")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     model: str
     host_id: str
-    def __init__(self, model: _Optional[str] = ..., host_id: _Optional[str] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, model: _Optional[str] = ..., host_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListDeploymentsResponse(_message.Message):
-    __slots__ = ("deployments",)
+    __slots__ = ("deployments", "next_page_token")
     DEPLOYMENTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     deployments: _containers.RepeatedCompositeFieldContainer[Deployment]
-    def __init__(self, deployments: _Optional[_Iterable[_Union[Deployment, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, deployments: _Optional[_Iterable[_Union[Deployment, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListModelsResponse(_message.Message):
-    __slots__ = ("models",)
+    __slots__ = ("models", "next_page_token")
     MODELS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     models: _containers.RepeatedCompositeFieldContainer[ModelSummary]
-    def __init__(self, models: _Optional[_Iterable[_Union[ModelSummary, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelSummary, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class FleetStatusRequest(_message.Message):
     __slots__ = ()
@@ -186,14 +204,18 @@ class ModelRoute(_message.Message):
     def __init__(self, model: _Optional[str] = ..., endpoints: _Optional[_Iterable[_Union[RouteEndpoint, _Mapping]]] = ...) -> None: ...
 
 class RoutingTable(_message.Message):
-    __slots__ = ("version", "generated", "models")
+    __slots__ = ("version", "generated", "models", "part", "parts")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     GENERATED_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
+    PART_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
     version: int
     generated: _timestamp_pb2.Timestamp
     models: _containers.RepeatedCompositeFieldContainer[ModelRoute]
-    def __init__(self, version: _Optional[int] = ..., generated: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., models: _Optional[_Iterable[_Union[ModelRoute, _Mapping]]] = ...) -> None: ...
+    part: int
+    parts: int
+    def __init__(self, version: _Optional[int] = ..., generated: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., models: _Optional[_Iterable[_Union[ModelRoute, _Mapping]]] = ..., part: _Optional[int] = ..., parts: _Optional[int] = ...) -> None: ...
 
 class WatchRoutesRequest(_message.Message):
     __slots__ = ("gateway_id",)

@@ -180,6 +180,11 @@ class ControlServiceStub:
                 request_serializer=gearshift_dot_v1_dot_enrol__pb2.HostActionRequest.SerializeToString,
                 response_deserializer=gearshift_dot_v1_dot_enrol__pb2.HostEnrolment.FromString,
                 _registered_method=True)
+        self.ResetHost = channel.unary_unary(
+                '/gearshift.v1.ControlService/ResetHost',
+                request_serializer=gearshift_dot_v1_dot_enrol__pb2.HostActionRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_enrol__pb2.HostEnrolment.FromString,
+                _registered_method=True)
 
 
 class ControlServiceServicer:
@@ -365,6 +370,14 @@ class ControlServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResetHost(self, request, context):
+        """Clear a host's enrolment (it lost its key): refused like a revoked host until its
+        next Enrol with a valid bootstrap token, which is then a first enrolment.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -510,6 +523,11 @@ def add_ControlServiceServicer_to_server(servicer, server):
             ),
             'RevokeHost': grpc.unary_unary_rpc_method_handler(
                     servicer.RevokeHost,
+                    request_deserializer=gearshift_dot_v1_dot_enrol__pb2.HostActionRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_enrol__pb2.HostEnrolment.SerializeToString,
+            ),
+            'ResetHost': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResetHost,
                     request_deserializer=gearshift_dot_v1_dot_enrol__pb2.HostActionRequest.FromString,
                     response_serializer=gearshift_dot_v1_dot_enrol__pb2.HostEnrolment.SerializeToString,
             ),
@@ -1295,6 +1313,33 @@ class ControlService:
             request,
             target,
             '/gearshift.v1.ControlService/RevokeHost',
+            gearshift_dot_v1_dot_enrol__pb2.HostActionRequest.SerializeToString,
+            gearshift_dot_v1_dot_enrol__pb2.HostEnrolment.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResetHost(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.ControlService/ResetHost',
             gearshift_dot_v1_dot_enrol__pb2.HostActionRequest.SerializeToString,
             gearshift_dot_v1_dot_enrol__pb2.HostEnrolment.FromString,
             options,

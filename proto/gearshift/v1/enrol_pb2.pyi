@@ -22,6 +22,7 @@ class EnrolmentState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ENROLMENT_STATE_PENDING: _ClassVar[EnrolmentState]
     ENROLMENT_STATE_APPROVED: _ClassVar[EnrolmentState]
     ENROLMENT_STATE_REVOKED: _ClassVar[EnrolmentState]
+    ENROLMENT_STATE_RESET: _ClassVar[EnrolmentState]
 ENROL_STATUS_UNSPECIFIED: EnrolStatus
 ENROL_STATUS_ISSUED: EnrolStatus
 ENROL_STATUS_PENDING: EnrolStatus
@@ -29,6 +30,7 @@ ENROLMENT_STATE_UNSPECIFIED: EnrolmentState
 ENROLMENT_STATE_PENDING: EnrolmentState
 ENROLMENT_STATE_APPROVED: EnrolmentState
 ENROLMENT_STATE_REVOKED: EnrolmentState
+ENROLMENT_STATE_RESET: EnrolmentState
 
 class EnrolRequest(_message.Message):
     __slots__ = ("bootstrap_token", "csr_pem")

@@ -198,7 +198,7 @@ def test_the_admin_rpcs_are_exactly_these() -> None:
     assert admin_only == {"ApplyPolicy", "ApproveDecision", "RejectDecision", "EvaluateNow",
                           "SetPaused", "AbortMigration", "PublishRevision",
                           "CreateBootstrapToken", "ListBootstrapTokens",
-                          "RevokeBootstrapToken", "ApproveHost", "RevokeHost"}
+                          "RevokeBootstrapToken", "ApproveHost", "RevokeHost", "ResetHost"}
     assert METHOD_RULES["/gearshift.v1.ControlService/ReportGateway"] == \
         frozenset({Role.GATEWAY})
     assert METHOD_RULES["/gearshift.v1.AgentService/Connect"] == frozenset({Role.AGENT})

@@ -167,7 +167,9 @@ def test_decide_pending_then_issue_for_the_approved_key_only() -> None:
     assert decide(grant(auto_approve=False), csr, None, NOW) == Outcome.PENDING
     approved = Enrolled(EnrolmentState.APPROVED, csr.key_fingerprint)
     assert decide(grant(auto_approve=False), csr, approved, NOW) == Outcome.ISSUE
-    assert decide(grant(auto_approve=False), _csr(), approved, NOW) == Outcome.PENDING
+    # Another key for an approved host: refused, the approval untouched (hosts reset first).
+    with pytest.raises(FailedPrecondition, match="hosts reset gpu-1"):
+        decide(grant(auto_approve=False), _csr(), approved, NOW)
     with pytest.raises(PermissionDenied, match="host 'gpu-1' is revoked"):
         decide(grant(), csr, Enrolled(EnrolmentState.REVOKED, ""), NOW)
 
