@@ -205,6 +205,27 @@ def _live_rss(proc: psutil.Process) -> int:
     return int(proc.memory_info().rss)
 
 
+def _loop_lag_ms(window_s: float, interval_s: float = 0.05) -> dict[str, float]:
+    """p50, p99 and max of how late an asyncio timer of `interval_s` fired, over
+    `window_s` (the controller's LoopLagProbe, read directly)."""
+    import asyncio
+
+    async def probe() -> list[float]:
+        loop = asyncio.get_running_loop()
+        lags: list[float] = []
+        end = loop.time() + window_s
+        while loop.time() < end:
+            due = loop.time() + interval_s
+            await asyncio.sleep(interval_s)
+            lags.append(max(0.0, loop.time() - due))
+        return lags
+
+    lags = sorted(asyncio.run(probe()))
+    pick = lambda q: lags[min(len(lags) - 1, int(q * len(lags)))] * 1000  # noqa: E731
+    return {"p50": round(pick(0.5), 2), "p99": round(pick(0.99), 2),
+            "max": round(lags[-1] * 1000, 2), "samples": len(lags)}
+
+
 def _forecast_cache_bytes(history: Any, resolution_s: float, now: float, models: list[str],
                           horizon_s: float, quantile: float) -> float:
     """The memory a forecast cache keeps per model: `models` forecast as the worker
@@ -275,9 +296,13 @@ def run(models: int, days: float, resolution_s: float, policy_path: Path,
             decisions = loop.evaluate(now)
             tick_s, tick_cpu_s = time.perf_counter() - w0, time.process_time() - c0
             rss_mb = (_live_rss(proc) - rss0) / 1e6
-            time.sleep(WORKER_SAMPLE_S)  # the worker fits what the tick handed off
+            # The worker fits what the tick handed off, on its own thread, while an event
+            # loop here wakes a 50 ms timer as the controller's does (its lateness is how
+            # long an ack waits: controller/loop_lag.py).
+            lag_refitting = _loop_lag_ms(WORKER_SAMPLE_S)
             fits, fit_cpu_s = loop.forecaster.worker_stats()
             loop.forecaster.close()
+            lag_idle = _loop_lag_ms(WORKER_SAMPLE_S)  # the same loop with no fits
             active = loop.active()
             assert active is not None
             spec = active[1].doc.spec
@@ -290,6 +315,9 @@ def run(models: int, days: float, resolution_s: float, policy_path: Path,
     return {"models": models, "tick_s": round(tick_s, 3), "tick_cpu_s": round(tick_cpu_s, 3),
             "per_model_us": round(tick_s / models * 1e6, 1), "rss_mb": round(rss_mb, 1),
             "decisions": len(decisions), "gpu_price_per_hour": gpu_price_per_hour,
+            # How late the event loop ran a 50 ms timer while the worker refitted (and
+            # with no refits, after): what an agent's ack waits.
+            "loop_lag_refitting_ms": lag_refitting, "loop_lag_idle_ms": lag_idle,
             "forecast_fits": fits, "forecast_fit_cpu_s": round(fit_cpu_s / max(fits, 1), 3),
             # Every model refitted once in this many hours, at the worker's CPU share.
             "forecast_cycle_h": round(models * fit_cpu_s / max(fits, 1)

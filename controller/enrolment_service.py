@@ -35,21 +35,23 @@ from gearshift.common.errors import (
     PermissionDenied,
 )
 from gearshift.controller.certificate_authority import SigningCa
-from gearshift.controller.enrolment_rules import (
+from gearshift.controller.enrolment_admission import (
     REFUSAL_LOG_INTERVAL_S,
-    Csr,
     EnrolAdmission,
-    EnrolmentState,
-    Outcome,
     RefusalKind,
     RefusalTally,
+    peer_source,
+    refusal_kind,
+)
+from gearshift.controller.enrolment_rules import (
+    Csr,
+    EnrolmentState,
+    Outcome,
     check_host_id,
     check_pattern,
     check_renewal,
     new_token,
     parse_csr,
-    peer_source,
-    refusal_kind,
     split_token,
 )
 from gearshift.controller.enrolment_store import (

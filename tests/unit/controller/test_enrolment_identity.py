@@ -25,9 +25,9 @@ from gearshift.common.errors import (
     ResourceExhausted,
 )
 from gearshift.controller.certificate_authority import SigningCa, init_certs
+from gearshift.controller.enrolment_admission import EnrolAdmission, peer_source
 from gearshift.controller.enrolment_rules import (
     Csr,
-    EnrolAdmission,
     EnrolmentState,
     Outcome,
     TokenGrant,
@@ -35,7 +35,6 @@ from gearshift.controller.enrolment_rules import (
     check_token,
     new_token,
     parse_csr,
-    peer_source,
     split_token,
 )
 from gearshift.controller.enrolment_service import EnrolService, Revocations
