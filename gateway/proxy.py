@@ -121,9 +121,15 @@ class Router:
     # -- table and counters -------------------------------------------------------
 
     def set_table(self, table: RoutingTable) -> None:
-        """Replace the routing table; requests in flight keep the endpoint they have."""
+        """Replace the routing table; requests in flight keep the endpoint they have. The
+        counters of a deployment no longer routed, with nothing in flight, are dropped:
+        the controller keeps only routed ones, and a gateway's report stays the fleet's
+        size however many deployments came and went."""
         self.table = table
         self.table_loaded = True
+        routed = {e.deployment_id for eps in table.models.values() for e in eps}
+        for dep_id in [d for d, s in self._stats.items() if d not in routed and not s.in_flight]:
+            del self._stats[dep_id]
 
     def deployment_stats(self) -> list[DeploymentStats]:
         """A snapshot of every deployment's counters (in flight, requests, errors)."""

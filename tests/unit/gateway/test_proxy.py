@@ -187,6 +187,21 @@ async def test_leaving_gets_no_new_requests_while_in_flight_finish(upstreams, ga
         {"old": 0, "new": 0}
 
 
+async def test_counters_of_deployments_that_left_the_table_are_dropped(upstreams, gateways,
+                                                                       http) -> None:
+    a, b = await upstreams("a"), await upstreams("b")
+    gw = await gateways({"llama": [{"endpoint": a.url, "deployment_id": "d-old"}]})
+    async with http.post(f"{gw.url}/v1/completions", json={"model": "llama"}) as r:
+        assert r.status == 200
+    assert [s.deployment_id for s in gw.router.deployment_stats()] == ["d-old"]
+    for i in range(50):  # deployments come and go: the report stays the table's size
+        gw.router.set_table(table_from_mapping({"llama": [
+            {"endpoint": b.url, "deployment_id": f"d-{i}"}]}))
+        async with http.post(f"{gw.url}/v1/completions", json={"model": "llama"}) as r:
+            assert r.status == 200
+    assert [s.deployment_id for s in gw.router.deployment_stats()] == ["d-49"]
+
+
 async def test_metrics_and_health_only_on_the_metrics_listener(upstreams, gateways,
                                                               http) -> None:
     a = await upstreams("a")
