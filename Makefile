@@ -7,10 +7,13 @@ PROTOS := $(wildcard proto/gearshift/v1/*.proto)
 
 .PHONY: demo test proto lint bench clean check-proto fuzz promtool image image-emulator image-engines test-containers podman-setup
 
+# pip's and the build backend's chatter goes to .venv/install.log, shown only on failure.
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	@echo "installing gearshift and its dependencies into $(VENV) (log: $(VENV)/install.log)"
+	@$(BIN)/pip install --quiet --upgrade pip > $(VENV)/install.log 2>&1 \
+		&& $(BIN)/pip install --quiet -e '.[dev]' >> $(VENV)/install.log 2>&1 \
+		|| { tail -50 $(VENV)/install.log; exit 1; }
 	touch $(STAMP)
 
 # DEMO_ARGS=--containers: engines as containers of the emulated images (podman set up and
