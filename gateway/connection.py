@@ -23,6 +23,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
+from gearshift.gateway.errors import error_body
 from gearshift.gateway.http11 import (
     MAX_HEAD_BYTES,
     ChunkedDecoder,
@@ -31,7 +32,7 @@ from gearshift.gateway.http11 import (
     parse_request_head,
 )
 from gearshift.gateway.limits import CONNECTION_LIMIT, refusal_reason
-from gearshift.gateway.request import STREAMING, Request, error_response, openai_error_body
+from gearshift.gateway.request import STREAMING, Request, error_response
 
 if TYPE_CHECKING:
     from gearshift.gateway.listener import HttpListener
@@ -342,9 +343,8 @@ class ClientConnection(asyncio.Protocol):
             if request.answered:
                 self.close_now()
             else:
-                request.respond(500, openai_error_body(
-                    "The gateway failed while handling this request.", "internal_error",
-                    "internal_error"))
+                request.respond(500, error_body(
+                    500, "The gateway failed while handling this request.", "internal_error"))
         finally:
             self._task = None
             request.body = b""

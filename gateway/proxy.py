@@ -7,9 +7,10 @@ whole first, within the listener's per-request and shared limits, and checked
 for size and nesting depth before it is parsed). The answer is passed through
 as-is: small bodies with a Content-Length whole (status, body, content type),
 larger ones and streams in bounded pieces as they arrive (the engine is read no
-faster than the client takes them). An error answer from an engine is kept only
-up to `MAX_ERROR_BODY_BYTES`. Request bodies are forwarded byte for byte, except
-where an engine serves the model under another name.
+faster than the client takes them). An error answer from an engine (status 400 or
+more) is read only up to `MAX_ERROR_BODY_BYTES` and relayed with its status in the
+gateway's one error shape (`errors`). Request bodies are forwarded byte for byte,
+except where an engine serves the model under another name.
 
 Error messages quote client input only cut to `MAX_ECHO_CHARS`; the unknown-model
 404 does not list the models (GET /v1/models does).
@@ -32,8 +33,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gearshift.gateway.errors import MAX_ERROR_BODY_BYTES, engine_error_body, error_body
 from gearshift.gateway.metrics import GatewayMetrics
-from gearshift.gateway.request import JSON_HEADERS, Request, openai_error_body
+from gearshift.gateway.pages import PAGES, find_page, model_not_found
+from gearshift.gateway.request import JSON_HEADERS, Request
 from gearshift.gateway.request_checks import (
     MAX_JSON_DEPTH,
     depth_within,
@@ -55,7 +58,6 @@ UPSTREAM_IDLE_TIMEOUT_S = 15.0  # a pooled connection unused this long is closed
 MAX_ATTEMPTS = 3
 SEND_JOINED_BYTES = 64 * 1024  # request bodies up to this go out in one write with the head
 RELAY_WHOLE_BYTES = 256 * 1024  # Content-Length bodies up to this are read whole, larger relayed
-MAX_ERROR_BODY_BYTES = 64 * 1024  # an engine's 5xx body kept to pass on; past it, the gateway's own
 
 UNKNOWN_MODEL_LABEL = "unknown"  # metric label for requests without a routed model
 NO_DEPLOYMENT_LABEL = "none"
@@ -89,9 +91,9 @@ class _Retry(Exception):
         self.answer = answer
 
 
-def _error(request: Request, status: int, message: str, err_type: str, code: str,
+def _error(request: Request, status: int, message: str, code: str,
            param: str | None = None) -> None:
-    request.respond(status, openai_error_body(message, err_type, code, param))
+    request.respond(status, error_body(status, message, code, param))
 
 
 class Router:
@@ -116,7 +118,6 @@ class Router:
                                   read_timeout_s=read_timeout_s,
                                   idle_timeout_s=UPSTREAM_IDLE_TIMEOUT_S,
                                   body_timeout_s=body_timeout_s)
-        self._pages: dict[str, Callable[[Request], None]] = {"/v1/models": self._models}
 
     # -- table and counters -------------------------------------------------------
 
@@ -154,27 +155,19 @@ class Router:
         if path in FORWARDED_PATHS:
             if request.method != b"POST":
                 _error(request, 405, f"{path} takes POST, not {shown(request.method)}.",
-                       "invalid_request_error", "method_not_allowed")
+                       "method_not_allowed")
                 return
             await self._forward(request, path)
             return
-        page = self._pages.get(path)
+        page = find_page(path)
         if page is None:
             _error(request, 404, f"No route for {shown(path)}; the gateway serves "
-                   f"{', '.join(FORWARDED_PATHS)}, {', '.join(self._pages)}.",
-                   "invalid_request_error", "not_found")
+                   f"{', '.join(FORWARDED_PATHS)}, {', '.join(PAGES)}.", "not_found")
         elif request.method not in (b"GET", b"HEAD"):
-            _error(request, 405, f"{path} takes GET, not {shown(request.method)}.",
-                   "invalid_request_error", "method_not_allowed")
+            _error(request, 405, f"{shown(path)} takes GET, not {shown(request.method)}.",
+                   "method_not_allowed")
         else:
-            page(request)
-
-    # -- small pages --------------------------------------------------------------
-
-    def _models(self, request: Request) -> None:
-        data = [{"id": m, "object": "model", "created": 0, "owned_by": "gearshift"}
-                for m in self.table.model_names()]
-        request.respond(200, json.dumps({"object": "list", "data": data}).encode())
+            page(request, self.table, self.table_loaded)
 
     # -- forwarding -----------------------------------------------------------------
 
@@ -188,9 +181,7 @@ class Router:
         if model not in table.models:
             self.metrics.error(UNKNOWN_MODEL_LABEL, "unknown_model")
             self.metrics.request_done(UNKNOWN_MODEL_LABEL, NO_DEPLOYMENT_LABEL, 404)
-            _error(request, 404, f"The model {shown(model)} does not exist on this gateway; "
-                   "GET /v1/models lists the models it serves.", "invalid_request_error",
-                   "model_not_found", "model")
+            request.respond(404, model_not_found(model))
             return
         headers = forwarded_headers(request.head.headers)
         tried: list[Endpoint] = []
@@ -213,7 +204,7 @@ class Router:
             self.metrics.error(model, "no_endpoint")
             self.metrics.request_done(model, NO_DEPLOYMENT_LABEL, 503)
             _error(request, 503, f"No healthy endpoint for model `{model}` right now.",
-                   "service_unavailable", "no_endpoint", "model")
+                   "no_endpoint", "model")
             return
         if last.answer is not None:
             self.metrics.error(model, "upstream_5xx")
@@ -224,8 +215,7 @@ class Router:
         self.metrics.error(model, "upstream_unavailable")
         self.metrics.request_done(model, tried[-1].deployment_id, 502)
         _error(request, 502, f"Every endpoint tried for model `{model}` failed "
-               f"({len(tried)} tried; last: {last.reason}).", "upstream_error",
-               "upstream_unavailable", "model")
+               f"({len(tried)} tried; last: {last.reason}).", "upstream_unavailable", "model")
 
     def _model_of(self, request: Request, body: bytes) -> str | None:
         """The body's `model`, or None after answering 400."""
@@ -252,8 +242,7 @@ class Router:
                 code = "missing_model"
         self.metrics.error(UNKNOWN_MODEL_LABEL, "bad_request")
         self.metrics.request_done(UNKNOWN_MODEL_LABEL, NO_DEPLOYMENT_LABEL, 400)
-        _error(request, 400, message, "invalid_request_error", code,
-               "model" if code == "missing_model" else None)
+        _error(request, 400, message, code, "model" if code == "missing_model" else None)
         return None
 
     async def _attempt(self, request: Request, ep: Endpoint, path: str, body: bytes,
@@ -293,15 +282,23 @@ class Router:
                      rename: tuple[bytes, bytes] | None) -> None:
         head = upstream.head
         assert head is not None
+        if head.status >= 400:
+            answer = await _error_answer(upstream, head.status, head.header(b"content-encoding"))
+            if answer is None or head.status >= 500:
+                stat.errors_total += 1
+                raise _Retry(f"HTTP {head.status}" + ("" if answer else ", its body broke off"),
+                             answer)
+            stat.requests_total += 1
+            self.metrics.request_done(model, ep.deployment_id, head.status)
+            self.metrics.first_byte(model, time.perf_counter() - t0)
+            body = answer.body if rename is None else answer.body.replace(*rename)
+            request.respond(answer.status, body)
+            return
         ctype = head.header(b"content-type") or b"application/octet-stream"
         out_headers = b"Content-Type: " + ctype + b"\r\n"
         encoding = head.header(b"content-encoding")
         if encoding:
             out_headers += b"Content-Encoding: " + encoding + b"\r\n"
-        if head.status >= 500:
-            stat.errors_total += 1
-            raise _Retry(f"HTTP {head.status}", await _error_answer(upstream, head.status,
-                                                                    out_headers))
         event_stream = ctype.lower().startswith(b"text/event-stream")
         length = head.content_length
         whole = not event_stream and length is not None and length <= RELAY_WHOLE_BYTES
@@ -364,11 +361,13 @@ class Router:
         request.end_stream()
 
 
-async def _error_answer(upstream: UpstreamConnection, status: int, headers: bytes) -> _Answer:
-    """An engine's 5xx answer to pass on if no other endpoint does better.
+async def _error_answer(upstream: UpstreamConnection, status: int,
+                        encoding: bytes | None) -> _Answer | None:
+    """An engine's error answer in the one error shape (`errors.engine_error_body`).
 
-    Its body is kept only up to MAX_ERROR_BODY_BYTES; a larger one, or one that
-    breaks off, is replaced by the gateway's own error body with the same status."""
+    Its body is read only up to MAX_ERROR_BODY_BYTES; a larger one is replaced by the
+    gateway's own message with the same status, and so is a 5xx body that breaks off.
+    None for a 4xx body that breaks off: the request may be retried elsewhere."""
     pieces: list[bytes] = []
     size = 0
     reason = ""
@@ -383,12 +382,15 @@ async def _error_answer(upstream: UpstreamConnection, status: int, headers: byte
                 break
             pieces.append(piece)
     except UpstreamError as err:
+        if status < 500:
+            upstream.close()
+            return None
         reason = f"its body broke off ({err})"
     if not reason:
-        return _Answer(status, headers, b"".join(pieces))
+        return _Answer(status, JSON_HEADERS, engine_error_body(status, b"".join(pieces),
+                                                               encoding or b""))
     upstream.close()
-    body = openai_error_body(f"The engine answered HTTP {status}; {reason}.",
-                             "upstream_error", "upstream_error")
+    body = error_body(status, f"The engine answered HTTP {status}; {reason}.", "upstream_error")
     return _Answer(status, JSON_HEADERS, body)
 
 

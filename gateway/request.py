@@ -9,9 +9,9 @@ stream instead of filling the gateway's memory.
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
+from gearshift.gateway.errors import error_body
 from gearshift.gateway.http11 import (
     LAST_CHUNK,
     RequestHead,
@@ -28,16 +28,9 @@ JSON_HEADERS = b"Content-Type: application/json\r\n"
 NOTHING_SENT, STREAMING, DONE = range(3)
 
 
-def openai_error_body(message: str, err_type: str, code: str, param: str | None = None) -> bytes:
-    """An error body in the OpenAI shape: {"error": {message, type, param, code}}."""
-    return json.dumps({"error": {"message": message, "type": err_type, "param": param,
-                                 "code": code}}).encode()
-
-
 def error_response(status: int, message: str, code: str) -> bytes:
     """A whole error response that closes the connection (the request could not be read)."""
-    body = openai_error_body(message, "invalid_request_error" if status < 500
-                             else "service_unavailable", code)
+    body = error_body(status, message, code)
     return b"%s%s%sContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (
         status_line(status), JSON_HEADERS, date_header(), len(body), body)
 

@@ -5,9 +5,10 @@ in-process on port 0 and the CLI runs it until a signal arrives. The routing
 table comes from the controller (`controller`), from a static file (`routes_file`),
 or both: the file is then the table served until the controller sends its own.
 
-The API listener serves the OpenAI API only. `/metrics`, `/healthz` (alive) and
-`/readyz` (has a routing table) are on a separate operator listener
-(`metrics_listen`), so that nothing about the gateway's insides faces clients.
+The API listener serves the OpenAI API only, plus vLLM's `/health` probe (200 with a
+routing table, else 503, no body). `/metrics`, `/healthz` (alive) and `/readyz` (has a
+routing table) are on a separate operator listener (`metrics_listen`), so that nothing
+about the gateway's insides faces clients.
 """
 
 from __future__ import annotations

@@ -212,7 +212,8 @@ async def test_metrics_and_health_only_on_the_metrics_listener(upstreams, gatewa
         assert r.status == 404
     async with http.get(f"{gw.metrics_url}/metrics") as r:
         text = await r.text()
-    for path in ("/metrics", "/health", "/healthz", "/readyz"):  # the API port serves the API
+    # the API port serves the API, and vLLM's /health (test_openai_compat.py)
+    for path in ("/metrics", "/healthz", "/readyz"):
         async with http.get(f"{gw.url}{path}") as r:
             assert r.status == 404
             assert "gearshift_gateway" not in await r.text()
