@@ -1,12 +1,19 @@
 """The agent's configuration file (YAML), validated strictly.
 
-Unknown keys are errors; every error names the field path and the value found.
+Unknown keys are errors; every error names the field path and the value found, and
+where a value came from other than the file (an environment variable), that source.
+A relative path in the file is taken from the file's directory, not from the directory
+the agent runs in; one given on the command line stays relative to the latter.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import socket
+import types
+import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -295,22 +302,31 @@ class AgentConfig(_Strict):
         return cfg
 
 
-def _format_error(source: str, err: ValidationError, data: Any) -> str:
+def _format_error(source: str, err: ValidationError, origins: Mapping[str, str]) -> str:
     lines = []
     for e in err.errors():
         path = ".".join(str(p) for p in e["loc"])
         found = e.get("input")
+        origin = origins.get(str(e["loc"][0])) if e["loc"] else None
+        note = f" (from {origin}, not in {source})" if origin else ""
         if e["type"] == "extra_forbidden":
-            lines.append(f"{source}: {path}: unknown key")
+            lines.append(f"{source}: {path}: unknown key{note}")
         elif not path:  # a rule across fields: the message names them
-            lines.append(f"{source}: {e['msg'].removeprefix('Value error, ')}")
+            elsewhere = "; ".join(f"{k} from {v}" for k, v in sorted(origins.items()))
+            lines.append(f"{source}: {e['msg'].removeprefix('Value error, ')}"
+                         + (f" ({elsewhere}: not in {source})" if elsewhere else ""))
         else:
-            msg = e["msg"].removeprefix("Value error, ")
-            lines.append(f"{source}: {path}: {msg}; found {found!r}")
+            msg = e["msg"].removeprefix("Value error, ").removeprefix(f"{path}: ")
+            if f"found {found!r}" not in msg:  # a message that names the value already
+                msg += f"; found {found!r}"
+            lines.append(f"{source}: {path}: {msg}{note}")
     return "invalid agent config:\n  " + "\n  ".join(lines)
 
 
-def parse_agent_config(data: Any, source: str = "<agent config>") -> AgentConfig:
+def parse_agent_config(data: Any, source: str = "<agent config>",
+                       origins: Mapping[str, str] | None = None) -> AgentConfig:
+    """The validated config; `origins` names where top-level keys came from when not from
+    `source` (e.g. {"tls": "$GEARSHIFT_TLS_CA"}), for the errors to say so."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -318,7 +334,7 @@ def parse_agent_config(data: Any, source: str = "<agent config>") -> AgentConfig
     try:
         cfg = AgentConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(_format_error(source, err, data)) from None
+        raise ConfigError(_format_error(source, err, origins or {})) from None
     ids = [d.deployment_id for d in cfg.deployments]
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
@@ -327,8 +343,14 @@ def parse_agent_config(data: Any, source: str = "<agent config>") -> AgentConfig
 
 
 def load_agent_config(path: Path | None, overrides: dict[str, Any] | None = None,
-                      defaults: dict[str, Any] | None = None) -> AgentConfig:
-    """The config file, `overrides` (CLI flags) winning over it, it over `defaults`."""
+                      defaults: dict[str, Any] | None = None, *,
+                      origins: Mapping[str, str] | None = None) -> AgentConfig:
+    """The config file, `overrides` (CLI flags) winning over it, it over `defaults`.
+
+    Relative paths in the file are taken from the file's directory; those of `overrides`
+    and `defaults` are left as given (relative to the current directory). `origins` names
+    the source of override and default keys that are not flags (e.g. {"tls":
+    "$GEARSHIFT_TLS_CA"}); an error about a key that was taken from one names it."""
     data: dict[str, Any] = {}
     source = "<defaults>"
     if path is not None:
@@ -336,12 +358,55 @@ def load_agent_config(path: Path | None, overrides: dict[str, Any] | None = None
         loaded = _load_yaml(path)
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level, found {type(loaded).__name__}")
-        data = dict(loaded or {})
+        data = resolve_relative_paths(dict(loaded or {}), path.absolute().parent)
+    used: dict[str, str] = {}
     for k, v in (defaults or {}).items():
         if v is not None and k not in data:
             data[k] = v
-    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    return parse_agent_config(data, source)
+            if origins and k in origins:
+                used[k] = origins[k]
+    for k, v in (overrides or {}).items():
+        if v is not None:
+            data[k] = v
+            if origins and k in origins:
+                used[k] = origins[k]
+    return parse_agent_config(data, source, used)
+
+
+def resolve_relative_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
+    """`data` (a config file's mapping, before validation) with every relative value of a
+    `Path` field of the schema, nested ones included, taken from `base`. Values of the
+    wrong type are left for validation to refuse."""
+    return _resolve_model(AgentConfig, data, base)
+
+
+def _resolve_model(model: type[BaseModel], data: Any, base: Path) -> Any:
+    if not isinstance(data, dict):
+        return data
+    out = dict(data)
+    for name, field in model.model_fields.items():
+        if name in out:
+            out[name] = _resolve_value(field.annotation, out[name], base)
+    return out
+
+
+def _resolve_value(annotation: Any, value: Any, base: Path) -> Any:
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):  # X | None
+        for arg in args:
+            value = _resolve_value(arg, value, base)
+        return value
+    if annotation is Path:
+        if isinstance(value, str) and value and not Path(value).is_absolute():
+            return os.path.normpath(base / value)
+        return value
+    if origin is list and args and isinstance(value, list):
+        return [_resolve_value(args[0], v, base) for v in value]
+    if origin is dict and len(args) == 2 and isinstance(value, dict):
+        return {k: _resolve_value(args[1], v, base) for k, v in value.items()}
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return _resolve_model(annotation, value, base)
+    return value
 
 
 def _load_yaml(path: Path) -> Any:

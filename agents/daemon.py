@@ -505,6 +505,8 @@ class Agent:
         hello.labels.update(self.config.labels)
         hello.gpus.extend(self.gpus.read())
         for name in ENGINE_NAMES:
+            if not self._has_engine(name):
+                continue
             eng = self._engine(name)
             resolved = self.engine_release(name)
             hello.engines.add(engine=name, version=self.engine_version(name),
@@ -513,6 +515,14 @@ class Agent:
                               version_source=self.version_source(name),
                               image=self.engine_image(name))
         return hello
+
+    def _has_engine(self, name: str) -> bool:
+        """The host has this engine: its config names it (`engines.<name>`, or a
+        deployment on it), or its version was found (package METADATA, or a probe that
+        has answered). Else it is left out of the Hello, and the controller places none
+        of its deployments here."""
+        return (name in self.config.engines or bool(self.engine_version(name))
+                or any(d.engine == name for d in self.config.deployments))
 
     def _emit_result(self, result: agent_pb2.CommandResult) -> None:
         self._pending_results.append(result)
@@ -636,16 +646,21 @@ class Agent:
                 lock.release()
 
     def readiness(self) -> tuple[bool, str]:
-        """Ready = its engines adopted and its configured deployments started, and
-        either connected to a leading controller or running fail static (engines
-        serving on, reports resumed when a controller answers)."""
+        """Ready = its engines adopted and its configured deployments started, and a
+        controller has welcomed it at least once (its config and credentials work); from
+        then on either connected to a leading controller or running fail static
+        (engines serving on, reports resumed when a controller answers)."""
         if not self.started:
             return False, "adopting and starting engines"
         if self.connected.is_set():
             return True, f"connected to {self.controller_id}"
         serving = sum(1 for s in self.supervisors.values() if s.phase is Phase.READY)
-        if self.enroller is not None and self.enroller.issued is None:
-            return True, f"fail static: enrolling (no certificate yet); {serving} engine(s) ready"
+        if self.connects == 0:  # never welcomed: a wrong address, CA or token shows here
+            if self.enroller is not None and self.enroller.issued is None:
+                return False, (f"enrolling at {self.config.enrol_controller} (no certificate "
+                               f"yet); {serving} engine(s) ready")
+            return False, (f"no controller has answered yet (trying "
+                           f"{self.endpoints.current}); {serving} engine(s) ready")
         return True, f"fail static: no controller stream; {serving} engine(s) ready"
 
     async def _start_configured(self, spec: DeploymentSpec) -> None:

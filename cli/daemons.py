@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
+from click.core import ParameterSource
 
-from gearshift.common.errors import GearshiftError
+from gearshift.common.errors import ConfigError, GearshiftError
 
 if TYPE_CHECKING:
     from gearshift.agents.config import AgentConfig
@@ -112,13 +114,16 @@ def controller(ctx: click.Context, listen: str, db_url: str, data_dir: Path,
                                enrolled_cert_ttl_s=enrolled_cert_ttl_s)
         if controller_id:
             cfg.controller_id = controller_id
+        cfg.validate()
         run_event_loop(run_controller(cfg, ready_file=ready_file), event_loop)
     except GearshiftError as err:
-        raise click.ClickException(err.message) from None
+        raise click.ClickException(_name_env_sources(ctx, err.message)) from None
 
 
 @click.group(invoke_without_command=True)
-@click.option("--controller", "controller_addr", default=None, envvar="GEARSHIFT_CONTROLLER",
+# No envvar: $GEARSHIFT_CONTROLLER is the CLI's (and the gateway's), often exported on the
+# machine an agent is tried on; it must not move an agent off its config's controller.
+@click.option("--controller", "controller_addr", default=None,
               help="controller HOST:PORT (overrides the config file)")
 @click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="agent YAML config")
@@ -154,10 +159,13 @@ def agent(ctx: click.Context, controller_addr: str | None, config_path: Path | N
 
     Engines outlive the agent: on SIGTERM or a crash they keep serving, and the
     next agent started on the same work dir adopts them without a restart.
-    Without `tls:` in the config, TLS files come from $GEARSHIFT_TLS_CA, _CERT,
-    _KEY (and _SERVER_NAME), e.g. as systemd credentials. With a CA and no
-    certificate, the agent enrols: it makes its key and asks --enrol-controller to
-    sign it, proving itself with the bootstrap token (never on the command line).
+    Without `tls:` in the config, the CA comes from $GEARSHIFT_TLS_CA (and the name to
+    verify from _SERVER_NAME), e.g. as a systemd credential, and the agent enrols: it
+    makes its key and asks --enrol-controller to sign it, proving itself with the
+    bootstrap token (never on the command line). The CLI's $GEARSHIFT_TLS_CERT, _KEY,
+    $GEARSHIFT_TOKEN* and $GEARSHIFT_CONTROLLER are never read: a pre-made agent
+    certificate goes in the config, `tls: {ca, cert, key}`. Relative paths in the
+    config file are taken from its directory.
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -165,32 +173,81 @@ def agent(ctx: click.Context, controller_addr: str | None, config_path: Path | N
     from gearshift.agents.daemon import run_agent
 
     setup_logging(log_level)
+    flags = {"controller": controller_addr, "host_id": host_id, "bind_host": bind_host,
+             "workdir": workdir, "drain_on_exit": drain_on_exit,
+             "metrics_listen": metrics_listen, "enrol_controller": enrol_controller,
+             "bootstrap_token_file": bootstrap_token_file}
+    origins = {name: f"${var}" for name, var in _env_sourced(ctx).items()}
+    tls = _tls_from_env()
+    if tls is not None:
+        origins["tls"] = f"${TLS_CA_ENV}"
     try:
-        cfg = load_agent_config(config_path, {"controller": controller_addr, "host_id": host_id,
-                                              "bind_host": bind_host, "workdir": workdir,
-                                              "drain_on_exit": drain_on_exit,
-                                              "metrics_listen": metrics_listen,
-                                              "enrol_controller": enrol_controller,
-                                              "bootstrap_token_file": bootstrap_token_file},
-                                defaults={"tls": _tls_from_env()})
+        cfg = load_agent_config(config_path, flags, defaults={"tls": tls}, origins=origins)
+        if tls is not None and cfg.tls is not None and cfg.tls.ca == Path(tls["ca"]):
+            _check_readable(cfg.tls.ca, TLS_CA_ENV)  # its own config names no CA
         asyncio.run(run_agent(cfg))
     except GearshiftError as err:
-        raise click.ClickException(err.message) from None
+        raise click.ClickException(_name_env_sources(ctx, err.message)) from None
+
+
+TLS_CA_ENV = "GEARSHIFT_TLS_CA"
+TLS_SERVER_NAME_ENV = "GEARSHIFT_TLS_SERVER_NAME"
+# The CLI's client certificate (README, "Run on real hosts"): never an agent's.
+CLI_ONLY_TLS_ENV = ("GEARSHIFT_TLS_CERT", "GEARSHIFT_TLS_KEY")
 
 
 def _tls_from_env() -> dict[str, str] | None:
-    """The agent's TLS files from $GEARSHIFT_TLS_* (a config file's `tls:` wins)."""
-    from gearshift.common.credentials import TlsFiles
-
-    files = TlsFiles.from_env()
-    if files is None:
+    """The agent's `tls:` from $GEARSHIFT_TLS_CA (and _SERVER_NAME), for a config file
+    without one: a CA and no certificate, so the agent enrols (the systemd unit and the
+    Kubernetes DaemonSet hand the CA over so). $GEARSHIFT_TLS_CERT/_KEY are the CLI's
+    certificate and are not read."""
+    ignored = [f"${v}" for v in CLI_ONLY_TLS_ENV if os.environ.get(v)]
+    if ignored:
+        logging.getLogger(__name__).info(
+            "not read by the agent: %s (the CLI's certificate; an agent's own goes in its "
+            "config as tls: {ca, cert, key})", ", ".join(ignored))
+    ca = os.environ.get(TLS_CA_ENV)
+    if not ca:
         return None
-    out = {"ca": str(files.ca)}  # without a certificate: enrolment by bootstrap token
-    if files.cert is not None and files.key is not None:
-        out |= {"cert": str(files.cert), "key": str(files.key)}
-    if files.server_name:
-        out["server_name"] = files.server_name
+    out = {"ca": ca}
+    if os.environ.get(TLS_SERVER_NAME_ENV):
+        out["server_name"] = os.environ[TLS_SERVER_NAME_ENV]
     return out
+
+
+def _check_readable(path: Path, var: str) -> None:
+    try:
+        with path.open("rb"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"${var}={path}: cannot read: {exc.strerror or exc} (the agent's "
+                          f"CA when its config has no tls:)") from None
+
+
+def _env_sourced(ctx: click.Context) -> dict[str, str]:
+    """{parameter name: its environment variable} of the options whose value came from
+    the environment."""
+    out = {}
+    for param in ctx.command.params:
+        if (param.name and isinstance(param.envvar, str)
+                and ctx.get_parameter_source(param.name) is ParameterSource.ENVIRONMENT):
+            out[param.name] = param.envvar
+    return out
+
+
+def _name_env_sources(ctx: click.Context, message: str) -> str:
+    """`message`, noting the environment variable of each option whose value came from
+    one and that the message names (by its flag or its value)."""
+    notes = []
+    sourced = _env_sourced(ctx)
+    for param in ctx.command.params:
+        if param.name in sourced and isinstance(param, click.Option):
+            flag, value = param.opts[0], str(ctx.params.get(param.name, ""))
+            if f"${sourced[param.name]}" in message:  # named already (the agent's config)
+                continue
+            if flag in message or (len(value) >= 4 and value in message):
+                notes.append(f"{flag} from ${sourced[param.name]}")
+    return f"{message} ({'; '.join(notes)})" if notes else message
 
 
 @agent.command("drain")

@@ -67,7 +67,7 @@ COMMANDS = {
               metavar="HOST:PORT", help="controller address (default 127.0.0.1:50051)")
 @click.pass_context
 def cli(ctx: click.Context, controller_addr: str | None) -> None:
-    """gearshift: adaptive engine selection for LLM serving on vLLM and TensorRT-LLM."""
+    """gearshift: adaptive engine selection for LLM serving on vLLM, TensorRT-LLM and SGLang."""
     ctx.obj = {"controller": controller_addr}
 
 
