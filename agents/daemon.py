@@ -381,7 +381,9 @@ class Agent:
         spec = DeploymentSpec.from_proto(cmd.start.spec)
         progress(0.1, f"starting {spec.engine} for {spec.model}")
         sup = await self.start_deployment(spec)
-        if not await sup.wait_ready(timeout_s=600):
+        # An engine that exits before it is ready fails the start at once (a move rolls
+        # back within one restart backoff, not at its phase deadline), saying why.
+        if not await sup.wait_ready(timeout_s=600, crash_fails=True):
             raise RuntimeError(f"{spec.deployment_id} did not become ready: {sup.last_message}")
         return f"{spec.deployment_id} ready at {sup.endpoint}"
 

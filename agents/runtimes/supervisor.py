@@ -256,12 +256,15 @@ class EngineSupervisor:
         self._release_handle()
         self._close_probe()
 
-    async def wait_ready(self, timeout_s: float) -> bool:
-        """Wait until ready (True), or until failed/stopped or `timeout_s` passes (False)."""
+    async def wait_ready(self, timeout_s: float, *, crash_fails: bool = False) -> bool:
+        """Wait until ready (True), or until failed/stopped or `timeout_s` passes (False).
+        With `crash_fails`, an engine that exits before it was ever ready fails it too (at
+        once, not at the deadline: its message has the exit code and the last output);
+        the supervisor still restarts it, until its owner stops it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while self._phase is not Phase.READY:
-            if self._phase in _FINAL_PHASES:
+            if self._phase in _FINAL_PHASES or (crash_fails and self._phase is Phase.RESTARTING):
                 return False
             remaining = deadline - loop.time()
             if remaining <= 0:

@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 
 from gearshift.devfleet.local_fleet import LocalFleet
-from integration.helpers import FAST_ENGINE_ENV, gateway_load, gearshift_json, wait_for
+from integration.helpers import (
+    FAST_ENGINE_ENV,
+    gateway_load,
+    gearshift,
+    gearshift_json,
+    wait_for,
+)
 from integration.moves import _apply, _engines, _migration_in, ended, start_moving_fleet
 
 # A longer canary leaves time to inject the fault while it runs.
@@ -35,6 +41,26 @@ def test_engine_crash_during_canary_rolls_back(fleet: LocalFleet, tmp_path: Path
     # Only requests already on the crashed engine may fail (streams cut mid-way).
     assert load.failed <= 3, load.errors
     assert load.sent > 30
+
+
+def test_a_target_that_exits_before_it_is_ready_fails_the_move_at_once(
+        fleet: LocalFleet, tmp_path: Path) -> None:
+    # host-a's TensorRT-LLM refuses its start (exit 2, naming what is wrong), as a
+    # trtllm-serve that cannot read its --config file does.
+    start_moving_fleet(fleet, ARGS, {"GEARSHIFT_EMULATOR_FAULTS": '{"no_such_fault": 1}'})
+    with gateway_load(fleet.gateway_url, "m", rps=10):  # traffic makes the rule fire
+        _apply(fleet, tmp_path, "to-trt", "auto", "tensorrt-llm", cooldown="1h")
+        mig = wait_for(lambda: next(iter(gearshift_json(fleet, "migrations", "list")), None),
+                       60, "the move to start")
+        # Within a restart backoff or two, not at the start's deadline (600 s).
+        end = wait_for(lambda: ended(fleet, mig["id"]), 45, "the move to end")
+    assert end["phase"] == "rolled_back", end
+    assert "exited with code 2" in end["reason"], end["reason"]
+    assert "no_such_fault" in end["reason"], end["reason"]  # the engine's last output
+    explained = gearshift(fleet, "decisions", "explain", end["decision_id"]).stdout
+    assert "exited with code 2" in explained, explained
+    assert "exited with code 2" in fleet.procs["host-a"].log()  # and the agent log says why
+    assert _engines(fleet) == {"vllm"}
 
 
 def test_controller_killed_mid_move_resumes_and_finishes(moving_fleet: LocalFleet,
