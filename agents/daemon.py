@@ -623,6 +623,12 @@ class Agent:
                 self.ops = OpsListener(self.metrics.registry, self.readiness)
                 port = await self.ops.start(*parse_listen(self.config.metrics_listen))
                 log.info("metrics, /healthz and /readyz on %s:%d", self.ops.host, port)
+            if self.containers is not None:
+                try:
+                    await self.containers.ensure_service(
+                        Path(self.config.workdir).absolute() / "podman-service.log")
+                except GearshiftError as exc:
+                    log.error("engine containers: %s", exc.message)
             await self.adopt_engines()
             for dep in self.config.deployments:
                 spec = DeploymentSpec(**dep.model_dump())

@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 import click
@@ -15,6 +16,7 @@ import grpc
 from gearshift.common.credentials import TlsFiles, load_token, secure_channel
 from gearshift.common.endpoints import ControllerEndpoints
 from gearshift.common.errors import ErrorCode, GearshiftError, Unavailable, error_for
+from gearshift.common.identity import TLS_ENV_PREFIX, TOKEN_ENV, TOKEN_FILE_ENV
 from gearshift.v1 import control_pb2_grpc
 
 DEFAULT_CONTROLLER = "127.0.0.1:50051"
@@ -49,13 +51,83 @@ class CliError(click.ClickException):
         self.exit_code = self.EXIT_BY_CODE.get(err.code, 1)  # type: ignore[misc]
 
 
-def from_rpc_error(err: grpc.RpcError) -> GearshiftError:
-    """Turn a gRPC error received by the CLI back into the matching gearshift error."""
+@dataclass(frozen=True)
+class ClientSetup:
+    """What the CLI connected with, for the hint an error gets: the address, the TLS
+    files ($GEARSHIFT_TLS_*; None: plaintext) and whether a token went along."""
+
+    addr: str
+    tls: TlsFiles | None
+    token: bool
+
+
+_CA, _CERT, _KEY = (f"${TLS_ENV_PREFIX}_CA", f"${TLS_ENV_PREFIX}_CERT", f"${TLS_ENV_PREFIX}_KEY")
+_TOKEN_VARS = f"${TOKEN_FILE_ENV} (a file holding the token) or ${TOKEN_ENV}"
+# gRPC core's words for each failure (its details, and OpenSSL's reason codes within them).
+_REFUSED = ("Connection refused", "connection refused", "ECONNREFUSED")
+_NOT_VERIFIED = ("CERTIFICATE_VERIFY_FAILED", "certificate verify failed")
+_NAME_MISMATCH = ("Peer name", "not in peer certificate", "Hostname Verification")
+_NOT_TLS = ("WRONG_VERSION_NUMBER", "wrong version number")
+_CLOSED = ("Socket closed", "Connection reset", "connection reset", "Broken pipe",
+           "SSLV3_ALERT", "TLSV1_ALERT", "handshake", "Handshake")
+
+
+def connection_hint(code: grpc.StatusCode, details: str, setup: ClientSetup) -> str | None:
+    """The likely cause of a failed call, and the flag or variable that fixes it; None
+    when the error says nothing about the connection (a refusal of the request itself)."""
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        if "invalid token" in details:
+            return (f"the controller does not know the token given by {_TOKEN_VARS}: "
+                    f"give one from its tokens file (`gearshift certs init` writes "
+                    f"read-token and admin-token)")
+        return (f"the controller wants a bearer token: set {_TOKEN_VARS} "
+                f"(`gearshift certs init` writes read-token and admin-token)")
+    if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN):
+        return None
+    if any(w in details for w in _REFUSED):
+        return (f"nothing listens on {setup.addr}: check --controller / $GEARSHIFT_CONTROLLER "
+                f"and that the controller runs")
+    tls = setup.tls
+    if tls is None:
+        if any(w in details for w in _CLOSED):
+            return (f"the controller closed a plaintext connection: it probably wants TLS. "
+                    f"Set {_CA} to the CA that signed its certificate, and {_CERT} and "
+                    f"{_KEY} to a client certificate (`gearshift certs init` writes ca.pem, "
+                    f"cli.pem, cli-key.pem)")
+        return None
+    if any(w in details for w in _NOT_VERIFIED):
+        return (f"the controller's certificate is not signed by the CA in {_CA} "
+                f"({tls.ca}): set {_CA} to the CA that signed it")
+    if any(w in details for w in _NAME_MISMATCH):
+        named = (f"{tls.server_name} (${TLS_ENV_PREFIX}_SERVER_NAME)" if tls.server_name
+                 else f"the host of {setup.addr}")
+        return (f"the controller's certificate does not name {named}: connect by a "
+                f"name it holds, or set ${TLS_ENV_PREFIX}_SERVER_NAME to one")
+    if any(w in details for w in _NOT_TLS):
+        return (f"the controller does not speak TLS: unset {_CA}, {_CERT} and {_KEY} "
+                f"(plaintext is for loopback only)")
+    if any(w in details for w in _CLOSED):
+        if tls.cert is None:
+            return (f"the controller closed the TLS connection: it probably wants a client "
+                    f"certificate (mutual TLS). Set {_CERT} and {_KEY}")
+        return (f"the controller refused the client certificate in {_CERT} ({tls.cert}): "
+                f"is it signed by the controller's CA, and not expired? Set {_CERT} and "
+                f"{_KEY} to a certificate from that CA")
+    return None
+
+
+def from_rpc_error(err: grpc.RpcError, setup: ClientSetup | None = None) -> GearshiftError:
+    """Turn a gRPC error received by the CLI back into the matching gearshift error; with
+    `setup`, a failed connection or credential also names its likely cause and fix."""
     code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
     details = err.details() if hasattr(err, "details") else str(err)
+    details = details or code.name
+    hint = connection_hint(code, details, setup) if setup is not None else None
     if code == grpc.StatusCode.UNAVAILABLE:
         details = f"controller unavailable: {details}"
-    return error_for(code.name, details or code.name)
+    if hint:
+        details = f"{details}\nhint: {hint}"
+    return error_for(code.name, details)
 
 
 def controller_address(ctx: click.Context) -> str:
@@ -132,7 +204,9 @@ def wait_settled(channel: grpc.Channel, addr: str, timeout_s: float) -> None:
     start gRPC's polling thread, whose watch runs in 0.2 s steps, and closing the
     channel waits for that step to end (0.2 s added to every command's exit)."""
     core = getattr(channel, "_channel", None)  # gRPC core's channel under grpc.Channel
-    if core is None or _CORE_STATES is None:
+    if core is not None and not hasattr(core, "check_connectivity_state"):
+        core = getattr(core, "_channel", None)  # an intercepted channel (a plaintext token)
+    if core is None or not hasattr(core, "check_connectivity_state") or _CORE_STATES is None:
         _wait_subscribed(channel, addr, timeout_s)
         return
     deadline = time.time() + timeout_s
@@ -184,7 +258,8 @@ def control_stub(ctx: click.Context) -> Iterator[control_pb2_grpc.ControlService
     try:
         yield stub  # type: ignore[misc]
     except grpc.RpcError as err:
-        raise CliError(from_rpc_error(err)) from None
+        setup = ClientSetup(endpoints.current, tls, bool(token))
+        raise CliError(from_rpc_error(err, setup)) from None
     except GearshiftError as err:
         raise CliError(err) from None
     finally:

@@ -29,6 +29,12 @@ from gearshift.policies.economics import (
     estimate_move,
     price_of,
 )
+from gearshift.policies.holds import (
+    NoDecision,
+    NoDecisionReason,
+    guardrail_hold,
+    insufficient_history,
+)
 from gearshift.policies.loader import Policy
 from gearshift.policies.model_state import trial_share
 from gearshift.policies.rules import (
@@ -121,6 +127,7 @@ class _Plan:
 class _Evaluation:
     outcome: RuleOutcome | None = None
     rule: str = ""
+    kind: str = ""  # the deciding rule's kind
     # (engine or rule, why it was rejected): a rule with no opinion gives its outcome, whose
     # reason is written only if the move is (`RuleOutcome.write_up`).
     alternatives: list[tuple[str, str | RuleOutcome]] = field(default_factory=list)
@@ -218,20 +225,30 @@ def _evaluate(policy: Policy, ctx: RuleContext, refused: list[tuple[str, str]],
         if target != current and target not in ctx.candidates:
             ev.alternatives.append((label, f"wants {target}, which is refused"))
             continue
-        ev.outcome, ev.rule = outcome, rule.name
+        ev.outcome, ev.rule, ev.kind = outcome, rule.name, rule.kind
         return ev
     return ev
 
 
-def _guardrail(policy: Policy, st: ModelState, now: float) -> str | None:
+def _guardrail(policy: Policy, st: ModelState, now: float) -> NoDecisionReason | None:
+    """The guardrail that holds a (non-urgent) move now, if any (its words: `guardrail_hold`)."""
     g = policy.doc.spec.guardrails
     if now - st.since < g.min_dwell:
-        return f"minimum dwell: on {st.engine} for {(now - st.since) / 3600:.1f} h of {g.min_dwell / 3600:g} h"
+        return NoDecisionReason.MIN_DWELL
     if st.last_switch is not None and now - st.last_switch < g.cooldown:
-        return f"cooldown: last switch {(now - st.last_switch) / 3600:.1f} h ago, cooldown {g.cooldown / 3600:g} h"
+        return NoDecisionReason.COOLDOWN
     if not policy.in_maintenance_window(now):
-        return "outside every maintenance window"
+        return NoDecisionReason.WINDOW_CLOSED
     return None
+
+
+@dataclass
+class _Hold:
+    """A reason for no decision found after the rules ran, with what they said (written
+    up only when asked: `Verdict.explain`)."""
+
+    reason: NoDecisionReason
+    ev: _Evaluation
 
 
 def _expected(sig: Signals, current: str, target: str, est: MoveEstimate | None) -> dict[str, float | None]:
@@ -267,12 +284,14 @@ def _traffic_inputs(sig: Signals) -> dict[str, SignalValue]:
 
 def _plan_model(policy: Policy, model: str, sig: Signals, st: ModelState, now: float,
                 cost: CostSettings, known: Mapping[str, MoveEstimate | None] | None = None,
-                order: tuple[str, ...] | None = None) -> _Plan | None:
-    """The move `model` wants, if any; `known`: its estimates made for the fleet
-    (`decide`'s `estimates`), `order`: `_engine_order`'s when the caller has it."""
+                order: tuple[str, ...] | None = None) -> _Plan | NoDecisionReason | _Hold:
+    """The move `model` wants, or why it wants none; `known`: its estimates made for the
+    fleet (`decide`'s `estimates`), `order`: `_engine_order`'s when the caller has it."""
     g = policy.doc.spec.guardrails
-    if st.frozen or (g.freezes and _matches(g.freezes, model)) or st.migrating_to is not None:
-        return None
+    if st.frozen or (g.freezes and _matches(g.freezes, model)):
+        return NoDecisionReason.FROZEN
+    if st.migrating_to is not None:
+        return NoDecisionReason.MIGRATING
     pin_pattern = _matches(g.pins, model) if g.pins else None
     pin = st.pinned or (g.pins[pin_pattern] if pin_pattern else None)
     if order is None:
@@ -280,7 +299,7 @@ def _plan_model(policy: Policy, model: str, sig: Signals, st: ModelState, now: f
     candidates, refused = _candidates(policy, sig, st.engine, cost, order, known)
     if pin is not None:
         if pin == st.engine:
-            return None
+            return NoDecisionReason.PINNED
         outcome = RuleOutcome(pin, lambda: WriteUp(f"pinned to {pin}"), urgent=True,
                               estimate=candidates.get(pin))
         ev = _Evaluation(outcome=outcome, rule="pin")
@@ -289,7 +308,7 @@ def _plan_model(policy: Policy, model: str, sig: Signals, st: ModelState, now: f
         # rules that judge traffic need history, a breach does not (docs/decisions.md).
         young = sig.history_s < policy.doc.spec.signals.min_history
         if young and not breach_is_measured(sig.facts, st.engine):
-            return None
+            return NoDecisionReason.INSUFFICIENT_HISTORY
         best_net: float | None = None  # the best candidate's net savings (one or two)
         for e in candidates.values():
             if e is not None and (best_net is None or e.net_usd > best_net):
@@ -299,16 +318,67 @@ def _plan_model(policy: Policy, model: str, sig: Signals, st: ModelState, now: f
                           price_known=price_of(sig.facts, cost) is not None)
         ev = _evaluate(policy, ctx, refused,
                        kinds=BREACH_RULE_KINDS if young else None)
-        if ev.outcome is None or ev.outcome.target in (None, st.engine):
-            return None
+        if ev.outcome is None:
+            return _Hold(NoDecisionReason.NO_RULE_FIRED if candidates
+                         else NoDecisionReason.NO_ENGINE_AVAILABLE, ev)
+        if ev.outcome.target in (None, st.engine):
+            return _Hold(NoDecisionReason.WITHIN_HYSTERESIS if ev.kind == "expected-savings"
+                         else NoDecisionReason.CURRENT_IS_BEST, ev)
         if young and not ev.outcome.urgent:
-            return None
-        if not ev.outcome.urgent and _guardrail(policy, st, now) is not None:
-            return None
+            return _Hold(NoDecisionReason.INSUFFICIENT_HISTORY, ev)
+        if not ev.outcome.urgent and (held := _guardrail(policy, st, now)) is not None:
+            return _Hold(held, ev)
     outcome = ev.outcome
     assert outcome is not None and outcome.target is not None
     return _Plan(model, outcome.urgent, outcome.estimate.net_usd if outcome.estimate else 0.0,
                  lambda: _decision(policy, model, sig, st, now, cost, ev))
+
+
+def _why(ev: _Evaluation) -> str:
+    """What the rules (and the refused engines) said, in their own words."""
+    return "; ".join(f"{o}: {why if isinstance(why, str) else why.why}"
+                     for o, why in ev.alternatives)
+
+
+def _describe(policy: Policy, model: str, sig: Signals, st: ModelState, now: float,
+              hold: NoDecisionReason | _Hold, budget: tuple[int, int]) -> NoDecision:
+    """The words of `hold` (`budget`: maxConcurrentMigrations and the moves in flight)."""
+    reason, ev = (hold.reason, hold.ev) if isinstance(hold, _Hold) else (hold, None)
+    R = NoDecisionReason
+    g = policy.doc.spec.guardrails
+    until: float | None = None
+    if reason in (R.MIN_DWELL, R.COOLDOWN, R.WINDOW_CLOSED):
+        detail, until = guardrail_hold(policy, reason, st.engine, st.since, st.last_switch, now)
+    elif reason is R.INSUFFICIENT_HISTORY:
+        detail = insufficient_history(sig.history_s, policy.doc.spec.signals.min_history)
+        if ev is not None and ev.outcome is not None:
+            detail += (f"; rule {ev.rule} wants {ev.outcome.target}, not urgently "
+                       f"({ev.outcome.why})")
+    elif reason is R.FROZEN:
+        pattern = _matches(g.freezes, model) if g.freezes else None
+        detail = ("frozen by the policy's freeze " + repr(pattern) if pattern and not st.frozen
+                  else "frozen by an operator")
+    elif reason is R.MIGRATING:
+        detail = f"a move from {st.engine} to {st.migrating_to} is in flight"
+    elif reason is R.PINNED:
+        detail = f"pinned to {st.engine}, where it is"
+    elif reason is R.NOT_SELECTED:
+        detail = "not selected by the policy's selector"
+    elif reason is R.OVER_BUDGET:
+        limit, in_flight = budget
+        detail = (f"over the migration budget: maxConcurrentMigrations {limit}, {in_flight} "
+                  "in flight, more urgent or more saving moves first")
+    elif ev is not None and reason is R.NO_ENGINE_AVAILABLE:
+        detail = f"no other engine available ({_why(ev)})"
+    elif ev is not None and reason is R.NO_RULE_FIRED:
+        detail = f"no rule fired ({_why(ev)})"
+    elif ev is not None and ev.outcome is not None:  # CURRENT_IS_BEST, WITHIN_HYSTERESIS
+        words = ("within hysteresis" if reason is R.WITHIN_HYSTERESIS
+                 else "the current engine is the best")
+        detail = f"{words}: rule {ev.rule} keeps {st.engine} ({ev.outcome.why})"
+    else:
+        detail = reason.value.replace("_", " ")
+    return NoDecision(model, reason, detail, until)
 
 
 def _decision(policy: Policy, model: str, sig: Signals, st: ModelState, now: float,
@@ -351,6 +421,29 @@ def _decision(policy: Policy, model: str, sig: Signals, st: ModelState, now: flo
     return decision
 
 
+@dataclass
+class Verdict:
+    """What `decide_explained` found: the decisions, and each other governed model's
+    reason for none (`holds`: cheap codes; `explain` writes one up)."""
+
+    decisions: list[Decision]
+    _holds: dict[str, NoDecisionReason | _Hold]
+    _policy: Policy
+    _signals: Mapping[str, Signals]
+    _state: Mapping[str, ModelState]
+    _now: float
+    _budget: tuple[int, int]  # maxConcurrentMigrations, moves in flight
+
+    def reasons(self) -> dict[str, NoDecisionReason]:
+        """Model -> why it got no decision (models with a decision, or no state, absent)."""
+        return {m: h.reason if isinstance(h, _Hold) else h for m, h in self._holds.items()}
+
+    def explain(self, model: str) -> NoDecision:
+        """`model`'s reason for no decision, in words (KeyError: it has none)."""
+        return _describe(self._policy, model, self._signals[model], self._state[model],
+                         self._now, self._holds[model], self._budget)
+
+
 def decide(policy: Policy, signals: Mapping[str, Signals], state: Mapping[str, ModelState],
            now: float, *,
            estimates: Mapping[str, Mapping[str, MoveEstimate | None]] | None = None
@@ -362,12 +455,24 @@ def decide(policy: Policy, signals: Mapping[str, Signals], state: Mapping[str, M
     `estimates` (model -> target -> `estimate_move`'s figures, made for a fleet at once by
     `policies.fleet_estimates`) saves estimating them here; a move it lacks is estimated.
     """
+    return decide_explained(policy, signals, state, now, estimates=estimates).decisions
+
+
+def decide_explained(policy: Policy, signals: Mapping[str, Signals],
+                     state: Mapping[str, ModelState], now: float, *,
+                     estimates: Mapping[str, Mapping[str, MoveEstimate | None]] | None = None
+                     ) -> Verdict:
+    """`decide`, with each other model's reason for no decision (`Verdict`)."""
     cost = cost_settings(policy)
     plans: list[_Plan] = []
+    holds: dict[str, NoDecisionReason | _Hold] = {}
     orders: dict[tuple[str, ...], tuple[str, ...]] = {}  # the facts' engines -> `_engine_order`
     for model in sorted(signals):
         sig, st = signals[model], state.get(model)
-        if st is None or not selects(policy, model, sig.facts.labels):
+        if st is None:
+            continue
+        if not selects(policy, model, sig.facts.labels):
+            holds[model] = NoDecisionReason.NOT_SELECTED
             continue
         engines = tuple(sig.facts.engines)
         order = orders.get(engines)
@@ -375,9 +480,15 @@ def decide(policy: Policy, signals: Mapping[str, Signals], state: Mapping[str, M
             order = orders[engines] = _engine_order(policy, sig)
         plan = _plan_model(policy, model, sig, st, now, cost,
                            estimates.get(model) if estimates is not None else None, order)
-        if plan is not None:
+        if isinstance(plan, _Plan):
             plans.append(plan)
+        else:
+            holds[model] = plan
+    limit = policy.doc.spec.guardrails.max_concurrent_migrations
     in_flight = sum(1 for s in state.values() if s.migrating_to is not None)
-    budget = max(0, policy.doc.spec.guardrails.max_concurrent_migrations - in_flight)
+    budget = max(0, limit - in_flight)
     plans.sort(key=lambda p: (not p.urgent, -p.net_usd, p.model))
-    return [p.write_up() for p in plans[:budget]]
+    for p in plans[budget:]:
+        holds[p.model] = NoDecisionReason.OVER_BUDGET
+    return Verdict([p.write_up() for p in plans[:budget]], holds, policy, signals, state, now,
+                   (limit, in_flight))

@@ -9,7 +9,8 @@
 #   docker services the packages may start are stopped and disabled: tests run their own;
 # - writes a containers.conf under build/podman/ (runtime runc: crun cannot start containers on
 #   hosts whose cgroups are in hybrid mode; default ulimits within this host's limits) and prints
-#   `export CONTAINERS_CONF=...` for the caller;
+#   `export CONTAINERS_CONF=...` for the caller; as root, the same as
+#   /etc/containers/containers.conf where the host has none;
 # - with --with-base: builds the local base image `localhost/gearshift-debian:bookworm` with
 #   debootstrap when it is missing (no registry needed: `make image-emulator` and the container
 #   test build both images FROM it).
@@ -79,6 +80,13 @@ if [ ! -f "$CONF" ] || [ "$(cat "$CONF")" != "$(printf '%s' "$want")" ]; then
     printf '%s' "$want" > "$CONF"
 fi
 export CONTAINERS_CONF="$CONF"
+# The same settings for every podman on this host that has none of its own (an agent
+# started without CONTAINERS_CONF, and the `podman system service` it may start).
+if [ "$(id -u)" = 0 ] && [ ! -e /etc/containers/containers.conf ]; then
+    mkdir -p /etc/containers
+    cp "$CONF" /etc/containers/containers.conf
+    log "wrote /etc/containers/containers.conf (runtime runc, default ulimits within this host's limits)"
+fi
 
 if [ -n "$WITH_BASE" ] && ! podman image exists "$BASE_IMAGE"; then
     command -v debootstrap >/dev/null || { log "debootstrap missing: cannot build $BASE_IMAGE"; exit 1; }

@@ -26,6 +26,8 @@ import json
 import logging
 import re
 import resource
+import shutil
+import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +54,7 @@ OCI_VERSION_LABEL = "org.opencontainers.image.version"
 OCI_TITLE_LABEL = "org.opencontainers.image.title"
 _VERSION_RE = re.compile(r"^v?\d+\.\d+(?:\.\d+)?[0-9A-Za-z.+-]*$")
 LOG_TAIL_LINES = 20
+SERVICE_START_S = 30.0  # `podman system service` answers within this
 _NAME_BAD = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -222,6 +225,23 @@ def grantable_ulimits(wanted: Mapping[str, int]) -> list[tuple[str, int]]:
     return out
 
 
+async def _answers(path: Path) -> bool:
+    """Something serves HTTP on the Unix socket `path` (the runtime's `/_ping`)."""
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(str(path)), 2)
+    except (OSError, TimeoutError):
+        return False
+    try:
+        writer.write(b"GET /_ping HTTP/1.0\r\n\r\n")
+        await writer.drain()
+        head = await asyncio.wait_for(reader.read(16), 2)
+        return head.startswith(b"HTTP/1.")
+    except (OSError, TimeoutError):
+        return False
+    finally:
+        writer.close()
+
+
 def read_secret_env(files: Mapping[str, Path]) -> dict[str, str]:
     """Each variable's value from its file (a trailing newline dropped); an unreadable
     file is a ContainerError naming the variable and the file."""
@@ -271,6 +291,34 @@ class ContainerRuntime:
         except (aiohttp.ClientError, OSError, ValueError) as exc:
             raise ContainerError(f"{self.settings.runtime} API at {self.url}: {what}: "
                                  f"{_message(exc)}") from None
+
+    async def ensure_service(self, log_path: Path) -> None:
+        """With Podman at its default endpoint and nothing answering there (a host without
+        the `podman.socket` unit), start `podman system service` on it, in a session of
+        its own so that it outlives the agent as the containers do; a later agent finds it
+        answering. Any other runtime or endpoint is the operator's to run."""
+        if self.settings.runtime != "podman" or self.settings.endpoint:
+            return
+        path = Path(self.url.removeprefix("unix://"))
+        if await _answers(path):
+            return
+        podman = shutil.which("podman")
+        if podman is None:
+            raise ContainerError(f"podman: no API at {self.url} and no podman command to "
+                                 "start one (install podman, or give containers.endpoint)")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        log.info("no podman API at %s: starting `podman system service` there (log: %s)",
+                 self.url, log_path)
+        with open(log_path, "ab") as out:
+            subprocess.Popen([podman, "system", "service", "--time=0", self.url],
+                             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             start_new_session=True)
+        for _ in range(int(SERVICE_START_S / 0.1)):
+            if await _answers(path):
+                return
+            await asyncio.sleep(0.1)
+        raise ContainerError(f"podman: `podman system service {self.url}` did not answer "
+                             f"within {SERVICE_START_S:g} s; see {log_path}")
 
     async def gpu_request(self, emulated: bool) -> str:
         """How this runtime is asked for GPUs: "none", "cdi" or "nvidia"."""

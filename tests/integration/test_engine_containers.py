@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -338,3 +339,67 @@ async def test_an_image_pulled_from_a_registry_reports_its_progress(
                        timeout=120)
         Runtime("podman", env, "").remove_host_containers("pull-host")
     assert Runtime("podman", env, "").containers("pull-host") == []
+
+
+def test_an_agent_as_an_operator_configures_it_with_podman_defaults(
+        podman: tuple[dict[str, str], str], tmp_path: Path) -> None:
+    """`containers: {runtime: podman}` and an image, nothing else: the agent starts
+    Podman's API service at its default socket where none answers, runs the engine as a
+    labelled container, a SIGKILLed agent's successor finds it serving, and `gearshift
+    agent drain --config` leaves no container (no controller: fail static)."""
+    env, _ = podman
+    host, port = "owner-host", free_port()
+    config = tmp_path / "agent.yaml"
+    config.write_text(yaml.safe_dump({
+        "host_id": host, "workdir": "work", "controller": "127.0.0.1:1",
+        "gpus": {"source": "emulated", "emulated": {"count": 1}},
+        "containers": {"runtime": "podman"},
+        "engines": {"vllm": {"image": IMAGES["vllm"], "env": FAST_ENGINE_ENV["vllm"]}},
+        "deployments": [{"deployment_id": "own-vllm-0", "model": "m", "engine": "vllm",
+                         "port": port}]}))
+    socket_path = Path("/run/podman/podman.sock")
+    served_before = socket_path.exists()
+    agent_env = {k: v for k, v in env.items() if k != "CONTAINERS_CONF"} \
+        if Path("/etc/containers/containers.conf").exists() else env
+    rt = Runtime("podman", env, "")
+    cmd = [sys.executable, "-m", "gearshift.cli.main", "agent", "--config", str(config)]
+
+    def start() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(cmd, env=agent_env, cwd=tmp_path, start_new_session=True,
+                                stdout=(tmp_path / "agent.log").open("ab"),
+                                stderr=subprocess.STDOUT)
+
+    def serving() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    agent = start()
+    try:
+        wait_for(serving, 120, "the engine container to serve")
+        [first] = rt.containers(host)
+        assert first["Config"]["Labels"][DEPLOYMENT_LABEL] == "own-vllm-0"
+        agent.kill()
+        agent.wait(10)
+        agent = start()
+        wait_for(lambda: "adopted engine container" in (tmp_path / "agent.log").read_text(),
+                 60, "the new agent to adopt the container")
+        [still] = rt.containers(host)
+        assert still["Id"] == first["Id"] and serving()
+        agent.terminate()
+        agent.wait(30)
+        drained = subprocess.run([*cmd[:-3], "agent", "drain", "--config", str(config),
+                                  "--grace", "5"], env=agent_env, cwd=tmp_path,
+                                 capture_output=True, text=True, timeout=120)
+        assert drained.returncode == 0, drained.stderr
+        assert rt.containers(host) == []
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait(10)
+        rt.remove_host_containers(host)
+        if not served_before:  # the service this test had the agent start
+            subprocess.run(["pkill", "-f", "podman system service --time=0 "
+                            "unix:///run/podman/podman.sock"], capture_output=True)
