@@ -53,12 +53,11 @@ class CliError(click.ClickException):
 
 @dataclass(frozen=True)
 class ClientSetup:
-    """What the CLI connected with, for the hint an error gets: the address, the TLS
-    files ($GEARSHIFT_TLS_*; None: plaintext) and whether a token went along."""
+    """What the CLI connected with, for the hint an error gets: the address and the TLS
+    files ($GEARSHIFT_TLS_*; None: plaintext)."""
 
     addr: str
     tls: TlsFiles | None
-    token: bool
 
 
 _CA, _CERT, _KEY = (f"${TLS_ENV_PREFIX}_CA", f"${TLS_ENV_PREFIX}_CERT", f"${TLS_ENV_PREFIX}_KEY")
@@ -69,7 +68,7 @@ _NOT_VERIFIED = ("CERTIFICATE_VERIFY_FAILED", "certificate verify failed")
 _NAME_MISMATCH = ("Peer name", "not in peer certificate", "Hostname Verification")
 _NOT_TLS = ("WRONG_VERSION_NUMBER", "wrong version number")
 _CLOSED = ("Socket closed", "Connection reset", "connection reset", "Broken pipe",
-           "SSLV3_ALERT", "TLSV1_ALERT", "handshake", "Handshake")
+           "SSLV3_ALERT", "TLSV1_ALERT")
 
 
 def connection_hint(code: grpc.StatusCode, details: str, setup: ClientSetup) -> str | None:
@@ -258,7 +257,7 @@ def control_stub(ctx: click.Context) -> Iterator[control_pb2_grpc.ControlService
     try:
         yield stub  # type: ignore[misc]
     except grpc.RpcError as err:
-        setup = ClientSetup(endpoints.current, tls, bool(token))
+        setup = ClientSetup(endpoints.current, tls)
         raise CliError(from_rpc_error(err, setup)) from None
     except GearshiftError as err:
         raise CliError(err) from None

@@ -21,6 +21,8 @@ from gearshift.v1 import control_pb2
 
 DEFAULT_LIST_LIMIT = 50
 MAX_LIST_LIMIT = 10_000
+NO_DECISION_INLINE = 3  # `decisions evaluate`: up to this many reasons on the summary line
+NO_DECISION_LINES = 50  # …and at most this many listed
 
 reason_required = click.option("--reason", required=True, help="why; kept with the decision")
 
@@ -109,18 +111,32 @@ def reject(ctx: click.Context, decision_id: str, reason: str, output: str) -> No
 @output_option
 @click.pass_context
 def evaluate(ctx: click.Context, output: str) -> None:
-    """Run the policy loop once now and list the decisions it made."""
+    """Run the policy loop once now: the decisions it made, and why other models got none."""
     with control_stub(ctx) as stub:
         resp = call(stub.EvaluateNow, control_pb2.EvaluateNowRequest())
     if output == "json":
         print_json(to_dict(resp))
         return
-    if resp.message:
-        click.echo(resp.message)
+    click.echo(evaluate_summary(resp))
     if resp.decisions:
         print_decisions("new decisions", resp.decisions)
-    elif not resp.message:
-        click.echo("no new decisions")
+
+
+def evaluate_summary(resp: control_pb2.EvaluateNowResponse) -> str:
+    """The controller's message, then each model that got no decision and why: on the same
+    line for a few, a line each beyond, the first `NO_DECISION_LINES` (`-o json`: all)."""
+    head = resp.message or ("no new decisions" if not resp.decisions else "")
+    held = resp.no_decision
+    if not held:
+        return head
+    lead = f"{head}; " if head else ""
+    lead += f"no decision for {len(held)} model(s):"
+    items = [f"{h.model}: {h.detail}" for h in held[:NO_DECISION_LINES]]
+    if len(held) > NO_DECISION_LINES:
+        items.append(f"… and {len(held) - NO_DECISION_LINES} more (-o json lists them all)")
+    if len(held) <= NO_DECISION_INLINE:
+        return f"{lead} {'; '.join(items)}"
+    return "\n".join([lead, *(f"  {i}" for i in items)])
 
 
 def _set_paused(ctx: click.Context, paused: bool, reason: str, output: str) -> None:

@@ -20,10 +20,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from gearshift.common.engines import ENGINE_NAMES
 from gearshift.devfleet.local_fleet import LocalFleet
@@ -35,6 +37,32 @@ from gearshift.devfleet.scenario import (
     run_scenario,
     start_demo_fleet,
 )
+
+DEMO_WIDTH_CHARS = 160  # lines wrap at word boundaries here when the output is no terminal
+
+
+def demo_console(**kwargs: Any) -> Console:
+    """The demo's console: lines wrap at word boundaries to the terminal's own width (a
+    width wider than the terminal's lets the terminal cut words), or at
+    `DEMO_WIDTH_CHARS` into a file or pipe."""
+    console = Console(highlight=False, **kwargs)
+    if not console.is_terminal and "width" not in kwargs:
+        console.width = DEMO_WIDTH_CHARS
+    return console
+
+
+def watch_commands(controller_addr: str) -> list[str]:
+    """The CLI commands that look at the running demo fleet, naming its controller."""
+    cli = f"gearshift --controller {controller_addr}"
+    return [f"{cli} fleet deployments", f"{cli} decisions list",
+            f"{cli} migrations list", f"{cli} migrations show ID"]
+
+
+def print_watch_commands(console: Console, controller_addr: str) -> None:
+    console.print("watch the fleet from another terminal while the demo runs:")
+    for command in watch_commands(controller_addr):
+        # As written (no markup), and never broken by a newline: it is copied and pasted.
+        console.print(Text(f"  {command}"), soft_wrap=True)
 
 
 def _render(rows: list[ModelOutcome], console: Console) -> None:
@@ -106,7 +134,7 @@ def demo(duration_s: float, workdir: Path | None, json_summary: bool, engines_cs
         raise click.BadParameter(
             f"expected {' and '.join(BASE_ENGINES)}, optionally sglang (known engines: "
             f"{', '.join(ENGINE_NAMES)}), found {engines_csv!r}", param_hint="--engines")
-    console = Console(width=160, highlight=False)
+    console = demo_console()
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gearshift-demo-") as tmp:
         fleet = LocalFleet(workdir or Path(tmp), report_interval_s=1.0)
@@ -116,6 +144,7 @@ def demo(duration_s: float, workdir: Path | None, json_summary: bool, engines_cs
                 movers = start_demo_fleet(fleet, console, engines)
             except TimeoutError as exc:
                 raise click.ClickException(str(exc)) from None
+            print_watch_commands(console, fleet.controller_addr)
             load, watcher = asyncio.run(run_scenario(fleet, duration_s, console, movers))
             rows = outcome(fleet, watcher)
             _render(rows, console)

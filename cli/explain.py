@@ -28,6 +28,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from rich.console import Console
 from rich.table import Table
 
+from gearshift.cli.output import times_line
 from gearshift.policies.signals import SIGNALS
 from gearshift.v1 import control_pb2
 
@@ -426,8 +427,9 @@ def migration_report(m: control_pb2.Migration) -> str:
         header.append("  canary    " + " → ".join(f"{s:.0%}" for s in m.canary_steps))
     header.append(f"  source    {', '.join(m.source_deployments) or '-'}")
     header.append(f"  target    {', '.join(m.target_deployments) or '-'}")
-    header.append(f"  created {fmt_time(m.created_at)}, updated {fmt_time(m.updated_at)}, "
-                  f"finished {fmt_time(m.finished_at)}")
+    times = migration_times(m)
+    if times:
+        header.append(f"  {times}")
     table = Table(title="steps", title_justify="left", header_style="bold")
     for c in ("time", "phase", "message", "figures"):
         table.add_column(c, overflow="fold")
@@ -436,3 +438,14 @@ def migration_report(m: control_pb2.Migration) -> str:
         table.add_row(fmt_time(s.at), move, s.message, key_figures(struct_dict(s.figures)))
     body: list[Any] = ["\n".join(header), table if len(m.steps) else "no steps recorded"]
     return _render(body)
+
+
+ENDED_PHASES = frozenset({"done", "rolled_back", "aborted"})
+
+
+def migration_times(m: control_pb2.Migration) -> str:
+    """"created …, updated …" for a running migration, "created …, finished …" for an ended
+    one: only the times it has (a running move has no finish time)."""
+    if m.phase in ENDED_PHASES:
+        return times_line([("created", m.created_at), ("finished", m.finished_at)])
+    return times_line([("created", m.created_at), ("updated", m.updated_at)])

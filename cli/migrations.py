@@ -11,10 +11,18 @@ from __future__ import annotations
 import click
 
 from gearshift.cli.client import call, control_stub
-from gearshift.cli.explain import fmt_time, migration_move, migration_phase, migration_report
+from gearshift.cli.explain import (
+    fmt_time,
+    migration_move,
+    migration_phase,
+    migration_report,
+)
 from gearshift.cli.lazy_group import LazyCommand, LazyGroup
 from gearshift.cli.output import output_option, print_json, print_table, to_dict
 from gearshift.v1 import control_pb2
+
+# The phases in which a migration has ended (controller/migration_machine.py TERMINAL_PHASES):
+# only these have a `finished_at`.
 
 # What was learned about a model: these need the learning stack (numpy, scikit-learn),
 # so `gearshift.cli.learning` is imported only when one of them runs.
@@ -55,6 +63,12 @@ def list_(ctx: click.Context, active: bool, model: str, output: str) -> None:
                                "status"], rows)
 
 
+def show_report(m: control_pb2.Migration) -> str:
+    """`migrations show`: the explain report (its times line holds only the times the
+    migration has)."""
+    return migration_report(m)
+
+
 @migrations.command("show")
 @click.argument("migration_id", metavar="ID")
 @output_option
@@ -66,7 +80,7 @@ def show(ctx: click.Context, migration_id: str, output: str) -> None:
     if output == "json":
         print_json(to_dict(m))
     else:
-        click.echo(migration_report(m))
+        click.echo(show_report(m))
 
 
 @migrations.command("abort")

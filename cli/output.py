@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import click
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
+from google.protobuf.timestamp_pb2 import Timestamp
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -65,3 +67,17 @@ def fmt_rate(v: float) -> str:
 
 def enum_name(prefix: str, name: str) -> str:
     return name.removeprefix(prefix).lower()
+
+
+def timestamp_text(ts: Timestamp) -> str | None:
+    """A protobuf Timestamp as UTC text; None when it is unset (all zero), which proto3
+    cannot tell from 1970-01-01: an unset time is never shown as 1970 or as now."""
+    if ts.seconds == 0 and ts.nanos == 0:
+        return None
+    return datetime.fromtimestamp(ts.seconds, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def times_line(times: Sequence[tuple[str, Timestamp]]) -> str:
+    """"created 2026-…, updated 2026-…": the times that are set, in order; "" when none is."""
+    return ", ".join(f"{label} {text}" for label, ts in times
+                     if (text := timestamp_text(ts)) is not None)

@@ -204,9 +204,14 @@ class ActionRpcs:
                           context: aio.ServicerContext) -> control_pb2.EvaluateNowResponse:
         if self.policy_loop.active() is None:
             return control_pb2.EvaluateNowResponse(message="no active policy")
-        rows = self.policy_loop.evaluate()
-        msg = "paused: nothing evaluated" if self.policy_loop.paused() else f"{len(rows)} new decision(s)"
-        return control_pb2.EvaluateNowResponse(decisions=[decision_msg(r) for r in rows], message=msg)
+        ev = self.policy_loop.evaluate_explained()
+        msg = "paused: nothing evaluated" if self.policy_loop.paused() else f"{len(ev.rows)} new decision(s)"
+        resp = control_pb2.EvaluateNowResponse(decisions=[decision_msg(r) for r in ev.rows], message=msg)
+        for nd in ev.no_decision:  # each other model's reason (policies.holds)
+            held = resp.no_decision.add(model=nd.model, reason=nd.reason.value, detail=nd.detail)
+            if nd.until is not None:
+                held.until.FromNanoseconds(int(nd.until * 1e9))
+        return resp
 
     async def SetPaused(self, request: control_pb2.SetPausedRequest,
                         context: aio.ServicerContext) -> control_pb2.SetPausedResponse:

@@ -53,9 +53,10 @@ from gearshift.controller.tables import (
     DecisionStatus,
     PolicyVersionRow,
 )
-from gearshift.policies.core import ModelState, cost_settings, decide
+from gearshift.policies.core import ModelState, cost_settings, decide_explained
 from gearshift.policies.fleet_estimates import estimate_fleet_moves
 from gearshift.policies.fleet_signals import FleetModel, compute_fleet_signals
+from gearshift.policies.holds import NoDecision, NoDecisionReason
 from gearshift.policies.loader import Policy, PolicyError, load_policy
 from gearshift.policies.model_state import (
     COUNTS_FOR_COOLDOWN,
@@ -86,6 +87,20 @@ _SWITCH_OUTCOMES = {DecisionStatus.EXECUTING: SwitchOutcome.IN_FLIGHT,
                     DecisionStatus.DONE: SwitchOutcome.DONE,
                     DecisionStatus.ROLLED_BACK: SwitchOutcome.ROLLED_BACK}
 COOLDOWN_STATUSES = tuple(s for s, o in _SWITCH_OUTCOMES.items() if o in COUNTS_FOR_COOLDOWN)
+# A tick logs each model whose reason for no decision changed, up to this many lines; the
+# rest (a fleet's first tick: every model) in one line of counts by reason.
+REASON_LOG_LINES_PER_TICK = 20
+_NO_READY = "no ready deployment on any host"
+_ALREADY_DECIDED = "the same move is already decided and open (gearshift decisions list --model {})"
+
+
+@dataclass
+class Evaluation:
+    """One evaluation: the decisions it stored and, when asked for (`PolicyLoop.evaluate`'s
+    `explain`), every other model's reason for none, in words."""
+
+    rows: list[DecisionRow]
+    no_decision: list[NoDecision] = field(default_factory=list)
 
 
 def _utc(ts: float) -> datetime:
@@ -140,6 +155,8 @@ class PolicyLoop:
         # Observes every status a decision enters, with its rule (the decision metrics);
         # called after the store accepted the change.
         self.on_decision: Callable[[str, DecisionStatus], None] | None = None
+        # model -> the reason for no decision last logged (a reason is logged when it changes)
+        self._logged_reasons: dict[str, NoDecisionReason] = {}
 
     # -- policy versions ------------------------------------------------------------
 
@@ -315,16 +332,23 @@ class PolicyLoop:
 
     def evaluate(self, now: float | None = None) -> list[DecisionRow]:
         """One pass of the policy over the fleet; returns the decisions it stored."""
+        return self.evaluate_explained(now, explain=False).rows
+
+    def evaluate_explained(self, now: float | None = None, explain: bool = True) -> Evaluation:
+        """`evaluate`, with (`explain`) each model that got no decision and why
+        (`gearshift decisions evaluate`)."""
         now = self._clock() if now is None else now
         if self.paused():
-            return []
+            return Evaluation([], [NoDecision(m, NoDecisionReason.PAUSED,
+                                              "automation paused (gearshift resume)")
+                                   for m in self._models()] if explain else [])
         current = self.active()
         if current is None:
-            return []
+            return Evaluation([])
         version, policy = current
         self.reconcile()
         self._retry_approved()
-        models = sorted(set(self.history.models()) | self.fleet.model_names())
+        models = self._models()
         refresh_forecasts(self.forecaster, models, policy, now)
         collecting = gc.isenabled()
         # The tick's records (facts, signals, states, estimates: tens of objects a model)
@@ -334,14 +358,17 @@ class PolicyLoop:
         # (`controller.gc_policy`) resumes after it.
         gc.disable()
         try:
-            return self._evaluate(models, version, policy, now)
+            return self._evaluate(models, version, policy, now, explain)
         finally:
             if collecting:
                 gc.enable()
             hand_off_forecasts(self.forecaster, models, policy, now)
 
+    def _models(self) -> list[str]:
+        return sorted(set(self.history.models()) | self.fleet.model_names())
+
     def _evaluate(self, models: list[str], version: int, policy: Policy,
-                  now: float) -> list[DecisionRow]:
+                  now: float, explain: bool = False) -> Evaluation:
         reads = self._reads(models)
         cache = FactsCache(policy, self.learner, self.gpu_price_per_hour)
         wanted: dict[str, FleetModel] = {}
@@ -349,9 +376,12 @@ class PolicyLoop:
         ready_of = self._ready_by_model()
         trial_result = reads.trial_result if reads.trials else None  # none: none asked
         forecast_of = rate_forecasts(self.forecaster, policy, now)
+        # Models the core never sees, with their reason for no decision (in words on demand).
+        unseen: dict[str, tuple[NoDecisionReason, str]] = {}
         for model in models:
             ready = ready_of.get(model)
             if not ready:
+                unseen[model] = (NoDecisionReason.NO_READY_DEPLOYMENT, _NO_READY)
                 continue
             facts = model_facts(self.fleet, ready, model, cache.priors(model), policy,
                                 self.learner, trial_result, cache)
@@ -368,12 +398,44 @@ class PolicyLoop:
         estimates = estimate_fleet_moves(
             signals, {m: st.engine for m, st in states.items()
                       if st.migrating_to is None and not st.frozen}, cost_settings(policy))
+        verdict = decide_explained(policy, signals, states, now, estimates=estimates)
         stored = []
-        for d in decide(policy, signals, states, now, estimates=estimates):
+        for d in verdict.decisions:
             row = self._store_decision(d.to_dict(), version, policy.mode, now)
             if row is not None:
                 stored.append(row)
-        return stored
+            else:
+                unseen[d.model] = (NoDecisionReason.ALREADY_DECIDED,
+                                   _ALREADY_DECIDED.format(d.model))
+        reasons: dict[str, NoDecisionReason] = verdict.reasons()
+        for model, (reason, _) in unseen.items():
+            reasons[model] = reason
+
+        def words(model: str) -> NoDecision:
+            if model in unseen:
+                reason, detail = unseen[model]
+                return NoDecision(model, reason, detail)
+            return verdict.explain(model)
+
+        self._log_reasons(reasons, words)
+        no_decision = [words(m) for m in sorted(reasons)] if explain else []
+        return Evaluation(stored, no_decision)
+
+    def _log_reasons(self, reasons: dict[str, NoDecisionReason],
+                     words: Callable[[str], NoDecision]) -> None:
+        """Log each model whose reason for no decision changed since it was last logged
+        (a model that got a decision forgets its reason); words only for those logged."""
+        previous = self._logged_reasons
+        changed = [m for m, r in reasons.items() if previous.get(m) is not r]
+        self._logged_reasons = reasons
+        for model in changed[:REASON_LOG_LINES_PER_TICK]:
+            log.info("model %s: no decision: %s", model, words(model).detail)
+        if rest := changed[REASON_LOG_LINES_PER_TICK:]:
+            counts: dict[str, int] = {}
+            for model in rest:
+                counts[reasons[model].value] = counts.get(reasons[model].value, 0) + 1
+            log.info("no decision for %d more model(s) whose reason changed: %s", len(rest),
+                     ", ".join(f"{r} {n}" for r, n in sorted(counts.items())))
 
     def reconcile(self) -> int:
         """Settle decisions from their migration rows (every tick; level-triggered)."""
@@ -502,4 +564,4 @@ def _trial_dict(row: MigrationRow) -> dict[str, Any]:
             "at": row.finished_at.isoformat() if row.finished_at else None}
 
 
-__all__ = ["OPEN_STATUSES", "PolicyLoop", "RateHistory"]
+__all__ = ["OPEN_STATUSES", "Evaluation", "PolicyLoop", "RateHistory"]

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 import grpc
 from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
 
 from gearshift.devfleet.load import LoadGenerator
 from gearshift.devfleet.local_fleet import LocalFleet
@@ -121,11 +123,20 @@ class Watcher:
             full = await stub.GetMigration(control_pb2.GetMigrationRequest(id=m.id), timeout=5)
             self.migrations[m.id] = full
             for s in full.steps[self.seen_steps.get(m.id, 0):]:
-                what = (f"{m.model} revision {m.target_revision} on {m.to_engine}"
-                        if m.kind == "revision_rollout" else f"{m.model} {m.from_engine} → {m.to_engine}")
-                self.console.print(f"{self._t()}   migration {m.id} ({what}): {s.from_phase or '·'} → "
-                                   f"[bold]{s.to_phase}[/bold]  {s.message[:110]}")
+                self.console.print(step_line(self._t(), m, s))
             self.seen_steps[m.id] = len(full.steps)
+
+
+def step_line(t: str, m: control_pb2.Migration, s: control_pb2.MigrationStep) -> Text:
+    """One migration step as the demo prints it: the whole message, which the console
+    wraps at word boundaries (never cut mid-word), indented under the step's time."""
+    what = (f"{m.model} revision {m.target_revision} on {m.to_engine}"
+            if m.kind == "revision_rollout" else f"{m.model} {m.from_engine} → {m.to_engine}")
+    # The message is the controller's text: shown as written, never read as markup.
+    line = Text.from_markup(f"{t}   migration {escape(m.id)} ({escape(what)}): "
+                            f"{s.from_phase or '·'} → [bold]{escape(s.to_phase)}[/bold]  ")
+    line.append(s.message)
+    return line
 
 
 async def _publish(stub: control_pb2_grpc.ControlServiceStub, n: int, console: Console) -> None:

@@ -614,9 +614,22 @@ class EvaluateNowRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class EvaluateNowResponse(_message.Message):
-    __slots__ = ("decisions", "message")
+    __slots__ = ("decisions", "message", "no_decision")
+    class NoDecision(_message.Message):
+        __slots__ = ("model", "reason", "detail", "until")
+        MODEL_FIELD_NUMBER: _ClassVar[int]
+        REASON_FIELD_NUMBER: _ClassVar[int]
+        DETAIL_FIELD_NUMBER: _ClassVar[int]
+        UNTIL_FIELD_NUMBER: _ClassVar[int]
+        model: str
+        reason: str
+        detail: str
+        until: _timestamp_pb2.Timestamp
+        def __init__(self, model: _Optional[str] = ..., reason: _Optional[str] = ..., detail: _Optional[str] = ..., until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
     DECISIONS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    NO_DECISION_FIELD_NUMBER: _ClassVar[int]
     decisions: _containers.RepeatedCompositeFieldContainer[Decision]
     message: str
-    def __init__(self, decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ..., message: _Optional[str] = ...) -> None: ...
+    no_decision: _containers.RepeatedCompositeFieldContainer[EvaluateNowResponse.NoDecision]
+    def __init__(self, decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ..., message: _Optional[str] = ..., no_decision: _Optional[_Iterable[_Union[EvaluateNowResponse.NoDecision, _Mapping]]] = ...) -> None: ...
