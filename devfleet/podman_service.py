@@ -45,6 +45,18 @@ def configured_ulimits(env: dict[str, str] | None = None) -> dict[str, int]:
     return out
 
 
+def api_answers(socket_path: Path) -> bool:
+    """A container runtime's API answers on the Unix socket `socket_path` (`/_ping`)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(2)
+        try:
+            s.connect(str(socket_path))
+            s.sendall(b"GET /_ping HTTP/1.0\r\n\r\n")
+            return s.recv(64).startswith(b"HTTP/1.")
+        except OSError:
+            return False
+
+
 class PodmanService:
     """Starts and stops `podman system service` on `<workdir>/podman.sock`."""
 
@@ -83,14 +95,7 @@ class PodmanService:
                            f"{START_TIMEOUT_S:g} s")
 
     def _answers(self) -> bool:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(2)
-            try:
-                s.connect(str(self.socket_path))
-                s.sendall(b"GET /_ping HTTP/1.0\r\n\r\n")
-                return s.recv(64).startswith(b"HTTP/1.")
-            except OSError:
-                return False
+        return api_answers(self.socket_path)
 
     def log(self) -> str:
         try:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from gearshift.devfleet.podman_service import api_answers
 from integration.podman import REPO
 
 START_TIMEOUT_S = 60.0
@@ -61,14 +61,7 @@ class DockerDaemon:
         pytest.skip(f"dockerd did not answer within {START_TIMEOUT_S:g} s: {self.log()[-800:]}")
 
     def _answers(self) -> bool:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(2)
-            try:
-                s.connect(str(self.socket_path))
-                s.sendall(b"GET /_ping HTTP/1.0\r\n\r\n")
-                return s.recv(64).startswith(b"HTTP/1.")
-            except OSError:
-                return False
+        return api_answers(self.socket_path)
 
     def log(self) -> str:
         try:
