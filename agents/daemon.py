@@ -135,6 +135,8 @@ class Agent:
             from gearshift.agents.runtimes.containers import ContainerRuntime
             self.containers = ContainerRuntime(config.containers)
         self._pulls: dict[str, asyncio.Task[ImageInfo]] = {}  # by image reference
+        # (engine, image id) -> (version, where it was read): one image is read once.
+        self._image_versions: dict[tuple[str, str], tuple[str, str]] = {}
         if config.enrols:
             self.enroller = self._enroller()
 
@@ -212,8 +214,12 @@ class Agent:
         """The engine's version as its image says (`containers.image_version`)."""
         if self._engine(name).version:
             return
-        from gearshift.agents.runtimes.containers import image_version
-        version, source = await image_version(self._runtime(), info, engine_entry(name))
+        found = self._image_versions.get((name, info.image_id))
+        if found is None:  # an image's version is read once: it may take a container run
+            from gearshift.agents.runtimes.containers import image_version
+            found = await image_version(self._runtime(), info, engine_entry(name))
+            self._image_versions[(name, info.image_id)] = found
+        version, source = found
         if version:
             self.probed_versions[name] = version
             self.version_sources[name] = source

@@ -55,6 +55,7 @@ OCI_TITLE_LABEL = "org.opencontainers.image.title"
 _VERSION_RE = re.compile(r"^v?\d+\.\d+(?:\.\d+)?[0-9A-Za-z.+-]*$")
 LOG_TAIL_LINES = 20
 SERVICE_START_S = 30.0  # `podman system service` answers within this
+_RAISE = object()  # `_call`'s default: a 404 is an error like any other
 _NAME_BAD = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -283,14 +284,24 @@ class ContainerRuntime:
                 await self._docker.close()
             self._docker = None
 
-    async def _call(self, what: str, coro: Any) -> Any:
+    async def _call(self, what: str, coro: Any, *, missing: Any = _RAISE) -> Any:
+        """`await coro`; the runtime's 404 is `missing` where one is given, and any other
+        refusal or failure of the API a ContainerError (`_refusal`)."""
         try:
             return await coro
         except aiodocker.DockerError as exc:
-            raise ContainerError(f"{self.settings.runtime}: {what}: {_message(exc)}") from None
+            if exc.status == 404 and missing is not _RAISE:
+                return missing
+            raise self._refusal(what, exc) from None
         except (aiohttp.ClientError, OSError, ValueError) as exc:
-            raise ContainerError(f"{self.settings.runtime} API at {self.url}: {what}: "
-                                 f"{_message(exc)}") from None
+            raise self._refusal(what, exc) from None
+
+    def _refusal(self, what: str, exc: BaseException) -> ContainerError:
+        """The runtime's own message (it refused), or the API's failure (unreachable)."""
+        if isinstance(exc, aiodocker.DockerError):
+            return ContainerError(f"{self.settings.runtime}: {what}: {_message(exc)}")
+        return ContainerError(f"{self.settings.runtime} API at {self.url}: {what}: "
+                              f"{_message(exc)}")
 
     async def ensure_service(self, log_path: Path) -> None:
         """With Podman at its default endpoint and nothing answering there (a host without
@@ -338,16 +349,10 @@ class ContainerRuntime:
 
     async def image(self, reference: str) -> ImageInfo | None:
         """The local image `reference`, or None when the runtime has none by that name."""
-        try:
-            data = await self.docker.images.inspect(reference)
-        except aiodocker.DockerError as exc:
-            if exc.status == 404:
-                return None
-            raise ContainerError(f"{self.settings.runtime}: inspect {reference}: "
-                                 f"{_message(exc)}") from None
-        except (aiohttp.ClientError, OSError) as exc:
-            raise ContainerError(f"{self.settings.runtime} API at {self.url}: inspect "
-                                 f"{reference}: {_message(exc)}") from None
+        data = await self._call(f"inspect {reference}", self.docker.images.inspect(reference),
+                                missing=None)
+        if data is None:
+            return None
         digests = data.get("RepoDigests") or []
         digest = ""
         for d in digests:
@@ -376,12 +381,8 @@ class ContainerRuntime:
                     if on_progress is not None:
                         on_progress(PullProgress(sum(c for c, _ in layers.values()),
                                                  sum(t for _, t in layers.values())))
-        except aiodocker.DockerError as exc:
-            raise ContainerError(f"{self.settings.runtime}: pull {reference}: "
-                                 f"{_message(exc)}") from None
-        except (aiohttp.ClientError, OSError) as exc:
-            raise ContainerError(f"{self.settings.runtime} API at {self.url}: pull "
-                                 f"{reference}: {_message(exc)}") from None
+        except (aiodocker.DockerError, aiohttp.ClientError, OSError) as exc:
+            raise self._refusal(f"pull {reference}", exc) from None
         found = await self.image(reference)
         if found is None:
             raise ContainerError(f"{self.settings.runtime}: pull {reference}: the runtime "
@@ -442,13 +443,11 @@ class ContainerRuntime:
 
     async def state(self, container_id: str) -> dict[str, Any] | None:
         """The container's State, or None when it no longer exists."""
-        try:
-            data = await self.docker.containers.container(container_id).show()
-        except aiodocker.DockerError as exc:
-            if exc.status == 404:
-                return None
-            raise ContainerError(f"{self.settings.runtime}: inspect {container_id[:12]}: "
-                                 f"{_message(exc)}") from None
+        data = await self._call(f"inspect {container_id[:12]}",
+                                self.docker.containers.container(container_id).show(),
+                                missing=None)
+        if data is None:
+            return None
         return dict(data.get("State") or {})
 
     async def kill(self, container_id: str, signal: str) -> None:
@@ -459,8 +458,9 @@ class ContainerRuntime:
             if exc.status == 404 or (exc.status in (409, 500)
                                      and "running" in _message(exc).lower()):
                 return  # not running (any more), or gone
-            raise ContainerError(f"{self.settings.runtime}: kill {container_id[:12]}: "
-                                 f"{_message(exc)}") from None
+            raise self._refusal(f"kill {container_id[:12]}", exc) from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise self._refusal(f"kill {container_id[:12]}", exc) from None
 
     async def tail(self, container_id: str, lines: int = LOG_TAIL_LINES) -> str:
         """The container's last `lines` lines of output ("" when it cannot be read)."""
@@ -473,14 +473,10 @@ class ContainerRuntime:
 
     async def remove(self, name_or_id: str) -> bool:
         """Remove the container (killing it if it runs); False when there was none."""
-        try:
-            await self.docker.containers.container(name_or_id).delete(force=True, v=True)
-        except aiodocker.DockerError as exc:
-            if exc.status == 404:
-                return False
-            raise ContainerError(f"{self.settings.runtime}: remove {name_or_id[:40]}: "
-                                 f"{_message(exc)}") from None
-        return True
+        gone = await self._call(f"remove {name_or_id[:40]}",
+                                self.docker.containers.container(name_or_id).delete(
+                                    force=True, v=True), missing=False)
+        return gone is not False
 
     async def labelled(self, host_id: str) -> list[ContainerInfo]:
         """Every container of any state that carries this host's gearshift labels."""
