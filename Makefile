@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROTOS := $(wildcard proto/gearshift/v1/*.proto)
 
-.PHONY: demo test proto lint bench clean check-proto fuzz promtool image image-emulator image-engines test-containers podman-setup
+.PHONY: demo test proto lint bench clean check-proto fuzz promtool guidellm image image-emulator image-engines test-containers podman-setup
 
 # pip's and the build backend's chatter goes to .venv/install.log, shown only on failure.
 $(STAMP): pyproject.toml
@@ -27,7 +27,7 @@ demo: $(STAMP)
 
 # The container test (tests/integration/test_containers.py) needs podman: installed and
 # configured here where that is possible (root on Debian/Ubuntu), else it is skipped.
-test: $(STAMP) promtool
+test: $(STAMP) promtool guidellm
 	$(BIN)/python scripts/gen_proto.py --check
 	-@scripts/podman-setup.sh --with-base >/dev/null
 	$(BIN)/pytest -q -p no:cacheprovider tests
@@ -44,6 +44,27 @@ promtool:
 		     && $$SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1; } \
 		|| echo "promtool could not be installed (apt-get install prometheus needs root):" \
 		        "the alert rule tests will be skipped"; }
+
+# GuideLLM (PyPI's `guidellm`), a client written for vLLM, benchmarks the gateway in
+# tests/integration/test_gateway_guidellm.py. It needs PyTorch, transformers and datasets
+# (about 1.5 GB) that gearshift does not, so it gets a venv of its own under build/ and runs
+# as a command. torch==2.13.0: pip takes its CPU build where one lies on disk (the
+# project's machines) and PyPI's CUDA build elsewhere. When it does not install, the
+# install log's tail is shown and the test skips, naming the log.
+GUIDELLM_VENV := build/guidellm
+GUIDELLM_PINS := 'guidellm>=0.8.1,<0.9' 'torch==2.13.0'
+GUIDELLM_LOG := build/guidellm-install.log
+guidellm: $(GUIDELLM_VENV)/.installed
+
+$(GUIDELLM_VENV)/.installed: Makefile
+	@mkdir -p build && rm -f $@
+	@echo "installing GuideLLM into $(GUIDELLM_VENV) (log: $(GUIDELLM_LOG))"
+	@{ $(PY) -m venv $(GUIDELLM_VENV) \
+		&& $(GUIDELLM_VENV)/bin/pip install --quiet --upgrade pip \
+		&& $(GUIDELLM_VENV)/bin/pip install --quiet $(GUIDELLM_PINS); } > $(GUIDELLM_LOG) 2>&1 \
+		&& touch $@ \
+		|| { tail -20 $(GUIDELLM_LOG); echo "GuideLLM did not install ($(GUIDELLM_LOG)):" \
+		     "tests/integration/test_gateway_guidellm.py will be skipped"; }
 
 # Coverage-guided (atheris, the optional `fuzz` extra) for FUZZ_SECONDS per parser when it
 # installs; otherwise the hypothesis properties with many more examples. Bounded either way.
