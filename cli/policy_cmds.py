@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import gc
 import json
-from typing import Any
+import math
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from gearshift.cli.lazy_group import LazyCommand, LazyGroup
 from gearshift.common.errors import GearshiftError
 from gearshift.policies.loader import Policy, load_policy_file, policy_json_schema
+
+if TYPE_CHECKING:
+    from gearshift.policies.core import Decision
+    from gearshift.v1 import control_pb2
 
 # The collector's young-generation threshold while a backtest runs (CPython's: 700).
 BACKTEST_GC_YOUNG = 5000
@@ -93,8 +98,11 @@ def schema() -> None:
 @click.option("--blind", is_flag=True, default=False,
               help="Hide the header's capacities and latencies from the policy: it learns "
                    "capacity from simulated latency observations of the serving engine.")
+@click.option("--explain", is_flag=True, default=False,
+              help="Also explain every switch as `decisions explain` does (JSON: a "
+                   "\"decisions\" key, per model, with each decision's inputs).")
 def backtest(policy_file: str, trace_file: str, output: str, compare_file: str | None,
-             blind: bool) -> None:
+             blind: bool, explain: bool) -> None:
     """Replay a trace through POLICY and price the outcome."""
     from gearshift.policies.backtest import run_backtest
     from gearshift.policies.trace import read_trace
@@ -117,19 +125,60 @@ def backtest(policy_file: str, trace_file: str, output: str, compare_file: str |
         gc.freeze()
     gc.set_threshold(BACKTEST_GC_YOUNG, *saved[1:])
     try:
-        result = run_backtest(pol, trace, compare=other, blind=blind)
+        result = run_backtest(pol, trace, compare=other, blind=blind, decisions=explain)
     except GearshiftError as exc:  # e.g. figures the cost model cannot price exactly
         raise click.ClickException(exc.message) from None
     finally:
         gc.set_threshold(*saved)
         if freezing:
             gc.unfreeze()
+    decided = result.pop("decisions", None)
     if output == "json":
+        if decided is not None:
+            result["decisions"] = {m: [d.to_dict() for d in ds] for m, ds in decided.items()}
         click.echo(json.dumps(result))
         return
     if blind:
         click.echo("blind run: capacities learned from simulated latency, not read from the trace")
     _print_text(result)
+    if decided is not None:
+        from gearshift.cli.explain import decision_report
+
+        for ds in decided.values():
+            for d in ds:
+                click.echo("\n" + decision_report(_decision_msg(d)))
+
+
+def _decision_msg(d: Decision) -> control_pb2.Decision:
+    """A backtest's decision as the controller stores it, for `decision_report`."""
+    from google.protobuf import json_format
+
+    from gearshift.v1 import control_pb2
+
+    row = d.to_dict()
+    msg = control_pb2.Decision(
+        id=f"backtest-{d.model}-{row['created_at']}", model=d.model, from_engine=d.from_engine,
+        to_engine=d.to_engine, rule=d.rule, reason=d.reason, mode="backtest",
+        status="backtest")
+    for key in ("inputs", "expected", "alternatives"):
+        json_format.ParseDict(_finite(row[key]), getattr(msg, key))
+    for c in row["conditions"]:
+        json_format.ParseDict(_finite(c), msg.conditions.add(), ignore_unknown_fields=True)
+    if d.trial_share is not None:
+        msg.trial_share = d.trial_share
+    msg.created_at.FromSeconds(int(d.created_at))
+    return msg
+
+
+def _finite(value: Any) -> Any:
+    """`value` with every non-finite float as None (JSON and protobuf Structs have none)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _usd(v: float) -> str:

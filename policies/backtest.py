@@ -17,6 +17,8 @@ policy would do if executed, whatever its `mode`.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -36,20 +38,28 @@ from gearshift.policies.model_state import (
     last_switch,
 )
 from gearshift.policies.signals import (
+    CAPACITY_EARLIER,
+    ENGINE_VERSION,
+    RELEASE_TS,
     EngineFacts,
     ModelFacts,
     ModelHistory,
     Signals,
     SignalValue,
+    breach_is_measured,
     compute_signals,
 )
-from gearshift.policies.trace import ModelProfile, Trace, format_ts
+from gearshift.policies.trace import EngineRelease, ModelProfile, Trace, format_ts
 
 LONG_AGO_S = 365 * 86400.0  # models start the trace settled on their initial engine
 
 
-def facts_from_profile(trace: Trace, p: ModelProfile) -> ModelFacts:
-    """What the live system would have measured for a model, from the trace header."""
+def facts_from_profile(trace: Trace, p: ModelProfile,
+                       releases: Mapping[str, tuple[EngineRelease, ModelProfile]] | None = None
+                       ) -> ModelFacts:
+    """What the live system would have measured for a model, from the trace header (and,
+    from a release's step on, from its record: `Trace.profile_at`); `releases`: per engine
+    whose release a record named, that record and the facts in force before it."""
     engines = {
         e: EngineFacts(capacity_rps=p.capacity_rps[e], ttft_p99_ms=p.ttft_p99_ms[e],
                        cold_start_s=p.cold_start_s[e], build_s=p.build_s[e],
@@ -59,10 +69,34 @@ def facts_from_profile(trace: Trace, p: ModelProfile) -> ModelFacts:
     # The header is what measuring every engine would have found: cite it as measured
     # (so no move of this replay needs a trial first).
     cite: dict[str, SignalValue] = {f"capacity_source.{e}": MEASURED_SOURCE for e in engines}
+    for e, (rel, before) in (releases or {}).items():
+        cite[f"{ENGINE_VERSION}.{e}"] = rel.version
+        cite[f"{RELEASE_TS}.{e}"] = rel.ts.timestamp()
+        if before.capacity_rps[e] != p.capacity_rps[e]:
+            cite[f"{CAPACITY_EARLIER}.{e}"] = before.capacity_rps[e]
     return ModelFacts(gpus_per_replica=p.gpus_per_replica, min_replicas=p.min_replicas,
                       headroom=trace.headroom, overlap_s=trace.overlap_s,
                       sla_ttft_p99_ms=p.sla_ttft_p99_ms, engines=engines, nvidia=True,
                       price_per_gpu_hour=trace.price_per_gpu_hour, citations=cite)
+
+
+def _facts_by_era(trace: Trace, model: str) -> tuple[tuple[int, ...], tuple[ModelFacts, ...]]:
+    """(the steps where `model`'s facts change; the facts measured from each)."""
+    starts, profiles = trace.eras(model)
+    return starts, tuple(
+        facts_from_profile(trace, p, _releases(trace, model, k))
+        for k, p in zip(starts, profiles, strict=True))
+
+
+def _releases(trace: Trace, model: str, step: int) -> dict[str, tuple[EngineRelease, ModelProfile]]:
+    """Per engine of `model` whose release at `step` a record named: the record, and the
+    facts in force before it."""
+    out = {}
+    for e in trace.engines:
+        if (rel := trace.release_at(model, e, step)) is not None:
+            out[e] = (rel, trace.profile_at(model, rel.step - 1) if rel.step > 0
+                      else trace.profiles[model])
+    return out
 
 
 def histories(trace: Trace) -> dict[str, ModelHistory]:
@@ -92,7 +126,8 @@ def simulate(policy: Policy, trace: Trace, *, blind: bool = False, seed: int = 0
         learner, world = BlindLearner(policy, view), LatencyWorld(trace, seed=seed)
         hist = histories(view)
     else:
-        facts = {m: facts_from_profile(trace, trace.profiles[m]) for m in models}
+        facts_by_era = {m: _facts_by_era(trace, m) for m in models}
+        facts = {m: eras[0] for m, (_, eras) in facts_by_era.items()}
         hist = histories(trace)
     replays = {m: ModelReplay(trace, m) for m in models}
     # Model state by the rules the live loop uses too (`policies.model_state`).
@@ -109,58 +144,98 @@ def simulate(policy: Policy, trace: Trace, *, blind: bool = False, seed: int = 0
     # that step on the learner has not been handed yet (`_hand_over`).
     serving_since: dict[str, str | None] = dict.fromkeys(models)
     fed_from: dict[str, int] = dict.fromkeys(models, 0)
+    if learner is not None:
+        # The initial engine served each model before the trace starts (its tenure starts
+        # long before): its latency at the start is known to the first decision, as the
+        # header's is to a plain replay (so a breach from the first step acts there).
+        assert world is not None
+        for m, replay in in_order:
+            serving_since[m] = replay.serving
+            _hand_over(world, learner, m, replay.serving, 0, 1)
+            fed_from[m] = 1
+
+    def decide_now(k: int, now: float, which: list[str]) -> list[Decision]:
+        """The decisions of `which` models at step k (their tenures moved to k)."""
+        nonlocal facts
+        if learner is not None:
+            assert world is not None
+            for m in which:  # the readings of the steps before k, as live would have
+                if fed_from[m] < k:
+                    _hand_over(world, learner, m, serving_since[m], fed_from[m], k)
+                    fed_from[m] = k
+                facts[m] = learner.facts(m, k)
+        signals: dict[str, Signals] = {
+            m: compute_signals(m, hist[m], facts[m], now, settings,
+                               None if learner is None else learner.forecast(m, hist[m], now))
+            for m in which}
+        if learner is not None:  # the savings estimates' scaled windows, all models at once
+            prepare_estimates(signals.values())
+        state = {}
+        for m in which:
+            # Made again only when an input changed (the switches and trials only grow).
+            key = (tenure[m], len(switches[m]), len(trialled[m]), replays[m].switching_at(k))
+            made = states.get(m)
+            if made is None or made[0] != key:
+                made = states[m] = (key, _state(tenure[m], switches[m], trialled[m], key[3]))
+            state[m] = made[1]
+        return decide(policy, signals, state, now)
+
+    if learner is not None:
+        facts = {}
     for k in range(trace.n_steps):
         now = start + k * trace.step_s
         wanted: dict[str, Decision] = {}
         deciding = k % every == 0
         # The replay serves one engine at a time; a switch in flight keeps the old one.
-        # The tenure changes only when that engine does (`advance_tenure`). Each model's
-        # tenure reads its own replay alone: a step without a decision moves it in the
-        # loop below, model by model, a decision step for every model first.
-        for m, replay in in_order if deciding else ():
+        # The tenure changes only when that engine does (`advance_tenure`); each model's
+        # tenure reads its own replay alone.
+        for m, replay in in_order:
             if (engine := replay.serving_at(k)) != last_serving[m]:
                 tenure[m] = _tenure(tenure[m], engine, now, start)
                 last_serving[m] = engine
+        if learner is None:  # a release's facts count as measured from its step
+            for m, (starts, eras) in facts_by_era.items():
+                if len(starts) > 1:
+                    facts[m] = eras[bisect_right(starts, k) - 1]
         if deciding:
-            if learner is not None:
-                assert world is not None
-                for m in models:  # the readings of the steps before k, as live would have
-                    _hand_over(world, learner, m, serving_since[m], fed_from[m], k)
-                    fed_from[m] = k
-                facts = {m: learner.facts(m) for m in models}
-            signals: dict[str, Signals] = {
-                m: compute_signals(m, hist[m], facts[m], now, settings,
-                                   None if learner is None else learner.forecast(m, hist[m], now))
-                for m in models}
-            if learner is not None:  # the savings estimates' scaled windows, all models at once
-                prepare_estimates(signals.values())
-            state = {}
-            for m in models:
-                # Made again only when an input changed (the switches and trials only grow).
-                key = (tenure[m], len(switches[m]), len(trialled[m]), replays[m].switching_at(k))
-                made = states.get(m)
-                if made is None or made[0] != key:
-                    made = states[m] = (key, _state(tenure[m], switches[m], trialled[m], key[3]))
-                state[m] = made[1]
-            wanted = {d.model: d for d in decide(policy, signals, state, now)}
+            wanted = {d.model: d for d in decide_now(k, now, models)}
+        elif breaches := [m for m, replay in in_order
+                          if _breach_seen(m, replay, k, learner, world, facts)]:
+            # Between evaluations, a measured SLA breach of the serving engine acts at once
+            # (as the live loop's urgent moves do): only urgent moves are taken here.
+            wanted = {d.model: d for d in decide_now(k, now, breaches) if d.urgent}
         for m, replay in in_order:
-            if not deciding and (engine := replay.serving_at(k)) != last_serving[m]:
-                tenure[m] = _tenure(tenure[m], engine, now, start)
-                last_serving[m] = engine
             d = wanted.get(m) if wanted else None
             if replay.step(k, d.to_engine if d else None) and d is not None:
                 # The cost model prices a trial as the switch it leads to (its contract has
-                # no trial term); the replay remembers that the target was trialled.
+                # no trial term); the replay remembers that the target (and its release)
+                # was trialled.
                 accepted[m].append(d)
                 switches[m].append(SwitchRecord(now, SwitchOutcome.IN_FLIGHT))
                 if d.trial_share is not None:
                     trialled[m].add(d.to_engine)
+                    if isinstance(v := d.inputs.get(f"{ENGINE_VERSION}.{d.to_engine}"), str):
+                        trialled[m].add(f"{d.to_engine}@{v}")
             if learner is not None and (serving := replay.serving) != serving_since[m]:
                 # Step k is served by another engine: the last one's readings up to k first.
                 assert world is not None
                 _hand_over(world, learner, m, serving_since[m], fed_from[m], k)
                 serving_since[m], fed_from[m] = serving, k
     return {m: r.outcome() for m, r in replays.items()}, accepted
+
+
+def _breach_seen(model: str, replay: ModelReplay, k: int, learner: BlindLearner | None,
+                 world: LatencyWorld | None, facts: Mapping[str, ModelFacts]) -> bool:
+    """Whether, between evaluations, step k may show a measured SLA breach of the engine
+    serving `model` (no switch in flight): plain, its facts break the SLA; blind, the
+    reading of step k - 1 does (the decision then sees the learner's figure)."""
+    if replay.switching_at(k) is not None or k == 0:
+        return False
+    serving = replay.serving_at(k)
+    if learner is None:
+        return breach_is_measured(facts[model], serving)
+    assert world is not None
+    return world.breaks_sla(model, serving, k - 1)
 
 
 def _hand_over(world: LatencyWorld, learner: BlindLearner, model: str, engine: str | None,
@@ -218,18 +293,20 @@ def baseline_costs(trace: Trace) -> dict[str, dict[str, float]]:
 
 
 def run_backtest(policy: Policy, trace: Trace, *, compare: Policy | None = None,
-                 blind: bool = False, seed: int = 0) -> dict[str, Any]:
+                 blind: bool = False, seed: int = 0, decisions: bool = False) -> dict[str, Any]:
     """The backtest output object of docs/cost-model.md; with `compare`, an extra ``compare`` key says where
     and at what cost the other policy decides differently. `blind`: the policies
     learn capacity from simulated latency instead of reading the header's."""
-    outcomes, decisions = simulate(policy, trace, blind=blind, seed=seed)
+    outcomes, decided = simulate(policy, trace, blind=blind, seed=seed)
     result: dict[str, Any] = {
         "policy": policy.name,
         "trace": trace.name,
-        "models": {m: _model_json(outcomes[m], decisions[m]) for m in sorted(outcomes)},
+        "models": {m: _model_json(outcomes[m], decided[m]) for m in sorted(outcomes)},
         "summary": _summary(outcomes),
         "baselines": baseline_costs(trace),
     }
+    if decisions:  # the accepted decisions themselves, per model (not part of the contract)
+        result["decisions"] = {m: decided[m] for m in sorted(decided)}
     if compare is not None:
         other_out, other_dec = simulate(compare, trace, blind=blind, seed=seed)
         result["compare"] = _comparison(compare, result, other_out, other_dec)

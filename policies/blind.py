@@ -92,6 +92,7 @@ from __future__ import annotations
 import math
 import statistics
 import zlib
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -118,14 +119,17 @@ from gearshift.policies.priors import (
 )
 from gearshift.policies.schema import EnginePriors
 from gearshift.policies.signals import (
+    CAPACITY_EARLIER,
+    ENGINE_VERSION,
     LATENCY_SOURCE,
     PRIOR_SOURCE,
+    RELEASE_TS,
     EngineFacts,
     ModelFacts,
     ModelHistory,
     SignalValue,
 )
-from gearshift.policies.trace import Trace
+from gearshift.policies.trace import ModelProfile, Trace
 
 RHO_SATURATION_RATIO = 1.25   # the engine's saturation rate / its SLA capacity
 SHAPE_MIN_EXPONENT = 0.05     # the flattest curve (engines that break the SLA anyway)
@@ -192,6 +196,12 @@ class LatencyWorld:
         rho_op = min(1 / (1 + trace.headroom), RHO_OPERATING_MAX)
         self.curves = {(m, e): LatencyCurve.calibrate(p.sla_ttft_p99_ms, p.ttft_p99_ms[e], rho_op)
                        for m, p in trace.profiles.items() for e in trace.engines}
+        # An engine release changes a model's curve from its step on: per era of
+        # `Trace.eras`, the curve of the facts then in force (the first is `curves`').
+        self._era_curves = {
+            (m, e): [LatencyCurve.calibrate(q.sla_ttft_p99_ms, q.ttft_p99_ms[e], rho_op)
+                     for q in trace.eras(m)[1]]
+            for m in trace.profiles for e in trace.engines}
         self._noise: dict[tuple[str, str], npt.NDArray[np.float64]] = {}
         for m, e in self.curves:
             rng = np.random.default_rng([seed, zlib.crc32(f"{m}/{e}".encode())])
@@ -199,6 +209,17 @@ class LatencyWorld:
         # (model, engine) -> per step: (observed, load, slack, noise, replicas), made on the
         # first reading asked for
         self._columns: dict[tuple[str, str], npt.NDArray[np.float64]] = {}
+        self._breaches: dict[tuple[str, str], list[bool]] = {}
+
+    def breaks_sla(self, model: str, engine: str, k: int) -> bool:
+        """Whether step k's reading of `model` on `engine` breaks the TTFT target (idle:
+        no), from a column made for every step on the first call."""
+        found = self._breaches.get((model, engine))
+        if found is None:
+            sla_s = self._trace.profiles[model].sla_ttft_p99_ms / 1000.0
+            found = self._breaches[model, engine] = [
+                r is not None and r[2] > sla_s for r in self.readings(model, engine)]
+        return found[k]
 
     def observe(self, model: str, engine: str, k: int) -> Observation | None:
         """Step k's observation of `model` served by `engine`; None when idle."""
@@ -220,13 +241,22 @@ class LatencyWorld:
         the steps an engine served, once each)."""
         if (columns := self._columns.get((model, engine))) is None:
             columns = self._columns[model, engine] = self._make_columns(model, engine)
-        live, load, slack, noise, n = columns[:, start:stop].tolist()
-        curve = self.curves[model, engine]
-        base, power = curve.base_ms, -curve.shape
         t0, step_s = self._start_s, self._trace.step_s
-        return [(t0 + k * step_s, x, base * s ** power * z / 1000.0, int(c)) if on else None
-                for k, on, x, s, z, c in zip(range(start, start + len(live)), live, load,
-                                             slack, noise, n, strict=True)]
+        starts = self._trace.eras(model)[0]
+        stop = columns.shape[1] if stop is None else min(stop, columns.shape[1])
+        out: list[Reading | None] = []
+        # One run of steps per era of the model's facts (most traces: one).
+        for i, curve in enumerate(self._era_curves[model, engine]):
+            lo = max(start, starts[i])
+            hi = stop if i + 1 == len(starts) else min(stop, starts[i + 1])
+            if lo >= hi:
+                continue
+            live, load, slack, noise, n = columns[:, lo:hi].tolist()
+            base, power = curve.base_ms, -curve.shape
+            out += [(t0 + k * step_s, x, base * s ** power * z / 1000.0, int(c)) if on else None
+                    for k, on, x, s, z, c in zip(range(lo, hi), live, load, slack, noise, n,
+                                                 strict=True)]
+        return out
 
     def _make_columns(self, model: str, engine: str) -> npt.NDArray[np.float64]:
         """Per step of `model` on `engine`, as the rows of one (5, steps) array (a batch of
@@ -238,11 +268,19 @@ class LatencyWorld:
         here, at the first reading asked for."""
         t, p = self._trace, self._trace.profiles[model]
         r = np.asarray(t.series[model].rps, dtype=np.float64)
-        cap = p.capacity_rps[engine]
+        starts, profiles = t.eras(model)
+        if len(starts) == 1:
+            cap: float | npt.NDArray[np.float64] = p.capacity_rps[engine]
+        else:  # the capacity in force at each step (engine releases)
+            cap = np.empty(len(r), dtype=np.float64)
+            for i, q in enumerate(profiles):
+                cap[starts[i]:starts[i + 1] if i + 1 < len(starts) else len(r)] = (
+                    q.capacity_rps[engine])
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             needed = r * (1 + t.headroom) / cap - REPLICA_EPSILON
             if (bad := np.flatnonzero((r > 0) & ~(needed <= MAX_EXACT_COUNT))).size:
-                replicas(float(r[bad[0]]), cap, t.headroom, p.min_replicas)  # raises its error
+                at = float(np.broadcast_to(cap, r.shape)[bad[0]])
+                replicas(float(r[bad[0]]), at, t.headroom, p.min_replicas)  # raises its error
             n = np.maximum(p.min_replicas, np.ceil(needed))
             live = (r > 0) & (n > 0)
             n = np.where(live, n, 1.0)
@@ -252,11 +290,17 @@ class LatencyWorld:
 
 
 def blind_view(trace: Trace) -> Trace:
-    """The trace as the policy may see it: capacities and latencies hidden (NaN)."""
+    """The trace as the policy may see it: capacities and latencies hidden (NaN), in the
+    header and in engine releases, whose versions (which agents report) stay."""
     nan = dict.fromkeys(trace.engines, math.nan)
     profiles = {m: replace(p, capacity_rps=dict(nan), ttft_p99_ms=dict(nan))
                 for m, p in trace.profiles.items()}
-    return replace(trace, profiles=profiles)
+    hidden = ("capacity_rps", "ttft_p99_ms")
+    series = {m: replace(s, releases=tuple(
+                  replace(r, changes={f: v for f, v in r.changes.items() if f not in hidden})
+                  for r in s.releases)) if s.releases else s
+              for m, s in trace.series.items()}
+    return replace(trace, profiles=profiles, series=series)
 
 
 # ---- the learner ----------------------------------------------------------------------
@@ -366,41 +410,127 @@ class BlindLearner:
         self._walk = {m: (p.sla_ttft_p99_ms / 1000.0,
                           [(e, self._engines[m, e], *self._cite_keys[e]) for e in view.engines])
                       for m, p in view.profiles.items()}
+        # Engine releases (agents report versions; the view keeps them): per (model, engine)
+        # the steps a release starts and its version, and per release seen so far its
+        # observations (an `_Engine`), the current one in `_engines`. A release's
+        # observations are its own: an earlier release's figure is only its prior.
+        self._t0, self._step_s = view.start.timestamp(), view.step_s
+        self._releases: dict[tuple[str, str], tuple[list[int], list[str | None]]] = {}
+        self._release_ts: dict[tuple[str, str], list[float | None]] = {}
+        for m, series in view.series.items():
+            for rel in series.releases:
+                steps, versions = self._releases.setdefault((m, rel.engine), ([0], [None]))
+                stamps = self._release_ts.setdefault((m, rel.engine), [None])
+                if rel.step <= steps[-1]:
+                    versions[-1], stamps[-1] = rel.version, rel.ts.timestamp()
+                else:
+                    steps.append(rel.step)
+                    versions.append(rel.version)
+                    stamps.append(rel.ts.timestamp())
+        # (model, engine) -> the capacity its previous release measured, while the current
+        # release has its own figure (a regression shows against it)
+        self._earlier: dict[tuple[str, str], float] = {}
+        self._release_states: dict[tuple[str, str], dict[int, _Engine]] = {}
+        self._current: dict[tuple[str, str], int] = {}  # the release index facts are of
+
+    def _state_of(self, model: str, engine: str, i: int) -> _Engine:
+        """The observations of release `i` of `engine` for `model`."""
+        states = self._release_states.setdefault((model, engine), {})
+        if (found := states.get(i)) is None:
+            found = states[i] = (self._engines[model, engine] if i == 0 else _Engine(
+                model, engine, self._engines[model, engine].recent.maxlen or 1,
+                self._view.profiles[model].min_replicas))
+        return found
 
     def record(self, model: str, engine: str, readings: list[Reading | None]) -> None:
         """Add `LatencyWorld.reading`s of `model` served by `engine` (None: an idle step),
-        in step order, to that engine's observations."""
-        self._engines[model, engine].add_readings(readings)
+        in step order, to that engine's observations (of the release that served each)."""
+        if (model, engine) not in self._releases:
+            self._engines[model, engine].add_readings(readings)
+            return
+        steps, _ = self._releases[model, engine]
+        run: list[Reading | None] = []
+        era = -1
+        for reading in readings:
+            if reading is None:
+                run.append(reading)
+                continue
+            i = bisect_right(steps, round((reading[0] - self._t0) / self._step_s)) - 1
+            if i != era and run:
+                self._state_of(model, engine, max(era, 0)).add_readings(run)
+                run = []
+            era = i
+            run.append(reading)
+        if run:
+            self._state_of(model, engine, max(era, 0)).add_readings(run)
+
+    def _advance(self, model: str, step: int) -> None:
+        """Make each engine's current observations those of the release it runs at `step`."""
+        changed = False
+        for e in self._view.engines:
+            if (found := self._releases.get((model, e))) is None:
+                continue
+            i = bisect_right(found[0], step) - 1
+            if self._current.get((model, e), 0) != i:
+                self._current[model, e] = i
+                changed = True
+        if changed:
+            sla_s, walk = self._walk[model]
+            self._walk[model] = (sla_s, [
+                (e, self._state_of(model, e, self._current.get((model, e), 0)), lk, pk)
+                for e, _, lk, pk in walk])
+            self._capacities.pop(model, None)
+
+    def version(self, model: str, engine: str) -> str | None:
+        """The release of `engine` the facts of `model` are of (None: the header's)."""
+        found = self._releases.get((model, engine))
+        return None if found is None else found[1][self._current.get((model, engine), 0)]
 
     def measurements(self, model: str) -> dict[str, Measurement]:
-        """What the observations of each engine show (nothing read from the header)."""
-        sla_s = self._view.profiles[model].sla_ttft_p99_ms / 1000.0
+        """What the observations of each engine show (nothing read from the header); for
+        an engine on a release with no usable figure yet, what its earlier releases
+        measured (`Measurement.earlier`)."""
         out: dict[str, Measurement] = {}
-        for e in self._view.engines:
-            state = self._engines[model, e]
-            if state.count < self._min_n:
-                out[e] = Measurement(why=f"too little data on {e}: {state.count} observation(s), "
-                                         f"need {self._min_n} ({MIN_MEASURED_S / 3600:g} h)")
+        for e, state, _, _ in self._walk[model][1]:
+            out[e] = found = self._measure(model, e, state)
+            self._earlier.pop((model, e), None)
+            if not (i := self._current.get((model, e), 0)):
                 continue
-            est = state.estimate(sla_s, self._refit_n)
-            if est.status in ("ok", "lower_bound", "upper_bound") and est.capacity_rps:
-                source = "measured" if est.status == "ok" else est.status
-                found = EngineCapacity(est.capacity_rps, est.low, est.high, source, est.reason)
-            elif (top := state.top_within_sla) is not None:
-                found = EngineCapacity(top, top, None, "lower_bound",
-                                       f"{est.reason}; highest load served within the SLA")
-            else:
-                out[e] = Measurement(why=f"too little data on {e}: {est.reason}")
-                continue
-            if found.source == "lower_bound" and not state.scaled_out:
-                # Never scaled out: the load per replica only shows the traffic, not
-                # where the fleet had to add replicas; it bounds the capacity, no more.
-                out[e] = Measurement(replace(found, note=(
-                    f"{found.note}; never above {self._view.profiles[model].min_replicas} "
-                    f"replica(s), so it only bounds the capacity")), bounds_only=True)
-            else:
-                out[e] = Measurement(found)
+            versions = self._releases[model, e][1]
+            for j in range(i - 1, -1, -1):  # the latest earlier release with a figure
+                old = self._measure(model, e, self._state_of(model, e, j))
+                if old.figure is None or old.figure.capacity_rps is None:
+                    continue
+                if found.figure is None or found.bounds_only:
+                    out[e] = replace(found, version=versions[i], earlier=old.figure,
+                                     earlier_version=versions[j] or "the first release")
+                elif not old.bounds_only:
+                    self._earlier[model, e] = old.figure.capacity_rps
+                break
         return out
+
+    def _measure(self, model: str, e: str, state: _Engine) -> Measurement:
+        """What one release's observations of engine `e` show."""
+        sla_s = self._view.profiles[model].sla_ttft_p99_ms / 1000.0
+        if state.count < self._min_n:
+            return Measurement(why=f"too little data on {e}: {state.count} observation(s), "
+                                   f"need {self._min_n} ({MIN_MEASURED_S / 3600:g} h)")
+        est = state.estimate(sla_s, self._refit_n)
+        if est.status in ("ok", "lower_bound", "upper_bound") and est.capacity_rps:
+            source = "measured" if est.status == "ok" else est.status
+            found = EngineCapacity(est.capacity_rps, est.low, est.high, source, est.reason)
+        elif (top := state.top_within_sla) is not None:
+            found = EngineCapacity(top, top, None, "lower_bound",
+                                   f"{est.reason}; highest load served within the SLA")
+        else:
+            return Measurement(why=f"too little data on {e}: {est.reason}")
+        if found.source == "lower_bound" and not state.scaled_out:
+            # Never scaled out: the load per replica only shows the traffic, not
+            # where the fleet had to add replicas; it bounds the capacity, no more.
+            return Measurement(replace(found, note=(
+                f"{found.note}; never above {self._view.profiles[model].min_replicas} "
+                f"replica(s), so it only bounds the capacity")), bounds_only=True)
+        return Measurement(found)
 
     def capacities(self, model: str) -> dict[str, EngineCapacity]:
         """One capacity per engine: the shared rule over what was measured and the priors
@@ -425,11 +555,20 @@ class BlindLearner:
                                                            model).engines
         return found
 
-    def facts(self, model: str) -> ModelFacts:
-        """Facts for the decision core, citing where each capacity came from."""
-        v, p = self._view, self._view.profiles[model]
+    def facts(self, model: str, step: int = 0) -> ModelFacts:
+        """Facts for the decision core at `step`, citing where each capacity came from
+        (and the engines' releases, where a trace names them)."""
+        self._advance(model, step)
+        v, p = self._view, self._view.profile_at(model, step)
         _, caps, cited = self._resolved(model)
         cite: dict[str, SignalValue] = dict(cited)
+        for e in self._view.engines:
+            if (version := self.version(model, e)) is not None:
+                cite[f"{ENGINE_VERSION}.{e}"] = version
+                cite[f"{RELEASE_TS}.{e}"] = self._release_ts[model, e][
+                    self._current.get((model, e), 0)]
+                if caps[e].source == "measured" and (model, e) in self._earlier:
+                    cite[f"{CAPACITY_EARLIER}.{e}"] = self._earlier[model, e]
         engines = {}
         for e, state, latency_key, points_key in self._walk[model][1]:
             made = state.made
@@ -437,7 +576,7 @@ class BlindLearner:
                 # Made again only when the engine was observed or its capacity changed
                 # (an engine not serving keeps its figures).
                 made = state.made = (state.count, caps[e],
-                                     *self._engine_facts_of(model, e, caps[e]))
+                                     *self._engine_facts_of(model, e, caps[e], p))
             engines[e] = made[2]
             if made[3]:
                 cite[latency_key] = PRIOR_SOURCE
@@ -447,11 +586,11 @@ class BlindLearner:
                           sla_ttft_p99_ms=p.sla_ttft_p99_ms, engines=engines, nvidia=True,
                           price_per_gpu_hour=v.price_per_gpu_hour, citations=cite)
 
-    def _engine_facts_of(self, model: str, e: str, cap: EngineCapacity
+    def _engine_facts_of(self, model: str, e: str, cap: EngineCapacity, p: ModelProfile
                          ) -> tuple[EngineFacts, bool]:
-        """One engine's facts, and whether its latency is the prior's (cited so)."""
-        p = self._view.profiles[model]
-        recent = self._engines[model, e].recent
+        """One engine's facts (`p`: the profile in force), and whether its latency is the
+        prior's (cited so)."""
+        recent = self._state_of(model, e, self._current.get((model, e), 0)).recent
         prior = self._priors(model).get(e)  # type: ignore[call-overload]
         # statistics.median: numpy's figure (the mean of the middle two), without
         # its per-call cost on a dozen values at every step.

@@ -15,7 +15,7 @@ import fnmatch
 import functools
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
@@ -47,14 +47,24 @@ from gearshift.policies.rules import (
 )
 from gearshift.policies.schema import Rule
 from gearshift.policies.signals import (
+    CAPACITY_EARLIER,
+    ENGINE_VERSION,
+    RELEASE_TS,
     Signals,
     SignalValue,
     SignalView,
     breach_is_measured,
+    is_number,
     meets_sla,
 )
 
 HOURS_PER_DAY = 24.0
+# A measured capacity this far under the previous release's is a regression: the move it
+# calls for is urgent (docs/decisions.md, "Engine releases").
+REGRESSION_SHARE = 0.05
+# Capacity sources that are the engine's own measurement on its current release.
+OWN_CAPACITY_SOURCES = frozenset({"measured", "lower_bound", "upper_bound"})
+RELEASE_TRIAL_BASIS = "release trial"
 
 
 class DecisionStatus(StrEnum):
@@ -172,11 +182,13 @@ def _engine_order(policy: Policy, sig: Signals) -> tuple[str, ...]:
 
 
 def _candidates(policy: Policy, sig: Signals, current: str, cost: CostSettings,
-                order: tuple[str, ...], known: Mapping[str, MoveEstimate | None] | None = None
+                order: tuple[str, ...], known: Mapping[str, MoveEstimate | None] | None = None,
+                since: float | None = None, trialled: frozenset[str] = frozenset()
                 ) -> tuple[dict[str, MoveEstimate | None], list[tuple[str, str]]]:
     """Engines the model may move to (of `order`, `_engine_order`'s), with estimates (those
-    of `known`, made for the fleet at once, else `estimate_move`'s); and those refused,
-    with why."""
+    of `known`, made for the fleet at once, else `estimate_move`'s; a new release's trial
+    estimate where it nets more: `_release_trial`, given when the model chose its engine
+    (`since`) and what it `trialled`); and those refused, with why."""
     prefs = policy.doc.spec.preferences
     allowed: dict[str, MoveEstimate | None] = {}
     refused: list[tuple[str, str]] = []
@@ -197,7 +209,63 @@ def _candidates(policy: Policy, sig: Signals, current: str, cost: CostSettings,
             allowed[engine] = known[engine]
         else:
             allowed[engine] = estimate_move(sig, current, engine, cost)
+        if engine in allowed and since is not None and (
+                trial := _release_trial(sig, since, trialled, engine, current, cost)) is not None:
+            est = allowed[engine]
+            if est is None or trial.net_usd > est.net_usd:
+                allowed[engine] = trial
     return allowed, refused
+
+
+def release_key(sig: Signals, since: float, engine: str) -> str:
+    """What a trial of `engine` is remembered by: ``engine@version`` when the engine runs a
+    release newer than the model's choice of engine (made at `since`), else the engine."""
+    cite = sig.facts.citations
+    version, released = cite.get(f"{ENGINE_VERSION}.{engine}"), cite.get(f"{RELEASE_TS}.{engine}")
+    if isinstance(version, str) and is_number(released) and released > since:  # type: ignore[operator]
+        return f"{engine}@{version}"
+    return engine
+
+
+def _release_trial(sig: Signals, since: float, trialled: frozenset[str], engine: str,
+                   current: str, cost: CostSettings) -> MoveEstimate | None:
+    """A release of `engine` newer than the model's choice of engine (`since`), not measured
+    and not trialled yet, is estimated at the top of its capacity band: when that pays, the
+    move is a trial of the release (docs/decisions.md, "Engine releases")."""
+    cite = sig.facts.citations
+    if f"{RELEASE_TS}.{engine}" not in cite:
+        return None
+    key = release_key(sig, since, engine)
+    if key == engine or key in trialled:
+        return None
+    if cite.get(f"capacity_source.{engine}") in OWN_CAPACITY_SOURCES:
+        return None
+    high, ef = cite.get(f"capacity_high.{engine}"), sig.facts.engines.get(engine)
+    if not is_number(high) or ef is None or ef.capacity_rps is None or high <= ef.capacity_rps:  # type: ignore[operator]
+        return None
+    est = estimate_move(sig, current, engine, cost, target_capacity_rps=float(high))  # type: ignore[arg-type]
+    if est is None:
+        return None
+    return replace(est, savings_basis=(
+        f"{RELEASE_TRIAL_BASIS}: {engine} {key.split('@', 1)[1]} at the top of its capacity band "
+        f"({float(high):.3g} rps; {ef.capacity_rps:.3g} expected)"))  # type: ignore[arg-type]
+
+
+
+def regressed(sig: Signals, engine: str) -> str | None:
+    """Why `engine`'s current release is a measured regression for the model (its capacity
+    REGRESSION_SHARE or more under the previous release's), or None."""
+    cite = sig.facts.citations
+    earlier, ef = cite.get(f"{CAPACITY_EARLIER}.{engine}"), sig.facts.engines.get(engine)
+    if (not is_number(earlier) or ef is None or ef.capacity_rps is None
+            or cite.get(f"capacity_source.{engine}") != "measured"):
+        return None
+    if ef.capacity_rps > earlier * (1 - REGRESSION_SHARE):  # type: ignore[operator]
+        return None
+    version = cite.get(f"{ENGINE_VERSION}.{engine}")
+    return (f"{engine} {version or 'release'} regressed: {ef.capacity_rps:.3g} rps per replica, "
+            f"{1 - ef.capacity_rps / earlier:.0%} under the previous release's "  # type: ignore[operator]
+            f"{earlier:.3g}")
 
 
 @functools.lru_cache(maxsize=16)
@@ -296,7 +364,8 @@ def _plan_model(policy: Policy, model: str, sig: Signals, st: ModelState, now: f
     pin = st.pinned or (g.pins[pin_pattern] if pin_pattern else None)
     if order is None:
         order = _engine_order(policy, sig)
-    candidates, refused = _candidates(policy, sig, st.engine, cost, order, known)
+    candidates, refused = _candidates(policy, sig, st.engine, cost, order, known, st.since,
+                                      st.trialled)
     if pin is not None:
         if pin == st.engine:
             return NoDecisionReason.PINNED
@@ -326,6 +395,10 @@ def _plan_model(policy: Policy, model: str, sig: Signals, st: ModelState, now: f
                          else NoDecisionReason.CURRENT_IS_BEST, ev)
         if young and not ev.outcome.urgent:
             return _Hold(NoDecisionReason.INSUFFICIENT_HISTORY, ev)
+        if (not ev.outcome.urgent and ev.kind == "expected-savings"
+                and (why := regressed(sig, st.engine)) is not None):
+            # The serving engine's new release measured worse: the move is urgent.
+            ev.outcome = replace(ev.outcome, urgent=True, regression=why)
         if not ev.outcome.urgent and (held := _guardrail(policy, st, now)) is not None:
             return _Hold(held, ev)
     outcome = ev.outcome
@@ -407,14 +480,19 @@ def _decision(policy: Policy, model: str, sig: Signals, st: ModelState, now: flo
         inputs["price_note"] = NO_PRICE_NOTE
     inputs.update(_traffic_inputs(sig))
     inputs.update(outcome.inputs)
+    if outcome.regression:
+        inputs["regression"] = outcome.regression
     alternatives = [(o, why if isinstance(why, str) else why.why) for o, why in ev.alternatives]
     alternatives.append((st.engine, f"stay: rule {ev.rule}: {outcome.why}"))
     decision = Decision(
         model=model, from_engine=st.engine, to_engine=outcome.target, rule=ev.rule, inputs=inputs,
         expected=_expected(sig, st.engine, outcome.target, outcome.estimate),
         alternatives=tuple(alternatives), policy_version=policy.version, created_at=now,
-        urgent=outcome.urgent, reason=outcome.why, conditions=outcome.conditions,
-        trial_share=trial_share(policy.doc.spec.trials, outcome.target,
+        urgent=outcome.urgent, conditions=outcome.conditions,
+        reason=f"{outcome.why}; urgent: {outcome.regression}" if outcome.regression
+        else outcome.why,
+        trial_share=trial_share(policy.doc.spec.trials,
+                                release_key(sig, st.since, outcome.target),
                                 sig.facts.citations.get(f"capacity_source.{outcome.target}"),
                                 st.trialled),
     )

@@ -10,6 +10,7 @@ two can never disagree about what a switch costs.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -78,28 +79,41 @@ class ModelReplay:
         self._step_s = trace.step_s
         self._price, self._headroom, self._overlap = (
             trace.price_per_gpu_hour, trace.headroom, trace.overlap_s)
-        self._delay = {e: delay_steps(p.build_s[e], p.cold_start_s[e], trace.step_s)
-                       for e in p.capacity_rps}
+        # The facts in force at each step (engine releases change them: `Trace.eras`); a
+        # rebuild's cost and delay are those of the step it starts.
+        self._era_starts, self._era_profiles = trace.eras(model)
+        self._delays = [{e: delay_steps(q.build_s[e], q.cold_start_s[e], trace.step_s)
+                         for e in q.capacity_rps} for q in self._era_profiles]
         # GPUs per step on each engine, vectorised; numpy does the same IEEE arithmetic
         # as `replicas`, so the figures are identical. (Imported here: the decision core
         # and the policy loader use this module's formulas without numpy.)
         import numpy as np
 
         rps = np.asarray(self._rps, dtype=np.float64)
+        n = len(self._rps)
+        bounds = [*self._era_starts[1:], max(n, self._era_starts[-1])]
         self._gpus: dict[str, list[int]] = {}
+        self._breaks: dict[str, list[bool]] = {}
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            for e, cap in p.capacity_rps.items():
-                gpus = np.maximum(p.min_replicas, np.ceil(
-                    rps * (1 + trace.headroom) / cap - REPLICA_EPSILON)) * p.gpus_per_replica
+            for e in p.capacity_rps:
+                gpus = np.empty(n, dtype=np.float64)
+                breaks = np.empty(n, dtype=bool)
+                for q, lo, hi in zip(self._era_profiles, self._era_starts, bounds, strict=True):
+                    cap = q.capacity_rps[e]
+                    gpus[lo:hi] = np.maximum(p.min_replicas, np.ceil(
+                        rps[lo:hi] * (1 + trace.headroom) / cap - REPLICA_EPSILON)
+                    ) * p.gpus_per_replica
+                    breaks[lo:hi] = q.ttft_p99_ms[e] > q.sla_ttft_p99_ms
                 worst = float(gpus.max(initial=0.0))
                 if not math.isfinite(worst) or worst > MAX_EXACT_COUNT:
                     raise CostModelError(
                         f"model {model!r} on {e}: {worst:g} GPUs at the busiest step (rps up to "
-                        f"{float(rps.max(initial=0.0)):g}, {cap:g} rps per replica, "
-                        f"{p.gpus_per_replica} GPUs per replica); at most {MAX_EXACT_COUNT} can "
-                        f"be priced exactly")
+                        f"{float(rps.max(initial=0.0)):g}, "
+                        f"{min(q.capacity_rps[e] for q in self._era_profiles):g} rps per "
+                        f"replica, {p.gpus_per_replica} GPUs per replica); at most "
+                        f"{MAX_EXACT_COUNT} can be priced exactly")
                 self._gpus[e] = gpus.astype(np.int64).tolist()
-        self._breaks_sla = {e: p.ttft_p99_ms[e] > p.sla_ttft_p99_ms for e in p.ttft_p99_ms}
+                self._breaks[e] = breaks.tolist()
         self.serving = initial_engine or p.initial_engine
         self.pending: tuple[str, int] | None = None  # (target, ready step)
         self.left_at: dict[str, int] = {}  # engine -> decision step of the switch off it
@@ -112,6 +126,18 @@ class ModelReplay:
         self._flaps = 0
         self._accepted: list[int] = []
 
+    def _era(self, k: int) -> int:
+        """The index of the facts in force at step k."""
+        starts = self._era_starts
+        return 0 if len(starts) == 1 else bisect_right(starts, k) - 1
+
+    def profile_at(self, k: int) -> ModelProfile:
+        """The model's facts in force at step k."""
+        return self._era_profiles[self._era(k)]
+
+    def _delay(self, engine: str, k: int) -> int:
+        return self._delays[self._era(k)][engine]
+
     def serving_at(self, k: int) -> str:
         if self.pending is not None and k >= self.pending[1]:
             return self.pending[0]
@@ -123,8 +149,8 @@ class ModelReplay:
             return None
         return self.pending[0]
 
-    def _rebuild(self, engine: str, r: float) -> float:
-        return rebuild_usd(self._p, engine, r, price_per_gpu_hour=self._price,
+    def _rebuild(self, engine: str, r: float, k: int) -> float:
+        return rebuild_usd(self.profile_at(k), engine, r, price_per_gpu_hour=self._price,
                            headroom=self._headroom, overlap_s=self._overlap)
 
     def step(self, k: int, to: str | None = None) -> bool:
@@ -134,22 +160,22 @@ class ModelReplay:
             self.serving, self.pending, self._lag_open = self.pending[0], None, False
         if k in self._revisions:
             target = self.pending[0] if self.pending is not None else self.serving
-            self._one_off_usd += self._rebuild(target, r)
-            self.pending = (target, k + self._delay[target])
+            self._one_off_usd += self._rebuild(target, r, k)
+            self.pending = (target, k + self._delay(target, k))
             self._lag_open = True
         accepted = (to is not None and to != self.serving
                     and not (self.pending is not None and self.pending[0] != self.serving))
         if accepted:
             assert to is not None
-            self._one_off_usd += self._rebuild(to, r)
-            self.pending = (to, k + self._delay[to])
+            self._one_off_usd += self._rebuild(to, r, k)
+            self.pending = (to, k + self._delay(to, k))
             if to in self.left_at and (k - self.left_at[to]) * self._step_s < FLAP_WINDOW_S:
                 self._flaps += 1
             self.left_at[self.serving] = k
             self.last_switch_step = k
             self._accepted.append(k)
         self._gpu_steps += self._gpus[self.serving][k]
-        if self._breaks_sla[self.serving]:
+        if self._breaks[self.serving][k]:
             self._sla_steps += 1
         if self._lag_open:
             self._lag_steps += 1
@@ -164,19 +190,18 @@ class ModelReplay:
         if self._accepted or self.pending is not None or self._gpu_steps or self._lag_steps:
             raise ValueError("steps_unswitched: the replay was already stepped")
         engine = self.serving
-        delay = self._delay[engine]
         lag_from = lag_to = 0  # the revision lag open over steps [lag_from, lag_to)
         for k in sorted(r for r in self._revisions if 0 <= r < n):
-            self._one_off_usd += self._rebuild(engine, self._rps[k])
+            self._one_off_usd += self._rebuild(engine, self._rps[k], k)
             if k >= lag_to:  # the last rebuild was ready: a new stretch of lag
                 self._lag_steps += lag_to - lag_from
                 lag_from = k
-            lag_to = k + delay
+            lag_to = k + self._delay(engine, k)
         self._lag_steps += min(lag_to, n) - lag_from
         self.pending = (engine, lag_to) if lag_to > n - 1 and lag_to > lag_from else None
         self._lag_open = self.pending is not None
         self._gpu_steps = sum(self._gpus[engine][:n])
-        self._sla_steps = n if self._breaks_sla[engine] else 0
+        self._sla_steps = sum(self._breaks[engine][:n])
 
     def outcome(self) -> ModelOutcome:
         gpu_hours = self._gpu_steps * self._step_s / SECONDS_PER_HOUR

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gearshift.common.frozen_records import fast_init
 from gearshift.policies.costmodel import SECONDS_PER_HOUR, replicas
@@ -127,11 +127,16 @@ def _windows(sig: Signals, scale: float) -> tuple[tuple[int, float], tuple[int, 
     return ((sig.window_samples, scale), (sig.long_window_samples, 1.0))
 
 
-def estimate_move(sig: Signals, current: str, target: str, cost: CostSettings) -> MoveEstimate | None:
-    """Expected net savings of moving `current` -> `target`; None when facts are missing."""
+def estimate_move(sig: Signals, current: str, target: str, cost: CostSettings, *,
+                  target_capacity_rps: float | None = None) -> MoveEstimate | None:
+    """Expected net savings of moving `current` -> `target`; None when facts are missing.
+    `target_capacity_rps` replaces the target's capacity (a release trial's optimistic
+    figure: `policies.core`)."""
     facts = sig.facts
     price = price_of(facts, cost)
     cur, tgt = facts.engines.get(current), facts.engines.get(target)
+    if target_capacity_rps is not None and tgt is not None:
+        tgt = replace(tgt, capacity_rps=target_capacity_rps)
     # Missing facts first (each would make a rebuild estimate below None): no replicas are
     # counted for an estimate that cannot be made.
     if (price is None or cur is None or tgt is None or cur.capacity_rps is None

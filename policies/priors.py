@@ -21,6 +21,14 @@ The rule (`resolve_capacities`), per model:
 3. With nothing measured: the absolute prior (``prior``), else such a bound, else
    ``unknown`` (no capacity: the cost rule makes no move).
 
+An engine whose release changed (`Measurement.earlier`: what an earlier release of it
+measured) and that has no figure of its own on the new release yet takes the earlier
+release's figure as its prior, never as a measurement: ``earlier-release``, its band
+widened by EARLIER_RELEASE_WIDENING each way (a release can move capacity by a quarter),
+the note naming both releases ("vllm 0.12.0: not measured; prior from 0.11.0, band
+widened"). It comes before step 2: the same engine's earlier release says more than
+another engine's figure, and no other engine derives its figure from it.
+
 Every figure that is not the engine's own measurement carries a note that says
 what it was derived from and why nothing better was available (too little data,
 no SLA to measure against, …); `citations` turns them into decision inputs.
@@ -42,6 +50,8 @@ DEFAULT_PRIOR_RATIO = {e.name: e.prior.ratio for e in CATALOG}
 DEFAULT_PRIOR_RATIO_RANGE = {e.name: (e.prior.low, e.prior.high) for e in CATALOG}
 OWN_SOURCES = ("measured", "lower_bound", "upper_bound")
 PRIOR_NOTE = "policy prior (spec.models)"
+EARLIER_RELEASE_SOURCE = "earlier-release"
+EARLIER_RELEASE_WIDENING = 0.25  # the band of an earlier release's figure, widened each way
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,26 @@ class Measurement:
     figure: EngineCapacity | None = None  # a usable figure (source in OWN_SOURCES)
     bounds_only: bool = False  # the figure only bounds the capacity (never served at scale)
     why: str = ""  # why there is no usable figure: too little data, no SLA, …
+    # The engine runs a release (`version`) on which nothing usable was measured yet, and
+    # `earlier` is what release `earlier_version` of it measured: the prior of this one.
+    version: str | None = None
+    earlier: EngineCapacity | None = None
+    earlier_version: str | None = None
+
+
+def earlier_release(engine: str, m: Measurement) -> EngineCapacity | None:
+    """The prior an engine's earlier release gives the release it runs now (module
+    docstring), or None when there is none."""
+    old = m.earlier
+    if old is None or old.capacity_rps is None:
+        return None
+    w = EARLIER_RELEASE_WIDENING
+    low, high = old.low or old.capacity_rps, old.high or old.capacity_rps
+    return EngineCapacity(
+        old.capacity_rps, low * (1 - w), high * (1 + w), EARLIER_RELEASE_SOURCE,
+        f"{engine} {m.version or 'new release'}: not measured; prior from "
+        f"{m.earlier_version or 'an earlier release'} ({old.source} {old.capacity_rps:.3g} rps), "
+        f"band widened {w:.0%}" + (f"; {m.why}" if m.why else ""))
 
 
 def priors_for(models: Mapping[str, ModelPriors], model: str) -> ModelPriors:
@@ -137,7 +167,9 @@ def resolve_capacities(measurements: Mapping[str, Measurement],
         floor = m.figure if m.bounds_only and m.figure is not None else None
         base = next((o for o in engines if o in own), None)
         prior = _prior_capacity(priors, e)
-        if base is not None:
+        if (earlier := earlier_release(e, m)) is not None:
+            found = earlier
+        elif base is not None:
             found = _derived(e, base, own[base], priors, m.why)
         elif prior is not None:
             found = EngineCapacity(prior, None, None, "prior",

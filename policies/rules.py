@@ -23,6 +23,7 @@ from gearshift.policies.economics import NO_PRICE_NOTE, MoveEstimate
 from gearshift.policies.schema import Condition, Rule
 from gearshift.policies.signals import (
     SIGNALS,
+    EngineFacts,
     SignalValue,
     SignalView,
     is_number,
@@ -84,6 +85,7 @@ class RuleOutcome:
     write: Callable[[], WriteUp]  # called once, on the first read of the write-up
     urgent: bool = False  # bypasses dwell, cooldown and maintenance windows
     estimate: MoveEstimate | None = None
+    regression: str = ""  # the serving engine's release regressed (why the move is urgent)
 
     @functools.cached_property
     def write_up(self) -> WriteUp:
@@ -255,13 +257,43 @@ def _sla_guard(rule: Rule, params: SlaGuardParams, ctx: RuleContext) -> RuleOutc
         return RuleOutcome(None, lambda: breach(
             f"{view.engine} breaks the SLA but no other engine meets it"))
 
+    # The quickest way out: the candidates that serve soonest (build and cold start), the
+    # one that saves most among them; a cheaper engine with a long build can follow once
+    # the breach is over (docs/decisions.md).
+    facts = view.signals.facts
+    ready = {e: ready_in_s(facts.engines.get(e)) for e in ctx.candidates}
+    soonest = min(ready.values())
+
     def rank(engine: str) -> tuple[float, int]:
         est = ctx.candidates[engine]
         return (-(est.savings_usd_per_h if est else float("-inf")), ctx.order.index(engine))
-    target = min(ctx.candidates, key=rank)
-    return RuleOutcome(target, lambda: breach(f"{view.engine} breaks the latency SLA; {target} "
-                                              f"meets it"),
-                       urgent=True, estimate=ctx.candidates[target])
+    target = min((e for e in ctx.candidates if ready[e] - soonest <= READY_TIE_S), key=rank)
+    slower = sorted(e for e in ctx.candidates if ready[e] - soonest > READY_TIE_S)
+
+    def why() -> WriteUp:
+        words = f"{view.engine} breaks the latency SLA; {target} meets it"
+        if slower:
+            words += (f" and serves soonest ({_minutes(ready[target])}; "
+                      + ", ".join(f"{e} {_minutes(ready[e])}" for e in slower) + ")")
+        return breach(words)
+    return RuleOutcome(target, why, urgent=True, estimate=ctx.candidates[target])
+
+
+# Start-up times this close are the same to a breach (one step of the cost model, a few
+# rollup minutes): among them, the engine that saves most goes first.
+READY_TIE_S = 300.0
+
+
+def ready_in_s(ef: EngineFacts | None) -> float:
+    """Seconds until an engine would serve the model from a decision: its build and cold
+    start (unknown: 0, as the cost model's delay counts nothing for them)."""
+    if ef is None:
+        return 0.0
+    return (ef.build_s or 0.0) + (ef.cold_start_s or 0.0)
+
+
+def _minutes(seconds: float) -> str:
+    return f"ready in {seconds / 60:.0f} min"
 
 
 def _saturation(view: SignalView, ctx: RuleContext, inputs: Callable[[], dict[str, SignalValue]],

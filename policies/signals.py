@@ -85,6 +85,15 @@ class EngineFacts:
 # default: a live measurement, or a trace header's figures) or "prior" (the policy's).
 LATENCY_SOURCE = "latency_source"
 PRIOR_SOURCE = "prior"
+# The citation key naming the release of an engine the figures are for
+# (``engine_version.<engine>``), where it is known.
+ENGINE_VERSION = "engine_version"
+# When that release started to run in the fleet (epoch seconds), where it is known: a
+# release newer than a model's choice of engine may be worth a trial (docs/decisions.md).
+RELEASE_TS = "engine_release_ts"
+# The capacity (req/s per replica) the engine's previous release had for the model, where
+# it changed release: a measured figure under it is a regression (docs/decisions.md).
+CAPACITY_EARLIER = "capacity_earlier"
 
 
 @fast_init

@@ -1,7 +1,9 @@
 """Reader for backtest traces (docs/cost-model.md): JSON Lines, optionally gzipped.
 
 The first line is the header (step, price, per-model profiles); then one
-``traffic`` record per model per step and ``revision`` records, in time order.
+``traffic`` record per model per step, ``revision`` records and ``engine_release``
+records (a new release of an engine changes some of a model's facts for it from the
+step that holds its time on: `Trace.profile_at`), in time order.
 Every malformed line fails with a `TraceError` naming the file, the line and
 the reason; nothing is silently skipped. Per-engine figures are keyed by engine
 name: a trace may name any engines of the catalog (`gearshift.common.engines`),
@@ -16,8 +18,9 @@ import io
 import json
 import math
 import zlib
+from bisect import bisect_right
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from json.scanner import make_scanner
 from pathlib import Path
@@ -36,6 +39,10 @@ MAX_STEP_S = 366 * 86400
 MAX_COUNT = 1_000_000  # GPUs per replica, minimum replicas
 _READ_CHUNK_BYTES = 1024 * 1024
 _PER_ENGINE_FIELDS = ("capacity_rps", "cold_start_s", "build_s", "build_overhead_usd", "ttft_p99_ms")
+# The facts an engine release may replace (docs/cost-model.md), and the other fields it has.
+RELEASE_FIELDS = ("capacity_rps", "ttft_p99_ms", "cold_start_s", "build_s")
+_RELEASE_KEYS = frozenset({"kind", "ts", "model", "engine", "version", *RELEASE_FIELDS})
+MAX_VERSION_CHARS = 64
 
 
 class TraceError(InvalidArgument):
@@ -58,11 +65,26 @@ class ModelProfile:
 
 
 @dataclass(frozen=True)
+class EngineRelease:
+    """An ``engine_release`` record: from `step` (the step that holds `ts`) on, the model's
+    facts for `engine` are those of `changes` (a subset of RELEASE_FIELDS), the others
+    unchanged."""
+
+    step: int
+    ts: datetime
+    engine: str
+    version: str
+    changes: Mapping[str, float]
+
+
+@dataclass(frozen=True)
 class ModelSeries:
-    """One model's traffic (rps per step, index = step) and revision steps."""
+    """One model's traffic (rps per step, index = step), revision steps and engine
+    releases (in time order)."""
 
     rps: tuple[float, ...]
     revision_steps: tuple[int, ...]
+    releases: tuple[EngineRelease, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -90,6 +112,51 @@ class Trace:
     def step_time(self, step: int) -> datetime:
         """Start of step `step`."""
         return datetime.fromtimestamp(self.start.timestamp() + step * self.step_s, UTC)
+
+    @functools.cached_property
+    def _eras(self) -> dict[str, tuple[tuple[int, ...], tuple[ModelProfile, ...]]]:
+        """Per model: the steps where its facts change (0 first) and the profile from each."""
+        out = {}
+        for model, p in self.profiles.items():
+            releases = self.series[model].releases if model in self.series else ()
+            starts, profiles = [0], [p]
+            for rel in releases:
+                p = with_release(p, rel)
+                if rel.step <= starts[-1]:
+                    profiles[-1] = p  # several releases in one step (or before it): the last
+                else:
+                    starts.append(rel.step)
+                    profiles.append(p)
+            out[model] = (tuple(starts), tuple(profiles))
+        return out
+
+    def eras(self, model: str) -> tuple[tuple[int, ...], tuple[ModelProfile, ...]]:
+        """(the steps where `model`'s facts change, 0 first; the profile in force from each)."""
+        return self._eras[model]
+
+    def profile_at(self, model: str, step: int) -> ModelProfile:
+        """`model`'s facts in force at `step`: the header's, with every engine release up to
+        that step applied in order."""
+        starts, profiles = self._eras[model]
+        return profiles[bisect_right(starts, step) - 1]
+
+    def release_at(self, model: str, engine: str, step: int) -> EngineRelease | None:
+        """The release of `engine` serving `model` at `step` (None: the header's, unnamed)."""
+        found = None
+        for rel in self.series[model].releases:
+            if rel.step > step:
+                break
+            if rel.engine == engine:
+                found = rel
+        return found
+
+
+def with_release(p: ModelProfile, rel: EngineRelease) -> ModelProfile:
+    """`p` with the facts `rel` carries for its engine replaced."""
+    if not rel.changes:
+        return p
+    fields = {f: {**getattr(p, f), rel.engine: v} for f, v in rel.changes.items()}
+    return replace(p, **fields)  # type: ignore[arg-type]
 
 
 def parse_ts(value: object) -> datetime:
@@ -231,6 +298,29 @@ _decode = json.JSONDecoder().decode  # json.loads without its per-call argument 
 _scan = make_scanner(json.JSONDecoder())  # type: ignore[arg-type]  # typeshed names the class
 
 
+def _release(rec: Mapping[str, Any], head: _Header, model: str, ts: datetime) -> EngineRelease:
+    """An ``engine_release`` record, checked against the header (docs/cost-model.md)."""
+    unknown = sorted(set(rec) - _RELEASE_KEYS)
+    if unknown:
+        raise ValueError(f"engine_release: unknown field {unknown[0]!r} (a release may carry "
+                         f"{', '.join(RELEASE_FIELDS)})")
+    engine = rec.get("engine")
+    known = head.profiles[model].capacity_rps
+    if engine not in known:
+        raise ValueError(f"engine: expected one of the header's engines ({', '.join(known)}), "
+                         f"found {_shown(engine)}")
+    version = rec.get("version")
+    if not isinstance(version, str) or not version.strip() or len(version) > MAX_VERSION_CHARS:
+        raise ValueError(f"version: expected a non-empty string of at most {MAX_VERSION_CHARS} "
+                         f"characters, found {_shown(version)}")
+    changes = {f: _number(rec, f, "", positive=f == "capacity_rps")
+               for f in RELEASE_FIELDS if f in rec}
+    # The step that holds `ts`: the release runs from there on.
+    step = int((ts - head.start).total_seconds() // head.step_s)
+    return EngineRelease(step=step, ts=ts, engine=str(engine), version=version,
+                         changes=changes)
+
+
 def _decode_line(line: str) -> Any:
     try:
         rec, end = _scan(line, 0)
@@ -246,6 +336,7 @@ def parse_trace(lines: Iterable[str], source: str = "<trace>") -> Trace:
     head: _Header | None = None
     rps: dict[str, dict[int, float]] = {}
     revisions: dict[str, list[int]] = {}
+    releases: dict[str, list[EngineRelease]] = {}
     last_ts: datetime | None = None
     last_raw_ts: object = None  # the text of last_ts, and its step and offset from a step start
     ts, step, off_step = datetime.min, 0, 0.0
@@ -261,12 +352,14 @@ def parse_trace(lines: Iterable[str], source: str = "<trace>") -> Trace:
                 head = _header(rec)
                 rps = {m: {} for m in head.profiles}
                 revisions = {m: [] for m in head.profiles}
+                releases = {m: [] for m in head.profiles}
                 continue
             if not isinstance(rec, dict):
                 raise ValueError(f"expected a JSON object, found {type(rec).__name__}")
             kind = rec.get("kind")
-            if kind not in ("traffic", "revision"):
-                raise ValueError(f"kind: expected 'traffic' or 'revision', found {kind!r}")
+            if kind not in ("traffic", "revision", "engine_release"):
+                raise ValueError("kind: expected 'traffic', 'revision' or 'engine_release', "
+                                 f"found {_shown(kind)}")
             model = rec.get("model")
             if model not in head.profiles:
                 raise ValueError(f"model {model!r} is not in the header (known: {', '.join(head.profiles)})")
@@ -284,6 +377,9 @@ def parse_trace(lines: Iterable[str], source: str = "<trace>") -> Trace:
                 if not isinstance(rec.get("revision"), str):
                     raise ValueError(f"revision: expected a string, found {rec.get('revision')!r}")
                 revisions[model].append(step)
+                continue
+            if kind == "engine_release":
+                releases[model].append(_release(rec, head, model, ts))
                 continue
             if off_step:
                 raise ValueError(f"ts {format_ts(ts)} is not on a step boundary (step_s={head.step_s})")
@@ -307,8 +403,8 @@ def parse_trace(lines: Iterable[str], source: str = "<trace>") -> Trace:
             raise TraceError(f"{source}: at end of file: model {model!r} has no traffic record at {at} "
                              f"({len(missing)} step(s) missing; expected one per model per step)")
         series[model] = ModelSeries(
-            rps=tuple(by_step[k] for k in range(n_steps)), revision_steps=tuple(revisions[model])
-        )
+            rps=tuple(by_step[k] for k in range(n_steps)), revision_steps=tuple(revisions[model]),
+            releases=tuple(releases[model]))
     return Trace(name=head.name, start=head.start, step_s=head.step_s,
                  price_per_gpu_hour=head.price, headroom=head.headroom, overlap_s=head.overlap_s,
                  profiles=head.profiles, series=series)
