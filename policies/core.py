@@ -64,7 +64,6 @@ HOURS_PER_DAY = 24.0
 REGRESSION_SHARE = 0.05
 # Capacity sources that are the engine's own measurement on its current release.
 OWN_CAPACITY_SOURCES = frozenset({"measured", "lower_bound", "upper_bound"})
-RELEASE_TRIAL_BASIS = "release trial"
 
 
 class DecisionStatus(StrEnum):
@@ -246,9 +245,10 @@ def _release_trial(sig: Signals, since: float, trialled: frozenset[str], engine:
     est = estimate_move(sig, current, engine, cost, target_capacity_rps=float(high))  # type: ignore[arg-type]
     if est is None:
         return None
-    return replace(est, savings_basis=(
-        f"{RELEASE_TRIAL_BASIS}: {engine} {key.split('@', 1)[1]} at the top of its capacity band "
-        f"({float(high):.3g} rps; {ef.capacity_rps:.3g} expected)"))  # type: ignore[arg-type]
+    return replace(est, release_trial=(
+        f"{engine} {key.split('@', 1)[1]} was released after the model chose {current} and is not "
+        f"measured: estimated at the top of its capacity band, {float(high):.3g} rps per "  # type: ignore[arg-type]
+        f"replica ({ef.capacity_rps:.3g} expected)"))
 
 
 

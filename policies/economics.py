@@ -70,6 +70,8 @@ class MoveEstimate:
     net_usd: float  # savings over the horizon - churn - switch
     margin_usd: float  # what net must exceed (hysteresis)
     savings_basis: str = "short window"  # the figure that bound: short window | long window
+    # A trial of a new release, estimated at the top of its capacity band: what it assumed
+    release_trial: str = ""
 
     @property
     def worth_it(self) -> bool:

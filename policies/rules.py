@@ -340,14 +340,18 @@ def _savings(rule: Rule, params: SavingsParams, ctx: RuleContext) -> RuleOutcome
             "savings_long_usd_per_h": best.savings_long_usd_per_h,
             "savings_basis": best.savings_basis,
         }
+        if best.release_trial:
+            inputs["release_trial"] = best.release_trial
         return WriteUp(why, inputs, (ConditionResult(
             "net_savings_usd", "gt", margin, best.net_usd, _unit("net_savings_usd"), pays,
             "test"),))
 
     if pays:
+        trial = " if the new release reaches the top of its band (a release trial)" if (
+            best.release_trial) else ""
         return RuleOutcome(best.target, lambda: write(
             f"moving to {best.target} saves ${best.net_usd:,.2f} net over the horizon (margin "
-            f"${margin:,.2f})"), estimate=best)
+            f"${margin:,.2f}){trial}"), estimate=best)
     return RuleOutcome(view.engine, lambda: write(
         f"best move ({best.target}) nets ${best.net_usd:,.2f} over the horizon, under the "
         f"margin ${margin:,.2f}"), estimate=best)

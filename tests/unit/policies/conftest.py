@@ -33,8 +33,11 @@ def profile(**overrides: Any) -> dict[str, Any]:
 
 def trace_lines(rates: dict[str, list[float]], *, revisions: dict[str, list[int]] | None = None,
                 profiles: dict[str, dict[str, Any]] | None = None, step_s: int = 300,
+                releases: dict[str, list[tuple[int, dict[str, Any]]]] | None = None,
                 **header: Any) -> list[str]:
-    """JSON lines of a trace starting 2026-03-02T00:00:00Z with one record per model per step."""
+    """JSON lines of a trace starting 2026-03-02T00:00:00Z with one record per model per step;
+    `releases`: per model, (step, fields) of its ``engine_release`` records, at that step's
+    start (fields: engine, version and the facts it changes)."""
     head: dict[str, Any] = {
         "kind": "header", "version": 1, "name": "synthetic", "start": "2026-03-02T00:00:00Z",
         "step_s": step_s, "price_per_gpu_hour": 4.0, "headroom": 0.2, "overlap_s": 600,
@@ -47,6 +50,10 @@ def trace_lines(rates: dict[str, list[float]], *, revisions: dict[str, list[int]
     for k in range(n):
         ts = _ts(k * step_s)
         for m in sorted(rates):
+            for at, fields in (releases or {}).get(m, []):
+                if at == k:
+                    lines.append(json.dumps({"kind": "engine_release", "ts": ts, "model": m,
+                                             **fields}))
             if k in revisions.get(m, []):
                 lines.append(json.dumps({"kind": "revision", "ts": ts, "model": m, "revision": f"r{k}"}))
             lines.append(json.dumps({"kind": "traffic", "ts": ts, "model": m, "rps": rates[m][k]}))
