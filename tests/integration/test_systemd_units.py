@@ -2,10 +2,13 @@
 `systemd-analyze security` rates them OK, and their command lines start a working
 fleet with the documented files in place (run here without systemd: the test does
 what systemd would, handing the credentials over in a directory and expanding the
-unit's specifiers; ports become free ones)."""
+unit's specifiers; ports become free ones). scripts/install-host.sh, the one-command
+install, run into a temporary root: its venv's gearshift runs and the units it installs
+pass the same verify (about 55 s: pip installs gearshift and its dependencies, twice)."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -25,7 +28,9 @@ from gearshift.devfleet.local_fleet import (
     wait_for,
 )
 
-UNITS = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
+REPO = Path(__file__).resolve().parents[2]
+UNITS = REPO / "deploy" / "systemd"
+INSTALL_HOST = REPO / "scripts" / "install-host.sh"
 NAMES = ("controller", "gateway", "agent")
 SHIPPED_BIN = "/opt/gearshift/.venv/bin/gearshift"
 # Highest exposure `systemd-analyze security` may rate each unit at ("OK" is < 4.1
@@ -51,12 +56,16 @@ def _local_copies(tmp_path: Path) -> list[Path]:
     return out
 
 
-@needs_analyze
-def test_units_verify(tmp_path: Path) -> None:
-    proc = subprocess.run([ANALYZE, "verify", *map(str, _local_copies(tmp_path))],  # type: ignore[list-item]
+def _verify(units: list[Path]) -> None:
+    proc = subprocess.run([ANALYZE, "verify", *map(str, units)],  # type: ignore[list-item]
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "gearshift" not in proc.stderr, proc.stderr  # no warning about our units
+
+
+@needs_analyze
+def test_units_verify(tmp_path: Path) -> None:
+    _verify(_local_copies(tmp_path))
 
 
 @needs_analyze
@@ -149,7 +158,6 @@ class Host:
 
 
 def env_base() -> dict[str, str]:
-    import os
     return {k: v for k, v in os.environ.items() if not k.startswith("GEARSHIFT_")}
 
 
@@ -263,3 +271,52 @@ def test_gateway_unit_starts_as_shipped(fleet: LocalFleet, tmp_path: Path) -> No
              "the gateway's /readyz (routes from the controller over mutual TLS)")
     assert "refused" not in gateway.log() and "Traceback" not in gateway.log()
     assert "PLAINTEXT" not in gateway.log()
+
+
+# --- scripts/install-host.sh ------------------------------------------------------------
+
+def _install_host(*args: str) -> str:
+    proc = subprocess.run([str(INSTALL_HOST), *args], capture_output=True, text=True,
+                          timeout=600, env=env_base())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_install_host_help() -> None:
+    out = _install_host("--help")
+    assert "controller, agent or gateway" in out and "--root DIR" in out
+
+
+@needs_analyze
+def test_install_host_installs_a_venv_and_units_that_verify(tmp_path: Path) -> None:
+    root, prefix = tmp_path / "root", tmp_path / "opt" / "gearshift"
+    sysusers = () if os.geteuid() == 0 else ("--no-sysusers",)  # it writes root/etc/passwd
+    out = _install_host("--root", str(root), "--prefix", str(prefix), *sysusers, *NAMES)
+
+    gearshift = prefix / ".venv" / "bin" / "gearshift"
+    helped = subprocess.run([str(gearshift), "--help"], capture_output=True, text=True,
+                            timeout=60, env=env_base())
+    assert helped.returncode == 0 and "SGLang" in helped.stdout, helped.stdout + helped.stderr
+    units = [root / "etc" / "systemd" / "system" / _unit(n).name for n in NAMES]
+    for name, unit in zip(NAMES, units, strict=True):  # the shipped unit, on this venv
+        assert unit.read_text() == _unit(name).read_text().replace(SHIPPED_BIN, str(gearshift))
+    _verify(units)
+
+    etc = root / "etc" / "gearshift"
+    assert (etc.stat().st_mode & 0o777, (etc / "tls").stat().st_mode & 0o777) == (0o755, 0o700)
+    assert ((root / "etc" / "sysusers.d" / "gearshift.conf").read_text()
+            == (UNITS / "gearshift.sysusers.conf").read_text())
+    if not sysusers:
+        assert "gearshift:" in (root / "etc" / "passwd").read_text()
+    for needed in ("/etc/gearshift/tls/ca-key.pem", "/etc/gearshift/tokens.yaml",
+                   "/etc/gearshift/bootstrap.token", "/etc/gearshift/agent.yaml",
+                   "/etc/gearshift/gateway.token", "systemctl enable --now gearshift-agent"):
+        assert needed in out, out
+
+    # Again (an upgrade), with the agent's files in place: they are kept and ticked off.
+    for name in ("tls/ca.pem", "bootstrap.token", "agent.yaml"):
+        (etc / name).write_text("kept\n")
+    out = _install_host("--root", str(root), "--prefix", str(prefix), *sysusers, "agent")
+    assert "[x] /etc/gearshift/agent.yaml" in out and "still needed;" not in out, out
+    assert (etc / "agent.yaml").read_text() == "kept\n"
+    shutil.rmtree(prefix)  # the venv's 400 MB (kept for a look when the test fails)
