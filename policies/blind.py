@@ -216,10 +216,22 @@ class LatencyWorld:
         no), from a column made for every step on the first call."""
         found = self._breaches.get((model, engine))
         if found is None:
-            sla_s = self._trace.profiles[model].sla_ttft_p99_ms / 1000.0
-            found = self._breaches[model, engine] = [
-                r is not None and r[2] > sla_s for r in self.readings(model, engine)]
+            found = self._breaches[model, engine] = self._breach_column(model, engine)
         return found[k]
+
+    def _breach_column(self, model: str, engine: str) -> list[bool]:
+        """`breaks_sla` of every step, with numpy (a screen for the learner's own check:
+        numpy's power may differ from `readings`' in the last bit)."""
+        if (columns := self._columns.get((model, engine))) is None:
+            columns = self._columns[model, engine] = self._make_columns(model, engine)
+        live, _, slack, noise, _ = columns
+        p99 = np.empty(live.shape, dtype=np.float64)
+        starts = self._trace.eras(model)[0]
+        for i, curve in enumerate(self._era_curves[model, engine]):
+            hi = starts[i + 1] if i + 1 < len(starts) else len(p99)
+            p99[starts[i]:hi] = curve.base_ms * slack[starts[i]:hi] ** -curve.shape
+        sla_ms = self._trace.profiles[model].sla_ttft_p99_ms
+        return ((live > 0) & (p99 * noise > sla_ms)).tolist()  # type: ignore[no-any-return]
 
     def observe(self, model: str, engine: str, k: int) -> Observation | None:
         """Step k's observation of `model` served by `engine`; None when idle."""
