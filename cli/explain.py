@@ -9,9 +9,10 @@ threshold, observed value, unit), never parsed from the core's prose; the
 reversal lines are derived only from those conditions and the stored inputs, and
 when they say nothing specific it prints an honest generic sentence instead of
 guessing. "Where the
-figures come from" says, per engine, whether its capacity was measured or came
-from a policy prior or a default ratio, and why (too little data, no SLA, …), and
-whether the traffic level is the forecast's or the observed one.
+figures come from" says, per engine (and the release it runs, where known), whether
+its capacity was measured or came from a policy prior, a default ratio or another
+release of the engine, and why (too little data, no SLA, …), and whether the
+traffic level is the forecast's or the observed one.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gearshift.cli.output import times_line
-from gearshift.policies.signals import SIGNALS
+from gearshift.policies.signals import ENGINE_VERSION, SIGNALS
 from gearshift.v1 import control_pb2
 
 REPORT_WIDTH_CHARS = 160
@@ -216,6 +217,8 @@ def _reversals(d: control_pb2.Decision, inputs: Mapping[str, Any],
 
 
 OWN_SOURCES = ("measured", "lower_bound", "upper_bound")
+# By `policies.priors` source (spelled out: importing it loads the policy schema, a tenth of
+# a second of every CLI run).
 _CAPACITY_SOURCE_WORDS = {
     "measured": "measured at the SLA",
     "lower_bound": "measured lower bound (the SLA was never reached: at least this)",
@@ -225,6 +228,8 @@ _CAPACITY_SOURCE_WORDS = {
     "default-ratio": "NOT MEASURED: a default, {base}'s figure x {ratio} (assumed, not measured; "
                      "public range {low}..{high}x)",
     "unknown": "unknown: nothing measured and no prior",
+    "earlier-release": "NOT MEASURED on this release: another release's figure as its prior "
+                       "(band widened)",
 }
 
 
@@ -252,7 +257,9 @@ def _provenance(d: control_pb2.Decision, inputs: Mapping[str, Any]) -> list[str]
         low, high = inputs.get(f"capacity_low.{e}"), inputs.get(f"capacity_high.{e}")
         band = (f", band {fmt_value('capacity_rps', low)} .. {fmt_value('capacity_rps', high)}"
                 if isinstance(low, int | float) and isinstance(high, int | float) else "")
-        out.append(f"  capacity on {e}: {value}, {words}{band}")
+        release = inputs.get(f"{ENGINE_VERSION}.{e}")
+        on = f"{e} {release}" if release else e
+        out.append(f"  capacity on {on}: {value}, {words}{band}")
         note = inputs.get(f"capacity_note.{e}")
         if note:
             out.append(f"    {'note' if source in OWN_SOURCES else 'why'}: {note}")

@@ -115,6 +115,9 @@ class HostEntry:
     interval_s: float
     hello_bytes: bytes  # the Hello as received
     gpu_model: str = ""  # of the host's first GPU ("" without GPUs): rollups carry it
+    # (engine, version) of each engine installed whose version its Hello gives, read once
+    # (the policy loop asks at every tick which release a model would move to)
+    engine_versions: tuple[tuple[str, str], ...] = ()
     connected: bool = True
     last_report_ts: float = 0.0
     last_seq: int = 0
@@ -136,6 +139,8 @@ class HostEntry:
         return cls(host_id=hello.host_id, interval_s=interval_s,
                    hello_bytes=hello.SerializeToString(),
                    gpu_model=hello.gpus[0].model if hello.gpus else "",
+                   engine_versions=tuple((intern(e.engine), intern(e.version))
+                                         for e in hello.engines if e.version),
                    last_report_ts=last_report_ts)
 
     @property

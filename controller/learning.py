@@ -7,7 +7,10 @@ JSON settings (`capacity/<label>`) so a restarted controller keeps what it
 learned. `live_capacities` turns what was measured into one capacity per engine
 for the decision core, by the rule shared with the blind backtest
 (`gearshift.policies.priors`): measured figures first, else the policy's priors
-or the default ratio, each cited with where it came from and why.
+or the default ratio, each cited with where it came from and why. A figure is a
+measurement only on the release it was measured on: after an engine's upgrade its
+earlier release's figure is the new release's prior (``earlier-release``, its band
+widened) until the new release has figures of its own.
 
 Forecasts are made again at most every `FORECAST_REFIT_S` per model. Each predicts
 from the current history with the trees of the model's previous forecast, refitted
@@ -31,10 +34,11 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from gearshift.common.engine_versions import version_key
 from gearshift.common.engines import ENGINE_NAMES
 from gearshift.controller.store import Store
 from gearshift.controller.tables import RollupRow
@@ -51,7 +55,7 @@ from gearshift.policies.priors import (
     resolve_capacities,
 )
 from gearshift.policies.schema import ModelPriors
-from gearshift.policies.signals import SignalValue
+from gearshift.policies.signals import ENGINE_VERSION, SignalValue
 
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike
@@ -141,16 +145,15 @@ class CapacityLearner:
         return [m for k, m in sorted(self.models.items(), key=lambda kv: kv[0].label())
                 if k.model == model]
 
-    def best(self, model: str, engine: str, gpu_model: str | None,
-             sla_ttft_p99_s: float | None, sla_itl_p99_s: float | None) -> LearnedCapacity | None:
-        """The estimate from the model with the most points for this engine (and GPU)."""
+    def _of(self, model: str, engine: str, gpu_model: str | None) -> list[CapacityModel]:
+        """The capacity models of `model` on `engine` (and GPU; None: any), every release."""
         if self._indexed != len(self.models):
             self._reindex()
-        candidates = [m for m in self._index.get((model, engine), ())
-                      if gpu_model is None or m.key.gpu_model == gpu_model]
-        if not candidates or (sla_ttft_p99_s is None and sla_itl_p99_s is None):
-            return None
-        chosen = max(candidates, key=len)
+        return [m for m in self._index.get((model, engine), ())
+                if gpu_model is None or m.key.gpu_model == gpu_model]
+
+    def _estimate(self, chosen: CapacityModel, sla_ttft_p99_s: float | None,
+                  sla_itl_p99_s: float | None) -> LearnedCapacity:
         cache_key = (chosen.key, sla_ttft_p99_s, sla_itl_p99_s)
         found = self._estimates.get(cache_key)
         if found is None or found[0] != chosen.accepted:
@@ -159,35 +162,119 @@ class CapacityLearner:
                                                                                    estimate))
         return found[1]
 
+    def best(self, model: str, engine: str, gpu_model: str | None,
+             sla_ttft_p99_s: float | None, sla_itl_p99_s: float | None,
+             version: str | None = None) -> LearnedCapacity | None:
+        """The estimate from the model with the most points for this engine (and GPU) on
+        release `version` of it; None: any release (the engine's release is not known)."""
+        if sla_ttft_p99_s is None and sla_itl_p99_s is None:
+            return None
+        candidates = [m for m in self._of(model, engine, gpu_model)
+                      if version is None or m.key.engine_version == version]
+        if not candidates:
+            return None
+        return self._estimate(max(candidates, key=len), sla_ttft_p99_s, sla_itl_p99_s)
 
-def measurement(learned: LearnedCapacity | None, engine: str, sla_given: bool) -> Measurement:
-    """What the learner's estimate shows of one engine, or why it shows nothing usable."""
+    def earlier(self, model: str, engine: str, gpu_model: str | None, version: str,
+                sla_ttft_p99_s: float | None, sla_itl_p99_s: float | None
+                ) -> LearnedCapacity | None:
+        """A usable estimate of another release of `engine` than `version`, for a release
+        with none of its own (`live_capacities`): the newest release up to `version` that
+        has one, else the oldest after it (a rollback), each release's model with the most
+        points; by points where a release cannot be ordered (`release_order`)."""
+        if sla_ttft_p99_s is None and sla_itl_p99_s is None:
+            return None
+        by_release: dict[str, CapacityModel] = {}
+        for m in self._of(model, engine, gpu_model):
+            v = m.key.engine_version
+            if v != version and (v not in by_release or len(m) > len(by_release[v])):
+                by_release[v] = m
+        if not by_release:
+            return None
+        order = sorted(by_release, key=lambda v: -len(by_release[v]))
+        if (mine := release_order(version)) is not None:
+            known = {v: k for v in by_release if (k := release_order(v)) is not None}
+            order = (sorted((v for v in known if known[v] <= mine), key=known.__getitem__,
+                            reverse=True)
+                     + sorted((v for v in known if known[v] > mine), key=known.__getitem__)
+                     + [v for v in order if v not in known])
+        for v in order:
+            learned = self._estimate(by_release[v], sla_ttft_p99_s, sla_itl_p99_s)
+            if usable(learned.estimate):
+                return learned
+        return None
+
+
+def release_order(version: str) -> tuple[tuple[int, ...], int, int] | None:
+    """The sort key of an engine release (`version_key`: 0.11.2 < 0.12.0rc1 < 0.12.0), None
+    for a version that is not a release number ("", a build name)."""
+    try:
+        return version_key(version)
+    except ValueError:
+        return None
+
+
+USABLE_STATUSES = ("ok", "lower_bound", "upper_bound")
+
+
+def usable(est: CapacityEstimate) -> bool:
+    """The estimate gives a capacity figure (a measurement, or a measured bound)."""
+    return est.status in USABLE_STATUSES and bool(est.capacity_rps)
+
+
+def _figure(est: CapacityEstimate) -> EngineCapacity:
+    return EngineCapacity(est.capacity_rps, est.low, est.high,
+                          "measured" if est.status == "ok" else est.status, est.reason)
+
+
+def measurement(learned: LearnedCapacity | None, engine: str, sla_given: bool,
+                version: str | None = None) -> Measurement:
+    """What the learner's estimate shows of one engine (on release `version`, where known),
+    or why it shows nothing usable."""
+    name = f"{engine} {version}" if version else engine
     if not sla_given:
-        return Measurement(why=f"{engine} not measured: the model has no latency SLA "
-                               "(spec.models slaTtftP99Ms / slaItlP99Ms) to measure capacity at")
+        return Measurement(why=f"{name} not measured: the model has no latency SLA "
+                               "(spec.models slaTtftP99Ms / slaItlP99Ms) to measure capacity at",
+                           version=version)
     if learned is None:
-        return Measurement(why=f"{engine} not measured: no latency observed on it yet")
+        return Measurement(why=f"{name} not measured: no latency observed on it yet",
+                           version=version)
     est = learned.estimate
-    if est.status in ("ok", "lower_bound", "upper_bound") and est.capacity_rps:
-        source = "measured" if est.status == "ok" else est.status
-        return Measurement(EngineCapacity(est.capacity_rps, est.low, est.high, source, est.reason))
-    return Measurement(why=f"too little data on {engine}: {est.reason or est.status}")
+    if usable(est):
+        return Measurement(_figure(est), version=version)
+    return Measurement(why=f"too little data on {name}: {est.reason or est.status}",
+                       version=version)
 
 
 def live_capacities(learner: CapacityLearner | None, model: str, gpu_model: str | None,
-                    priors: ModelPriors) -> tuple[dict[str, EngineCapacity], dict[str, SignalValue]]:
-    """One capacity per engine for `model` (shared rule), and the decision inputs citing them."""
+                    priors: ModelPriors, versions: Mapping[str, str] | None = None
+                    ) -> tuple[dict[str, EngineCapacity], dict[str, SignalValue]]:
+    """One capacity per engine for `model` (shared rule), and the decision inputs citing them.
+
+    `versions`: the release each engine runs or would run (an engine absent: not known,
+    any release's figures count). Only what was measured on that release is a
+    measurement; with none, another release's figure is the release's prior
+    (`CapacityLearner.earlier`, `priors.earlier_release`), never a measurement."""
     ttft = priors.sla_ttft_p99_ms / 1000 if priors.sla_ttft_p99_ms else None
     itl = priors.sla_itl_p99_ms / 1000 if priors.sla_itl_p99_ms else None
+    sla_given = ttft is not None or itl is not None
+    versions = versions or {}
     found: dict[str, Measurement] = {}
     points: dict[str, int] = {}
     for e in ENGINE_NAMES:
-        learned = None if learner is None else learner.best(model, e, gpu_model, ttft, itl)
-        found[e] = measurement(learned, e, ttft is not None or itl is not None)
+        version = versions.get(e)
+        learned = None if learner is None else learner.best(model, e, gpu_model, ttft, itl,
+                                                            version)
+        m = found[e] = measurement(learned, e, sla_given, version)
+        if m.figure is None and version is not None and learner is not None and (
+                old := learner.earlier(model, e, gpu_model, version, ttft, itl)) is not None:
+            found[e] = replace(m, earlier=_figure(old.estimate),
+                               earlier_version=old.key.engine_version)
         points[e] = 0 if learned is None else learned.estimate.points
     caps = resolve_capacities(found, priors.engines)
     cite = citations(caps)
     cite.update({f"capacity_points.{e}": n for e, n in points.items()})
+    cite.update({f"{ENGINE_VERSION}.{e}": v for e, v in versions.items()})
     return caps, cite
 
 

@@ -2,9 +2,11 @@
 
 `model_facts` builds a model's `ModelFacts` from its ready deployments: replica
 size, GPU model, measured latency (else the policy's priors), capacities by the
-rule shared with the blind backtest (`controller.learning.live_capacities`), and
-the results of earlier trials, each figure cited by its source. `rate_forecasts`
-gives each model's rate forecast over the policy's horizon. Both are pure reads.
+rule shared with the blind backtest (`controller.learning.live_capacities`) on the
+release each engine runs or would run (`FactsCache.releases`, cited as
+``engine_version.<engine>``), and the results of earlier trials, each figure cited
+by its source. `rate_forecasts` gives each model's rate forecast over the policy's
+horizon. Both are pure reads.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from gearshift.common.engines import ENGINE_NAMES
 from gearshift.controller.fleet import FleetState
 from gearshift.controller.gpu_price import host_price, model_price
-from gearshift.controller.learning import live_capacities
+from gearshift.controller.learning import live_capacities, release_order
 from gearshift.policies.loader import Policy
 from gearshift.policies.priors import EngineCapacity, priors_for
 from gearshift.policies.schema import EnginePriors, ModelPriors
@@ -46,6 +48,33 @@ class Placement(NamedTuple):
     labels: Mapping[str, str]
     price_per_gpu_hour: float | None
     price_source: str
+    # Per catalog engine, the newest release installed on those hosts (None: none says)
+    engine_versions: tuple[str | None, ...]
+
+
+class Releases(NamedTuple):
+    """The release each catalog engine runs for a model, or would run after a move
+    (`FactsCache.releases`; shared between the models alike: read, never changed)."""
+
+    key: tuple[str | None, ...]  # per catalog engine (None: not known)
+    known: Mapping[str, str]     # engine -> release, the known ones
+
+
+NO_RELEASES = Releases((None,) * len(ENGINES), {})
+
+
+def newest(versions: Iterable[str]) -> str | None:
+    """The newest of engine `versions` by release order (`learning.release_order`; a
+    version that is not a release number only where there is no other), None: none."""
+    best: str | None = None
+    best_key = None
+    for v in versions:
+        if not v:
+            continue
+        k = release_order(v)
+        if best is None or (k is not None and (best_key is None or k > best_key)):
+            best, best_key = v, k
+    return best
 
 
 class EnginePlan(NamedTuple):
@@ -65,8 +94,9 @@ TrialResult = Callable[[str, str], dict[str, Any] | None]
 class FactsCache:
     """What one tick's facts share between models, so that it is worked out once: the
     priors of each model under the policy, each host's GPU models and labels, and the
-    capacities of models with no latency SLA (those depend on their priors alone: the
-    learner measures capacity at an SLA), and each host's GPU price (`controller.gpu_price`:
+    capacities of models with no latency SLA (those depend on their priors and the
+    engines' releases alone: the learner measures capacity at an SLA), the releases of
+    the models alike, and each host's GPU price (`controller.gpu_price`:
     its label, else `gpu_price_per_hour`, the fleet's). Build one per tick (hosts may change
     between ticks) from the tick's policy."""
 
@@ -80,8 +110,11 @@ class FactsCache:
         self._hosts: dict[str, tuple[list[str], Mapping[str, str]]] = {}
         self._placements: dict[tuple[str, ...], Placement] = {}
         self._engines: dict[tuple[str, float | None, int], tuple[ModelPriors, EngineFacts]] = {}
-        self._unmeasured: dict[int, tuple[ModelPriors, dict[str, EngineCapacity],
-                                          dict[str, SignalValue]]] = {}
+        self._unmeasured: dict[tuple[int, tuple[str | None, ...]],
+                               tuple[ModelPriors, dict[str, EngineCapacity],
+                                     dict[str, SignalValue]]] = {}
+        self._releases: dict[tuple[Any, ...], Releases] = {}
+        self._fleet_versions: tuple[str | None, ...] | None = None
         self._plans: dict[int, tuple[ModelPriors, tuple[EnginePlan, ...]]] = {}
 
     def priors(self, model: str) -> ModelPriors:
@@ -122,7 +155,30 @@ class FactsCache:
                 gpu_model=gpu_models[0] if gpu_models else None,
                 nvidia=any(m.upper().startswith("NVIDIA") for m in gpu_models)
                 if gpu_models else None,
-                labels=labels, price_per_gpu_hour=price, price_source=price_source)
+                labels=labels, price_per_gpu_hour=price, price_source=price_source,
+                engine_versions=_installed(fleet, dict.fromkeys(host_ids)))
+        return found
+
+    def releases(self, fleet: FleetState, placed: Placement,
+                 serving: tuple[str, ...]) -> Releases:
+        """The release of each engine for a model: what its ready deployments report for
+        the engines serving it (`serving`: engine, version, ...: the newest of each
+        engine's; "": not known); for the others, the newest installed on its hosts (a
+        move's targets go there first: `controller.placement`), else on any host."""
+        key = (placed.engine_versions, serving)
+        found = self._releases.get(key)
+        if found is None:
+            versions = list(placed.engine_versions)
+            if None in versions:
+                if self._fleet_versions is None:
+                    self._fleet_versions = _installed(fleet, fleet.hosts)
+                versions = [v if v is not None else f
+                            for v, f in zip(versions, self._fleet_versions, strict=True)]
+            for i in range(0, len(serving), 2):  # a version not reported: not known
+                if serving[i] in ENGINES:
+                    versions[ENGINES.index(serving[i])] = serving[i + 1] or None
+            found = self._releases[key] = Releases(
+                tuple(versions), {e: v for e, v in zip(ENGINES, versions, strict=True) if v})
         return found
 
     def unmeasured_engine(self, engine: str, capacity_rps: float | None, priors: ModelPriors,
@@ -152,15 +208,18 @@ class FactsCache:
             found = self._plans[id(priors)] = (priors, tuple(plan))
         return found[1]
 
-    def capacities(self, model: str, gpu_model: str | None, priors: ModelPriors
+    def capacities(self, model: str, gpu_model: str | None, priors: ModelPriors,
+                   releases: Releases = NO_RELEASES
                    ) -> tuple[dict[str, EngineCapacity], dict[str, SignalValue]]:
-        """`live_capacities` (the citations shared between models: not to be changed)."""
+        """`live_capacities` on `releases` (the citations shared between models: not to be
+        changed)."""
         if priors.sla_ttft_p99_ms or priors.sla_itl_p99_ms:
-            return live_capacities(self.learner, model, gpu_model, priors)
-        found = self._unmeasured.get(id(priors))
+            return live_capacities(self.learner, model, gpu_model, priors, releases.known)
+        key = (id(priors), releases.key)
+        found = self._unmeasured.get(key)
         if found is None or found[0] is not priors:
-            caps, cite = live_capacities(self.learner, model, gpu_model, priors)
-            found = self._unmeasured[id(priors)] = (priors, caps, cite)
+            caps, cite = live_capacities(self.learner, model, gpu_model, priors, releases.known)
+            found = self._unmeasured[key] = (priors, caps, cite)
         return found[1], found[2]
 
 
@@ -176,10 +235,15 @@ def model_facts(fleet: FleetState, ready: list[tuple[str, agent_pb2.DeploymentRe
         host_ids: tuple[str, ...] = (host,)
         gpus_per_replica = priors.gpus_per_replica or (
             d.tensor_parallel_size or len(d.gpu_indices) or 1)
+        serving: tuple[str, ...] = (d.engine, d.engine_version)
     else:
         host_ids = tuple(h for h, _ in ready)
         gpus_per_replica = priors.gpus_per_replica or max(
             (d.tensor_parallel_size or len(d.gpu_indices) or 1) for _, d in ready)
+        runs: dict[str, list[str]] = {}
+        for _, d in ready:
+            runs.setdefault(d.engine, []).append(d.engine_version)
+        serving = tuple(x for e in sorted(runs) for x in (e, newest(runs[e]) or ""))
     placed = cache.placement(fleet, host_ids)
     measured_ttft: dict[str, float] = {}
     measured_itl: dict[str, float] = {}
@@ -189,7 +253,8 @@ def model_facts(fleet: FleetState, ready: list[tuple[str, agent_pb2.DeploymentRe
         if d.itl.present:
             measured_itl[d.engine] = max(measured_itl.get(d.engine, 0.0), d.itl.p99_s * 1000)
     sla = sla_signals(ready)
-    caps, shared_cite = cache.capacities(model, placed.gpu_model, priors)
+    caps, shared_cite = cache.capacities(model, placed.gpu_model, priors,
+                                         cache.releases(fleet, placed, serving))
     cite: dict[str, SignalValue] = {}  # the model's own citations, after the shared ones
     engines = {}
     for e, prior, overhead, prior_latency in cache.engine_plan(priors):
@@ -222,6 +287,16 @@ def model_facts(fleet: FleetState, ready: list[tuple[str, agent_pb2.DeploymentRe
         nvidia=placed.nvidia, gpu_model=placed.gpu_model, labels=placed.labels,
         price_per_gpu_hour=placed.price_per_gpu_hour, price_source=placed.price_source,
         citations=cite)
+
+
+def _installed(fleet: FleetState, host_ids: Iterable[str]) -> tuple[str | None, ...]:
+    """Per catalog engine, the newest release installed on `host_ids` (None: none)."""
+    found: dict[str, list[str]] = {}
+    for h in host_ids:
+        entry = fleet.hosts.get(h)
+        for engine, version in entry.engine_versions if entry is not None else ():
+            found.setdefault(engine, []).append(version)
+    return tuple(newest(found.get(e, ())) for e in ENGINES)
 
 
 def _figures(capacity_rps: float | None, prior: EnginePriors | None,
