@@ -55,7 +55,7 @@ from gearshift.policies.priors import (
     resolve_capacities,
 )
 from gearshift.policies.schema import ModelPriors
-from gearshift.policies.signals import ENGINE_VERSION, SignalValue
+from gearshift.policies.signals import CAPACITY_EARLIER, ENGINE_VERSION, RELEASE_TS, SignalValue
 
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike
@@ -65,6 +65,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SETTING_PREFIX = "capacity/"
+# When each engine release was first seen in the fleet (`CapacityLearner.release_seen`),
+# stored as `release-seen/<engine>/<version>`: a release newer than a model's choice of
+# engine may be trialled (docs/decisions.md, "Engine releases").
+RELEASE_SEEN_PREFIX = "release-seen/"
 FORECAST_REFIT_S = 900.0
 FORECAST_TICK_BUDGET_S = 0.25  # wall time a policy tick may spend fitting forecasts
 # The live controller fits forecasts on a worker thread (`Forecaster(background=True)`),
@@ -96,8 +100,35 @@ class CapacityLearner:
         # `accepted`, so a changed model is estimated afresh.
         self._estimates: dict[tuple[CapacityKey, float | None, float | None],
                               tuple[int, LearnedCapacity]] = {}
+        # "engine/version" -> when the fleet first ran it (epoch s; 0: before anything was
+        # recorded), and those not stored yet
+        self.releases_seen: dict[str, float] = {}
+        self._releases_dirty: set[str] = set()
+        self._release_baseline = True  # nothing recorded yet: what runs now is not new
+
+    def release_seen(self, engine: str, version: str, now: float) -> float:
+        """When `version` of `engine` was first seen in the fleet (recorded now if never),
+        0.0 for one that already ran when the controller first recorded releases (its
+        first tick on an empty store): only a release that appears later is new."""
+        key = f"{engine}/{version}"
+        found = self.releases_seen.get(key)
+        if found is None:
+            found = self.releases_seen[key] = 0.0 if self._release_baseline else now
+            self._releases_dirty.add(key)
+        return found
+
+    def releases_settled(self) -> None:
+        """A tick ended: releases first seen from now on are new (`release_seen`)."""
+        self._release_baseline = False
 
     def load(self) -> None:
+        for key, data in self.store.iter_settings_with_prefix(RELEASE_SEEN_PREFIX):
+            seen = data.get("first_seen") if isinstance(data, dict) else None
+            if isinstance(seen, int | float) and math.isfinite(seen):
+                self.releases_seen[key.removeprefix(RELEASE_SEEN_PREFIX)] = float(seen)
+            else:
+                log.warning("ignoring stored release time %s: %r", key, data)
+        self._release_baseline = not self.releases_seen
         for key, data in self.store.iter_settings_with_prefix(SETTING_PREFIX):
             try:
                 model = CapacityModel.from_dict(data, where=f"setting {key}")
@@ -133,8 +164,12 @@ class CapacityLearner:
 
     def snapshot(self) -> dict[str, Any]:
         """What changed since the last snapshot, ready to store (cheap; on the caller's thread)."""
-        out = {f"{SETTING_PREFIX}{key.label()}": self.models[key].to_dict() for key in self._dirty}
+        out: dict[str, Any] = {f"{SETTING_PREFIX}{key.label()}": self.models[key].to_dict()
+                               for key in self._dirty}
         self._dirty.clear()
+        seen, self._releases_dirty = self._releases_dirty, set()
+        out.update({f"{RELEASE_SEEN_PREFIX}{k}": {"first_seen": self.releases_seen[k]}
+                    for k in seen})
         return out
 
     def save(self) -> None:
@@ -247,35 +282,55 @@ def measurement(learned: LearnedCapacity | None, engine: str, sla_given: bool,
 
 
 def live_capacities(learner: CapacityLearner | None, model: str, gpu_model: str | None,
-                    priors: ModelPriors, versions: Mapping[str, str] | None = None
+                    priors: ModelPriors, versions: Mapping[str, str] | None = None,
+                    now: float | None = None
                     ) -> tuple[dict[str, EngineCapacity], dict[str, SignalValue]]:
     """One capacity per engine for `model` (shared rule), and the decision inputs citing them.
 
     `versions`: the release each engine runs or would run (an engine absent: not known,
     any release's figures count). Only what was measured on that release is a
     measurement; with none, another release's figure is the release's prior
-    (`CapacityLearner.earlier`, `priors.earlier_release`), never a measurement."""
+    (`CapacityLearner.earlier`, `priors.earlier_release`), never a measurement. With
+    `now`, each known release is cited with when the fleet first ran it
+    (`engine_release_ts.<engine>`), and a release measured at the SLA with the figure an
+    older one measured (`capacity_earlier.<engine>`: a regression shows against it)."""
     ttft = priors.sla_ttft_p99_ms / 1000 if priors.sla_ttft_p99_ms else None
     itl = priors.sla_itl_p99_ms / 1000 if priors.sla_itl_p99_ms else None
     sla_given = ttft is not None or itl is not None
     versions = versions or {}
     found: dict[str, Measurement] = {}
     points: dict[str, int] = {}
+    earlier: dict[str, float | None] = {}
     for e in ENGINE_NAMES:
         version = versions.get(e)
         learned = None if learner is None else learner.best(model, e, gpu_model, ttft, itl,
                                                             version)
         m = found[e] = measurement(learned, e, sla_given, version)
-        if m.figure is None and version is not None and learner is not None and (
+        if version is not None and learner is not None and (
+                m.figure is None or (now is not None and m.figure.source == "measured")) and (
                 old := learner.earlier(model, e, gpu_model, version, ttft, itl)) is not None:
-            found[e] = replace(m, earlier=_figure(old.estimate),
-                               earlier_version=old.key.engine_version)
+            if m.figure is None:
+                found[e] = replace(m, earlier=_figure(old.estimate),
+                                   earlier_version=old.key.engine_version)
+            elif _older(old.key.engine_version, version) and old.estimate.status == "ok":
+                earlier[e] = old.estimate.capacity_rps
         points[e] = 0 if learned is None else learned.estimate.points
     caps = resolve_capacities(found, priors.engines)
     cite = citations(caps)
     cite.update({f"capacity_points.{e}": n for e, n in points.items()})
     cite.update({f"{ENGINE_VERSION}.{e}": v for e, v in versions.items()})
+    if now is not None and learner is not None:
+        cite.update({f"{RELEASE_TS}.{e}": learner.release_seen(e, v, now)
+                     for e, v in versions.items()})
+        cite.update({f"{CAPACITY_EARLIER}.{e}": c for e, c in earlier.items()
+                     if c is not None and caps[e].source == "measured"})
     return caps, cite
+
+
+def _older(a: str, b: str) -> bool:
+    """Release `a` comes before release `b` (False where either cannot be ordered)."""
+    ka, kb = release_order(a), release_order(b)
+    return ka is not None and kb is not None and ka < kb
 
 
 class Forecaster:

@@ -101,10 +101,11 @@ class FactsCache:
     between ticks) from the tick's policy."""
 
     def __init__(self, policy: Policy, learner: CapacityLearner | None,
-                 gpu_price_per_hour: float | None = None) -> None:
+                 gpu_price_per_hour: float | None = None, now: float | None = None) -> None:
         self.policy = policy
         self.learner = learner
         self.gpu_price_per_hour = gpu_price_per_hour
+        self.now = now  # the tick's time: releases are cited with when they first ran
         self._prices: dict[str, tuple[float | None, str]] = {}
         self._priors: dict[str, ModelPriors] = {}
         self._hosts: dict[str, tuple[list[str], Mapping[str, str]]] = {}
@@ -214,11 +215,13 @@ class FactsCache:
         """`live_capacities` on `releases` (the citations shared between models: not to be
         changed)."""
         if priors.sla_ttft_p99_ms or priors.sla_itl_p99_ms:
-            return live_capacities(self.learner, model, gpu_model, priors, releases.known)
+            return live_capacities(self.learner, model, gpu_model, priors, releases.known,
+                                   self.now)
         key = (id(priors), releases.key)
         found = self._unmeasured.get(key)
         if found is None or found[0] is not priors:
-            caps, cite = live_capacities(self.learner, model, gpu_model, priors, releases.known)
+            caps, cite = live_capacities(self.learner, model, gpu_model, priors, releases.known,
+                                         self.now)
             found = self._unmeasured[key] = (priors, caps, cite)
         return found[1], found[2]
 

@@ -119,12 +119,18 @@ class TickReads:
     # Tenures this tick changed, stored together at its end (`PolicyLoop.evaluate`).
     tenure_changes: dict[str, Tenure] = field(default_factory=dict)
     trialled: dict[str, frozenset[str]] = field(init=False)  # model -> engines trialled
+    # model -> (engine, when its newest ended trial started): a release that started before
+    # it was trialled (`ModelState.trialled_at`)
+    trialled_at: dict[str, tuple[tuple[str, float], ...]] = field(init=False)
 
     def __post_init__(self) -> None:
         engines: dict[str, set[str]] = {}
-        for model, engine in self.trials:
+        times: dict[str, list[tuple[str, float]]] = {}
+        for (model, engine), row in self.trials.items():
             engines.setdefault(model, set()).add(engine)
+            times.setdefault(model, []).append((engine, row.created_at.timestamp()))
         self.trialled = {m: frozenset(e) for m, e in engines.items()}
+        self.trialled_at = {m: tuple(t) for m, t in times.items()}
 
     def trial_result(self, model: str, engine: str) -> dict[str, Any] | None:
         row = self.trials.get((model, engine))
@@ -303,7 +309,8 @@ class PolicyLoop:
             last_switch=None if last is None else last_switch(
                 [SwitchRecord(last.timestamp(), SwitchOutcome.DONE)]),
             migrating_to=active.to_engine if active is not None else None,
-            trialled=reads.trialled.get(model, frozenset()))
+            trialled=reads.trialled.get(model, frozenset()),
+            trialled_at=reads.trialled_at.get(model, ()))
 
     def _reads(self, models: list[str]) -> TickReads:
         """What a tick reads from the store, in a few queries for the whole fleet."""
@@ -358,7 +365,10 @@ class PolicyLoop:
         # (`controller.gc_policy`) resumes after it.
         gc.disable()
         try:
-            return self._evaluate(models, version, policy, now, explain)
+            evaluation = self._evaluate(models, version, policy, now, explain)
+            if self.learner is not None:
+                self.learner.releases_settled()  # releases first seen from now on are new
+            return evaluation
         finally:
             if collecting:
                 gc.enable()
@@ -370,7 +380,7 @@ class PolicyLoop:
     def _evaluate(self, models: list[str], version: int, policy: Policy,
                   now: float, explain: bool = False) -> Evaluation:
         reads = self._reads(models)
-        cache = FactsCache(policy, self.learner, self.gpu_price_per_hour)
+        cache = FactsCache(policy, self.learner, self.gpu_price_per_hour, now)
         wanted: dict[str, FleetModel] = {}
         states: dict[str, ModelState] = {}
         ready_of = self._ready_by_model()

@@ -88,6 +88,8 @@ class ModelState:
     pinned: str | None = None  # an operator's pin, on top of the policy's pins
     frozen: bool = False  # an operator's freeze, on top of the policy's freezes
     trialled: frozenset[str] = frozenset()  # engines a trial already measured for the model
+    # (engine, when its latest trial started): a release that started before it was trialled
+    trialled_at: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -182,7 +184,8 @@ def _engine_order(policy: Policy, sig: Signals) -> tuple[str, ...]:
 
 def _candidates(policy: Policy, sig: Signals, current: str, cost: CostSettings,
                 order: tuple[str, ...], known: Mapping[str, MoveEstimate | None] | None = None,
-                since: float | None = None, trialled: frozenset[str] = frozenset()
+                since: float | None = None, trialled: frozenset[str] = frozenset(),
+                trialled_at: tuple[tuple[str, float], ...] = ()
                 ) -> tuple[dict[str, MoveEstimate | None], list[tuple[str, str]]]:
     """Engines the model may move to (of `order`, `_engine_order`'s), with estimates (those
     of `known`, made for the fleet at once, else `estimate_move`'s; a new release's trial
@@ -209,7 +212,8 @@ def _candidates(policy: Policy, sig: Signals, current: str, cost: CostSettings,
         else:
             allowed[engine] = estimate_move(sig, current, engine, cost)
         if engine in allowed and since is not None and (
-                trial := _release_trial(sig, since, trialled, engine, current, cost)) is not None:
+                trial := _release_trial(sig, since, trialled, trialled_at, engine, current,
+                                        cost)) is not None:
             est = allowed[engine]
             if est is None or trial.net_usd > est.net_usd:
                 allowed[engine] = trial
@@ -226,8 +230,9 @@ def release_key(sig: Signals, since: float, engine: str) -> str:
     return engine
 
 
-def _release_trial(sig: Signals, since: float, trialled: frozenset[str], engine: str,
-                   current: str, cost: CostSettings) -> MoveEstimate | None:
+def _release_trial(sig: Signals, since: float, trialled: frozenset[str],
+                   trialled_at: tuple[tuple[str, float], ...], engine: str, current: str,
+                   cost: CostSettings) -> MoveEstimate | None:
     """A release of `engine` newer than the model's choice of engine (`since`), not measured
     and not trialled yet, is estimated at the top of its capacity band: when that pays, the
     move is a trial of the release (docs/decisions.md, "Engine releases")."""
@@ -237,6 +242,9 @@ def _release_trial(sig: Signals, since: float, trialled: frozenset[str], engine:
     key = release_key(sig, since, engine)
     if key == engine or key in trialled:
         return None
+    released = cite[f"{RELEASE_TS}.{engine}"]
+    if any(e == engine and at >= released for e, at in trialled_at):  # type: ignore[operator]
+        return None  # trialled since the release started
     if cite.get(f"capacity_source.{engine}") in OWN_CAPACITY_SOURCES:
         return None
     high, ef = cite.get(f"capacity_high.{engine}"), sig.facts.engines.get(engine)
@@ -365,7 +373,7 @@ def _plan_model(policy: Policy, model: str, sig: Signals, st: ModelState, now: f
     if order is None:
         order = _engine_order(policy, sig)
     candidates, refused = _candidates(policy, sig, st.engine, cost, order, known, st.since,
-                                      st.trialled)
+                                      st.trialled, st.trialled_at)
     if pin is not None:
         if pin == st.engine:
             return NoDecisionReason.PINNED

@@ -27,7 +27,8 @@ release's figure as its prior, never as a measurement: ``earlier-release``, its 
 widened by EARLIER_RELEASE_WIDENING each way (a release can move capacity by a quarter),
 the note naming both releases ("vllm 0.12.0: not measured; prior from 0.11.0, band
 widened"). It comes before step 2: the same engine's earlier release says more than
-another engine's figure, and no other engine derives its figure from it.
+another engine's figure. Other engines derive their figure from it (step 2) only when no
+engine has a figure of its own.
 
 Every figure that is not the engine's own measurement carries a note that says
 what it was derived from and why nothing better was available (too little data,
@@ -158,6 +159,11 @@ def resolve_capacities(measurements: Mapping[str, Measurement],
     nothing = Measurement(why="not measured yet")
     own = {e: c for e in engines
            if (c := _own(measurements.get(e, nothing), _prior_capacity(priors, e), e)) is not None}
+    # With no engine's own figure, an earlier release's figure is the base the others are
+    # derived from (an upgrade of the only measured engine leaves the others priced).
+    earlier = {e: c for e in engines
+               if (c := earlier_release(e, measurements.get(e, nothing))) is not None}
+    bases = own or earlier
     out: dict[str, EngineCapacity] = {}
     for e in engines:
         if e in own:
@@ -165,12 +171,12 @@ def resolve_capacities(measurements: Mapping[str, Measurement],
             continue
         m = measurements.get(e, nothing)
         floor = m.figure if m.bounds_only and m.figure is not None else None
-        base = next((o for o in engines if o in own), None)
+        base = next((o for o in engines if o in bases and o != e), None)
         prior = _prior_capacity(priors, e)
-        if (earlier := earlier_release(e, m)) is not None:
-            found = earlier
+        if e in earlier:
+            found = earlier[e]
         elif base is not None:
-            found = _derived(e, base, own[base], priors, m.why)
+            found = _derived(e, base, bases[base], priors, m.why)
         elif prior is not None:
             found = EngineCapacity(prior, None, None, "prior",
                                    f"{PRIOR_NOTE}; {m.why}" if m.why else PRIOR_NOTE)

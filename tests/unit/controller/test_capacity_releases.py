@@ -85,8 +85,11 @@ def test_an_upgraded_engine_takes_its_earlier_release_as_a_prior_until_measured(
     assert note.startswith(f"vllm {NEW}: not measured; prior from {OLD} (measured "), note
     assert "band widened 25%" in note and f"vllm {NEW} not measured" in note
     assert cite["capacity_points.vllm"] == 0
-    # No other engine derives a figure from it: with no priors, theirs stays unknown.
-    assert caps["tensorrt-llm"].source == "unknown"
+    # With no engine measured on its own release, the others derive theirs from it (the
+    # default ratio, with no priors): an upgrade of the measured engine leaves them priced.
+    trt = caps["tensorrt-llm"]
+    assert (trt.source, trt.base) == ("default-ratio", "vllm")
+    assert str(cite["capacity_note.tensorrt-llm"]).startswith(f"vllm {EARLIER_RELEASE_SOURCE} ")
     # Without the release (an agent that reports none), any release's figure counts, as before.
     assert live_capacities(learner, "m", GPU, SLA)[0]["vllm"].source == "measured"
 
@@ -237,3 +240,40 @@ def test_models_without_an_sla_share_capacities_only_on_the_same_releases(
     assert seen["q"]["engine_version.vllm"] == NEW
     assert "engine_version.vllm" not in seen["p"]
     assert "engine_version.tensorrt-llm" not in seen["n"]  # no host says which
+
+
+# --- when a release first ran, and regressions against the release before -----------------
+
+def test_a_release_is_new_only_when_it_appears_after_the_first_tick(store: Store) -> None:
+    learner = CapacityLearner(store)
+    learner.load()
+    # The first tick on an empty store: what runs already is not new.
+    assert learner.release_seen("vllm", OLD, NOW) == 0.0
+    learner.releases_settled()
+    assert learner.release_seen("vllm", OLD, NOW + 60) == 0.0  # recorded once
+    assert learner.release_seen("vllm", NEW, NOW + 60) == NOW + 60
+    assert learner.release_seen("vllm", NEW, NOW + 120) == NOW + 60
+    learner.save()
+    # A restarted controller keeps the times, and a release it sees next is new.
+    again = CapacityLearner(store)
+    again.load()
+    assert again.releases_seen == {f"vllm/{OLD}": 0.0, f"vllm/{NEW}": NOW + 60}
+    assert again.release_seen("sglang", "0.5.10", NOW + 300) == NOW + 300
+
+
+def test_a_measured_release_is_cited_with_the_older_releases_figure(store: Store) -> None:
+    learner = CapacityLearner(store)
+    learner.observe(minutes(OLD, 10.0, start=NOW - 3 * 86400))
+    learner.observe(minutes(NEW, 7.0, start=NOW - 86400))
+    learner.releases_settled()
+    caps, cite = live_capacities(learner, "m", GPU, SLA, {"vllm": NEW}, NOW)
+    assert caps["vllm"].source == "measured" and caps["vllm"].capacity_rps == pytest.approx(
+        7.0, rel=0.1)
+    assert cite["capacity_earlier.vllm"] == pytest.approx(10.0, rel=0.1)
+    assert cite["engine_release_ts.vllm"] == NOW
+    # The older release is never compared with a newer one (a rollback is no regression),
+    # and without the tick's time nothing of this is cited.
+    _, back = live_capacities(learner, "m", GPU, SLA, {"vllm": OLD}, NOW)
+    assert "capacity_earlier.vllm" not in back
+    _, timeless = live_capacities(learner, "m", GPU, SLA, {"vllm": NEW})
+    assert "capacity_earlier.vllm" not in timeless and "engine_release_ts.vllm" not in timeless

@@ -220,6 +220,11 @@ def test_a_new_release_is_trialled_when_the_top_of_its_band_pays() -> None:
     # of engine was weighed then; a measured release needs no trial.
     assert _decide(_facts(engines, **cite), ModelState(
         engine="tensorrt-llm", since=since, trialled=frozenset({"vllm@0.12.0"})), now) == []
+    # Live, a trial is known by when it started: one after the release counts.
+    assert _decide(_facts(engines, **cite), ModelState(
+        engine="tensorrt-llm", since=since, trialled_at=(("vllm", now - 60),)), now) == []
+    assert _decide(_facts(engines, **cite), ModelState(
+        engine="tensorrt-llm", since=since, trialled_at=(("vllm", now - 7200),)), now) != []
     assert _decide(_facts(engines, **{**cite, "engine_release_ts.vllm": since - 1}),
                    state, now) == []
     assert _decide(_facts(engines, **{**cite, "capacity_source.vllm": "measured"}),
