@@ -68,10 +68,11 @@ def _quantiles(q: Any, rng: random.Random, common: float) -> None:
 
 
 def record(args: argparse.Namespace) -> None:
+    from gearshift.common.engines import ENGINE_NAMES
     from gearshift.v1 import agent_pb2
 
     rng = random.Random(args.seed)
-    engines = ["vllm", "tensorrt-llm", "sglang"]
+    engines = list(ENGINE_NAMES)
     n_models = max(1, args.agents * args.deployments_per_agent // 40)
     states: list[dict[str, Any]] = []
     for a in range(args.agents):
