@@ -1,6 +1,7 @@
-"""The engine catalog's version tables: what each engine release accepts and exports.
+"""The engine catalog's version tables resolved: what each engine release accepts and exports.
 
-Per engine, rows ordered by the first release they apply to (`since`); a row holds
+Each catalog entry writes its version table (`EngineEntry.versions`); here each row is
+completed with the entry's release-independent facts (`EngineRelease`). Per engine, rows ordered by the first release they apply to (`since`); a row holds
 up to the next row's `since`, the last one up to its `until`. A row says which
 command-line flags the agent's launch plan may use on those releases (by the
 spelling the release knows), its health semantics, metric endpoints and metric
@@ -22,15 +23,15 @@ from __future__ import annotations
 import functools
 import json
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import StrEnum
 from importlib import resources
 
 from gearshift.common.engines import (
-    SGLANG,
-    TENSORRT_LLM,
-    VLLM,
+    CATALOG,
+    EngineEntry,
     HealthSemantics,
+    LaunchFlags,
     MetricEndpoint,
     MetricNames,
     engine_entry,
@@ -77,15 +78,6 @@ class VersionMatch(StrEnum):
     KNOWN = "known"      # inside the table's range: its row was checked
     NEAREST = "nearest"  # outside the range: runs with the nearest row
     UNKNOWN = "unknown"  # no version could be read: runs with the newest row
-
-
-@dataclass(frozen=True)
-class LaunchFlags:
-    """The spellings a release knows for the flags the agent's launch plan uses
-    ("" = the release has no such flag)."""
-
-    config_file: str = ""        # trtllm-serve: the YAML of extra LLM API options
-    drain_timeout: str = ""      # lets in-flight requests finish on SIGTERM
 
 
 @dataclass(frozen=True)
@@ -172,132 +164,19 @@ class ResolvedRelease:
         return f"{self.version} (as {self.row.label}, outside the version table)"
 
 
-def _flags(**kw: str) -> LaunchFlags:
-    return LaunchFlags(**kw)
+def _table(entry: EngineEntry) -> VersionTable:
+    """The entry's version table, each row completed with the entry's release-independent facts."""
+    return VersionTable(
+        engine=entry.name,
+        rows=tuple(EngineRelease(
+            engine=entry.name, since=row.since, flags=row.flags, metric_names=row.metric_names,
+            metric_endpoints=entry.metric_endpoints, health=entry.health, sources=row.sources,
+            backends=entry.backends, prometheus_figures=row.prometheus_figures, note=row.note)
+            for row in entry.versions.rows),
+        until=entry.versions.until)
 
 
-# -- vLLM ---------------------------------------------------------------------------------
-# The names every vLLM row reads; rows replace what changed.
-_VLLM_NAMES = VLLM.metric_names
-_VLLM_SRC = ("PyPI wheel vllm=={v}: vllm/engine/arg_utils.py, vllm/entrypoints/**/cli_args.py "
-             "(FrontendArgs), vllm/v1/metrics/*.py; extracted in "
-             "common/engine_releases/vllm-{v}.json")
-
-
-def _vllm(since: str, *, names: MetricNames, drain: str = "", note: str = "") -> EngineRelease:
-    return EngineRelease(
-        engine=VLLM.name, since=since, flags=_flags(drain_timeout=drain), metric_names=names,
-        metric_endpoints=VLLM.metric_endpoints, health=VLLM.health,
-        sources=(_VLLM_SRC.format(v=since),), note=note)
-
-
-# Before 0.12 there is no vllm:engine_sleep_state (a sleeping engine looks idle).
-_VLLM_TPOT_ONLY = replace(_VLLM_NAMES, itl=("time_per_output_token_seconds",),
-                          kv_cache_usage=("kv_cache_usage_perc", "gpu_cache_usage_perc"),
-                          sleep_state=())
-_VLLM_ITL = replace(_VLLM_NAMES, itl=("inter_token_latency_seconds",
-                                      "time_per_output_token_seconds"),
-                    kv_cache_usage=("kv_cache_usage_perc", "gpu_cache_usage_perc"),
-                    sleep_state=())
-_VLLM_ITL_ONLY = replace(_VLLM_NAMES, itl=("inter_token_latency_seconds",),
-                         kv_cache_usage=("kv_cache_usage_perc",))
-
-VLLM_TABLE = VersionTable(
-    engine=VLLM.name,
-    rows=(
-        _vllm("0.10.0", names=_VLLM_TPOT_ONLY,
-              note="ITL only as vllm:time_per_output_token_seconds; no --shutdown-timeout"),
-        _vllm("0.10.2", names=_VLLM_ITL,
-              note="vllm:inter_token_latency_seconds next to the deprecated TPOT name"),
-        _vllm("0.12.0", names=replace(_VLLM_ITL, kv_cache_usage=("kv_cache_usage_perc",),
-                                      sleep_state=_VLLM_NAMES.sleep_state),
-              note="vllm:gpu_cache_usage_perc gone; vllm:engine_sleep_state added"),
-        _vllm("0.15.0", names=_VLLM_ITL_ONLY,
-              note="vllm:time_per_output_token_seconds gone"),
-        _vllm("0.18.0", names=_VLLM_ITL_ONLY, drain="--shutdown-timeout",
-              note="--shutdown-timeout added"),
-    ),
-    until="0.34",
-)
-
-# -- TensorRT-LLM -------------------------------------------------------------------------
-_TRT_PREFIXED = replace(TENSORRT_LLM.metric_names, prefixes=("trtllm_",),
-                        kv_cache_usage=("kv_cache_utilization",),
-                        itl=("time_per_output_token_seconds",))
-_TRT_UNPREFIXED = replace(_TRT_PREFIXED, prefixes=("",))
-# Seen without prefix in real captures; the rest comes from the JSON iteration stats.
-_TRT_UNPREFIXED_FIGURES = ("ttft", "itl", "e2e")
-_TRT_ALIAS_SRC = ("NVIDIA/TensorRT-LLM PR #9104 (opened 2025-11-12, after the 1.1 release "
-                  "branch): adds `--config` as an alias of `--extra_llm_api_options` to "
-                  "trtllm-serve, trtllm-bench and trtllm-eval")
-
-
-def _trt(since: str, *, config: str, names: MetricNames, sources: tuple[str, ...],
-         figures: tuple[str, ...] = (), note: str = "") -> EngineRelease:
-    return EngineRelease(
-        engine=TENSORRT_LLM.name, since=since, flags=_flags(config_file=config),
-        metric_names=names, metric_endpoints=TENSORRT_LLM.metric_endpoints,
-        health=TENSORRT_LLM.health, backends=TENSORRT_LLM.backends, sources=sources,
-        prometheus_figures=figures, note=note)
-
-
-TRTLLM_TABLE = VersionTable(
-    engine=TENSORRT_LLM.name,
-    rows=(
-        _trt("1.0.0", config="--extra_llm_api_options", names=_TRT_UNPREFIXED,
-             figures=_TRT_UNPREFIXED_FIGURES,
-             sources=("docs nvidia.github.io/TensorRT-LLM/1.1.0rc2.post1 (serving_with_trtllm_"
-                      "serve: `--extra_llm_api_options`)", _TRT_ALIAS_SRC,
-                      "PR #5785 (/prometheus/metrics, names without prefix); "
-                      "common/engine_releases/tensorrt-llm-1.0.0.json"),
-             note="no `--config` alias; Prometheus names without prefix"),
-        _trt("1.2.0", config="--config", names=_TRT_UNPREFIXED, figures=_TRT_UNPREFIXED_FIGURES,
-             sources=(_TRT_ALIAS_SRC, "vllm-project/aibrix issue #2004 (2026-03 capture of "
-                      "/prometheus/metrics without prefix); "
-                      "common/engine_releases/tensorrt-llm-1.2.0.json"),
-             note="`--config` alias of `--extra_llm_api_options`"),
-        _trt("1.3.0", config="--config", names=_TRT_PREFIXED,
-             sources=("tensorrt_llm/commands/serve.py @ 00209af1 and "
-                      "tensorrt_llm/metrics/collector.py @ 050f80de (main line): "
-                      "metric_prefix = \"trtllm_\"; "
-                      "common/engine_releases/tensorrt-llm-1.3.0.json",),
-             note="Prometheus names with the `trtllm_` prefix"),
-    ),
-    until="1.5",
-)
-
-# -- SGLang -------------------------------------------------------------------------------
-_SGL_SRC = ("PyPI wheel sglang=={v}: sglang/srt/server_args.py, sglang/srt/arg_groups/fields/, "
-            "sglang/srt/metrics/ or srt/observability/; extracted in "
-            "common/engine_releases/sglang-{v}.json")
-
-
-def _sgl(since: str, *, names: MetricNames = SGLANG.metric_names, read: str = "",
-         note: str = "") -> EngineRelease:
-    return EngineRelease(
-        engine=SGLANG.name, since=since, flags=_flags(), metric_names=names,
-        metric_endpoints=SGLANG.metric_endpoints, health=SGLANG.health,
-        sources=(_SGL_SRC.format(v=read or since),), note=note)
-
-
-_SGL_NAMES = SGLANG.metric_names
-SGLANG_TABLE = VersionTable(
-    engine=SGLANG.name,
-    rows=(
-        _sgl("0.4.10", names=replace(_SGL_NAMES, queue_time=(), preemptions=(),
-                                     kv_blocks_total=()),
-             note="no sglang:queue_time_seconds, num_retracted_requests, max_total_num_tokens"),
-        _sgl("0.5.0", names=replace(_SGL_NAMES, preemptions=(), kv_blocks_total=()),
-             read="0.5.5",  # the first 0.5 wheel read (0.5.0 could not be fetched)
-             note="sglang:queue_time_seconds added (read in 0.5.5; 0.5.0-0.5.4 not read)"),
-        _sgl("0.5.6", names=replace(_SGL_NAMES, preemptions=()),
-             note="sglang:max_total_num_tokens added"),
-        _sgl("0.5.7", note="sglang:num_retracted_requests added"),
-    ),
-    until="0.6",
-)
-
-TABLES: dict[str, VersionTable] = {t.engine: t for t in (VLLM_TABLE, TRTLLM_TABLE, SGLANG_TABLE)}
+TABLES: dict[str, VersionTable] = {entry.name: _table(entry) for entry in CATALOG}
 
 
 def version_table(engine: str) -> VersionTable:

@@ -16,11 +16,13 @@ import subprocess
 import time
 from pathlib import Path
 
+from gearshift.common.engines import CATALOG
+
 START_TIMEOUT_S = 30.0
-# The emulated engine images of `make image-engines` (scripts/build-engine-images.sh).
-EMULATED_IMAGES = {"vllm": "localhost/gearshift-emulated-vllm:0.11.0",
-                   "tensorrt-llm": "localhost/gearshift-emulated-tensorrt-llm:1.2.0",
-                   "sglang": "localhost/gearshift-emulated-sglang:0.5.7"}
+# The emulated engine images of `make image-engines` (scripts/build-engine-images.sh), by
+# engine: the release each emulates is its catalog entry's `image.emulated_release`.
+EMULATED_IMAGES = {e.name: f"localhost/gearshift-emulated-{e.name}:{e.image.emulated_release}"
+                   for e in CATALOG if e.image is not None and e.image.emulated_release}
 
 
 def configured_ulimits(env: dict[str, str] | None = None) -> dict[str, int]:

@@ -13,8 +13,8 @@ string code) or null.
 An engine's error answer is reshaped by `engine_error_body`: its message and a string `param`
 are kept, a string `code` is kept and a numeric one dropped (vLLM's `"code": 400` repeats
 the status), its `type` (vLLM's `"BadRequestError"`) is replaced by the status's. Read are
-vLLM's `{"error": {...}}`, the top-level `{"object": "error", "message": ...}` of older vLLM,
-SGLang and trtllm-serve, `{"error": "..."}` (vLLM's `--api-key` refusal), FastAPI's
+vLLM's `{"error": {...}}`, the top-level `{"object": "error", "message": ...}` of older vLLM
+and of the other engines of the catalog, `{"error": "..."}` (vLLM's `--api-key` refusal), FastAPI's
 `{"detail": ...}`, plain text, and a gzip or deflate body. Only answers not yet started are
 reshaped: an error event inside a stream already under way is relayed as it is.
 """

@@ -448,8 +448,8 @@ SIGNALS: dict[str, SignalSpec] = {
         "number", "ratio", "queue time p99 / TTFT p99 target on the current engine: the share "
         "of the TTFT budget spent waiting (rises before TTFT breaks)", _queue_share,
         (0.0, math.inf)),
-    "preemptions_per_s": SignalSpec("number", "req/s", "requests preempted (vLLM) or retracted "
-                                    "(SGLang) per second on the current engine",
+    "preemptions_per_s": SignalSpec("number", "req/s", "requests preempted (or retracted) per "
+                                    "second on the current engine",
                                     _current_fact("preemptions_per_s"), (0.0, math.inf)),
     "prefix_cache_hit_rate": SignalSpec("number", "ratio", "prefix-cache hits / queries on the "
                                         "current engine", _current_fact("prefix_cache_hit_rate"),
@@ -463,7 +463,7 @@ SIGNALS: dict[str, SignalSpec] = {
                                          "on the current engine",
                                          _current_fact("mean_generation_tokens"), (0.0, math.inf)),
     "kv_blocks_total": SignalSpec("number", "blocks", "KV-cache blocks of the current engine's "
-                                  "deployments (SGLang: token slots)",
+                                  "deployments (or token slots, by engine)",
                                   _current_fact("kv_blocks_total"), (0.0, math.inf)),
     "kv_blocks_free": SignalSpec("number", "blocks", "KV-cache blocks not in use on the current "
                                  "engine's deployments", _kv_blocks_free, (0.0, math.inf)),

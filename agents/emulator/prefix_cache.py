@@ -1,7 +1,7 @@
 """A prefix cache for the emulated engines: whole leading blocks of a prompt are reused.
 
-Like vLLM's automatic prefix caching (and TensorRT-LLM's KV block reuse, SGLang's
-radix cache), a prompt's tokens are cut into fixed-size blocks and each full
+Like vLLM's automatic prefix caching (and the other engines' KV block reuse or radix
+cache), a prompt's tokens are cut into fixed-size blocks and each full
 block is keyed by everything before and in it, so a block is found only when
 the whole prefix up to it matches. A lookup counts the prompt's tokens as
 queried and those in its leading cached blocks as hits, then caches its full

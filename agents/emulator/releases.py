@@ -4,9 +4,10 @@
 (`gearshift.common.engine_versions`) and the facts extracted from that release's
 source (`common/engine_releases/`). `check_options` refuses, as the real parser
 would (exit status 2, a message naming the flag), every option the release does not
-know: vLLM's parser also takes `--flag_name` for `--flag-name`, `--no-flag` for a
-boolean `--flag` and `--flag.key` for a JSON option; trtllm-serve (click) and SGLang
-take only the spellings they declare. `ReleaseMetrics` serves only the metric
+know, with the spellings and the message of the engine's parser (the catalog's
+`LaunchFacts.option_parser`: vLLM's also takes `--flag_name` for `--flag-name`,
+`--no-flag` for a boolean `--flag` and `--flag.key` for a JSON option; the others only
+the spellings they declare). `ReleaseMetrics` serves only the metric
 families the release exports, so an emulated 0.10 vLLM has no
 `vllm:inter_token_latency_seconds`. Facts derived from a later release (their
 origin says "derived") are a lower bound of what the release has: their options
@@ -20,18 +21,19 @@ import re
 from gearshift.agents.emulator.args import EngineArgsError
 from gearshift.agents.emulator.metrics import EngineMetrics, RequestRecord
 from gearshift.common.engine_versions import ReleaseFacts
+from gearshift.common.engines import CATALOG, OptionParser, engine_entry
 
 _NUMBER_RE = re.compile(r"^-\d")
-# Engines whose parser (vLLM's FlexibleArgumentParser) rewrites `_` to `-` in long options.
-_DASH_NORMALIZING = frozenset({"vllm"})
-_CLICK_ENGINES = frozenset({"tensorrt-llm"})
-_ENGINE_PREFIXES = ("vllm:", "sglang:", "trtllm_")
+# Every engine's metric name prefixes: families outside them are the process's own.
+_ENGINE_PREFIXES = tuple(dict.fromkeys(p for e in CATALOG for p in e.metric_names.prefixes if p))
 
 
 def _known(engine: str, flag: str, options: frozenset[str]) -> bool:
     if flag in options:
         return True
-    if engine not in _DASH_NORMALIZING or not flag.startswith("--"):
+    # vLLM's FlexibleArgumentParser rewrites `_` to `-` in long options.
+    parser = engine_entry(engine).launch.option_parser
+    if parser is not OptionParser.FLEXIBLE_ARGPARSE or not flag.startswith("--"):
         return False
     flag = "--" + flag[2:].replace("_", "-")
     base = flag.split(".", 1)[0]  # --json-arg.key value
@@ -41,8 +43,8 @@ def _known(engine: str, flag: str, options: frozenset[str]) -> bool:
 
 def unknown_options(engine: str, argv: list[str], facts: ReleaseFacts) -> list[str]:
     """The options in `argv` that `facts`' release does not know, in order."""
-    if engine == "tensorrt-llm" and argv[:1] == ["build"]:
-        return []  # the engine-build stand-in, not trtllm-serve
+    if engine_entry(engine).build is not None and argv[:1] == ["build"]:
+        return []  # the engine-build stand-in, not the serving executable
     unknown: list[str] = []
     for token in argv:
         if not token.startswith("-") or token in ("-", "--") or _NUMBER_RE.match(token):
@@ -59,7 +61,7 @@ def check_options(engine: str, argv: list[str], facts: ReleaseFacts) -> None:
     unknown = unknown_options(engine, argv, facts)
     if not unknown:
         return
-    if engine in _CLICK_ENGINES:
+    if engine_entry(engine).launch.option_parser is OptionParser.CLICK:
         raise EngineArgsError(f"{engine} {facts.version}: No such option: {unknown[0]}")
     raise EngineArgsError(
         f"{engine} {facts.version}: unrecognized arguments: {' '.join(unknown)}")
