@@ -17,7 +17,6 @@ from gearshift.common.engines import ENGINE_NAMES
 from gearshift.policies.schema import Condition, PolicyDoc
 from gearshift.policies.signals import SIGNALS
 
-ENGINES: tuple[str, ...] = tuple(ENGINE_NAMES)
 Path = tuple[str | int, ...]
 At = Callable[[Path, str], None]
 
@@ -40,8 +39,8 @@ def doc_warnings(doc: PolicyDoc, at: At) -> None:
         if rule.prefer is not None and rule.prefer in spec.preferences.exclude:
             at((*base, "prefer"), f"prefers {rule.prefer!r}, which preferences.exclude "
                f"excludes: the rule never moves a model")
-    if set(ENGINES) <= set(spec.preferences.exclude):
-        at(("spec", "preferences", "exclude"), f"excludes every engine ({', '.join(ENGINES)}): "
+    if set(ENGINE_NAMES) <= set(spec.preferences.exclude):
+        at(("spec", "preferences", "exclude"), f"excludes every engine ({', '.join(ENGINE_NAMES)}): "
            f"no model can ever move")
 
 

@@ -20,7 +20,6 @@ from gearshift.common.engines import BASELINE_ENGINE, CATALOG
 from gearshift.common.frozen_records import fast_init
 from gearshift.policies.model_history import ModelHistory
 from gearshift.policies.model_history import count_replica_means as history_replica_means
-from gearshift.policies.trace import ENGINES
 
 if TYPE_CHECKING:
     import numpy as np
@@ -498,6 +497,6 @@ def is_number(value: SignalValue) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-__all__ = ["DEPRECATED_SIGNALS", "ENGINES", "LATENCY_SOURCE", "PRIOR_SOURCE", "SIGNALS", "EngineFacts",
+__all__ = ["DEPRECATED_SIGNALS", "LATENCY_SOURCE", "PRIOR_SOURCE", "SIGNALS", "EngineFacts",
            "ModelFacts", "ModelHistory", "SignalSettings", "SignalSpec", "SignalView", "Signals",
            "breach_is_measured", "check_forecast_start", "compute_signals", "count_replica_means", "meets_sla", "queue_share_of_ttft_sla"]

@@ -29,7 +29,6 @@ from typing import Any
 from gearshift.common.engines import ENGINE_NAMES, is_engine
 from gearshift.common.errors import InvalidArgument
 
-ENGINES = ENGINE_NAMES  # every engine a trace may name (the catalog's)
 TRACE_VERSION = 1
 # Bounds on what is read: a small gzip can inflate to gigabytes (refused as it
 # inflates, not after), and a trace is at most years of steps for a fleet's models.
@@ -216,9 +215,9 @@ def _profile(name: str, raw: object) -> ModelProfile:
             raise ValueError(f"{where}{field}: expected an object keyed by engine, found {block!r}")
         unknown = sorted(e for e in block if not is_engine(e))
         if unknown:
-            raise ValueError(f"{where}{field}: unknown engine {unknown[0]!r} (known: {', '.join(ENGINES)})")
+            raise ValueError(f"{where}{field}: unknown engine {unknown[0]!r} (known: {', '.join(ENGINE_NAMES)})")
         if not engines:
-            engines = tuple(e for e in ENGINES if e in block)
+            engines = tuple(e for e in ENGINE_NAMES if e in block)
         per_engine[field] = {
             e: _number(block, e, f"{where}{field}.", positive=field == "capacity_rps")
             for e in engines
