@@ -65,10 +65,6 @@ def fmt_rate(v: float) -> str:
     return f"{v:.1f}"
 
 
-def enum_name(prefix: str, name: str) -> str:
-    return name.removeprefix(prefix).lower()
-
-
 def timestamp_text(ts: Timestamp) -> str | None:
     """A protobuf Timestamp as UTC text; None when it is unset (all zero), which proto3
     cannot tell from 1970-01-01: an unset time is never shown as 1970 or as now."""

@@ -1,7 +1,7 @@
 """gearshift.agents.metrics: engine metric parsers, rate calculation and scrapers.
 
-Parsers read the engines' real formats (vLLM and trtllm-serve Prometheus text,
-trtllm-serve JSON iteration stats, Triton `nv_*` text) into `EngineSnapshot`s;
+Parsers read the engines' real formats (Prometheus text of every engine of the catalog,
+trtllm-serve JSON iteration stats) into `EngineSnapshot`s;
 `RateCalculator` turns successive snapshots into `EngineSample`s; `EngineScraper`
 fetches over HTTP and never raises; `to_proto` fills a `DeploymentReport`.
 """

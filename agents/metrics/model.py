@@ -11,7 +11,6 @@ errors: they are dropped and listed as `Skip`s with a reason from the bounded
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass, field
 
 from gearshift.common.errors import InvalidArgument
@@ -200,7 +199,3 @@ class EngineSample:
     refused: bool = False  # the scrape held broken values (NaN, out of range): not used
     reason: str = ""
     skips: tuple[Skip, ...] = field(default=())
-
-
-def is_finite_number(value: float) -> bool:
-    return not (math.isnan(value) or math.isinf(value))

@@ -1,4 +1,4 @@
-"""Parse engine Prometheus text (vLLM, trtllm-serve, Triton) into an `EngineSnapshot`.
+"""Parse engine Prometheus text (every engine of the catalog) into an `EngineSnapshot`.
 
 The text is read with `prometheus_client.parser`; this module only maps the
 engines' metric names onto gearshift's fields. Names are matched on SAMPLE names,
@@ -15,8 +15,6 @@ one is absent). Counters are read with or without `_total`; a finished-requests
 counter is summed over `finished_reason` (reasons in `ERROR_FINISH_REASONS` also
 count as errors) unless the entry names a separate error counter. Without an
 engine, every catalog entry's names are tried.
-Triton's `nv_inference_*` and `nv_trt_llm_*` families map to request counts,
-running/waiting requests and KV-cache block usage.
 """
 
 from __future__ import annotations
@@ -24,8 +22,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import TypeVar
+from dataclasses import dataclass, replace
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -47,10 +44,8 @@ from gearshift.common.engines import MetricNames, any_engine_metric_names
 
 COUNTER_SUFFIX = "_total"
 ERROR_FINISH_REASONS = frozenset({"abort", "error"})
-TRITON_LLM_MODEL = "tensorrt_llm"
 MAX_QUOTED_LINE_CHARS = 80
 
-_T = TypeVar("_T")
 Labels = tuple[tuple[str, str], ...]
 Series = list[tuple[Labels, float]]
 
@@ -76,37 +71,12 @@ def parse_prometheus_text(text: str, *, source: str = "/metrics",
             and series.same_reads(last.looked_up, last.bare_counters)):
         return last.snapshot  # every line read last time is there, unchanged
     reader = _Reader(series, source, names or any_engine_metric_names())
-    snapshot = reader.engine_snapshot()
-    triton = reader.triton_snapshot()
-    merged = EngineSnapshot(
-        requests_finished=_first(snapshot.requests_finished, triton.requests_finished),
-        request_errors=_first(snapshot.request_errors, triton.request_errors),
-        prompt_tokens=snapshot.prompt_tokens,
-        generation_tokens=snapshot.generation_tokens,
-        running=_first(snapshot.running, triton.running),
-        waiting=_first(snapshot.waiting, triton.waiting),
-        kv_cache_usage=_first(snapshot.kv_cache_usage, triton.kv_cache_usage),
-        ttft=snapshot.ttft,
-        itl=snapshot.itl,
-        e2e=snapshot.e2e,
-        queue_time=snapshot.queue_time,
-        preemptions=snapshot.preemptions,
-        prefix_cache_hits=snapshot.prefix_cache_hits,
-        prefix_cache_queries=snapshot.prefix_cache_queries,
-        prefix_cache_hit_rate=snapshot.prefix_cache_hit_rate,
-        sleep_state=snapshot.sleep_state,
-        prompt_length=snapshot.prompt_length,
-        generation_length=snapshot.generation_length,
-        kv_blocks_total=snapshot.kv_blocks_total,
-        kv_blocks_used=snapshot.kv_blocks_used,
-        skips=tuple(reader.skips),
-        counter_series=snapshot.counter_series,
-    )
+    snapshot = replace(reader.engine_snapshot(), skips=tuple(reader.skips))
     if cache is not None:
-        cache.reading = (_Reading(names, source, series.looked_up, series.bare_counters, merged)
+        cache.reading = (_Reading(names, source, series.looked_up, series.bare_counters, snapshot)
                          if isinstance(series, IndexedSeries) and not series.used_whole_page
                          else None)
-    return merged
+    return snapshot
 
 
 @dataclass(frozen=True)
@@ -118,13 +88,6 @@ class _Reading:
     looked_up: Mapping[str, list[SampleLine] | None]
     bare_counters: frozenset[str]
     snapshot: EngineSnapshot
-
-
-def _first(*values: _T | None) -> _T | None:
-    for value in values:
-        if value is not None:
-            return value
-    return None
 
 
 def _read_series(text: str, source: str, cache: LineCache | None) -> Mapping[str, Series]:
@@ -142,8 +105,8 @@ def _read_series(text: str, source: str, cache: LineCache | None) -> Mapping[str
 def _parse_series(text: str, source: str) -> dict[str, Series]:
     """`_read_series` by the library, every line.
 
-    The library names counter samples `NAME_total` even when the text wrote `NAME`
-    (Triton does), so counters are looked up without the suffix.
+    The library names counter samples `NAME_total` even when the text wrote `NAME`,
+    so counters are looked up without the suffix.
     """
     latest: dict[tuple[str, Labels], float] = {}
     try:
@@ -425,47 +388,3 @@ class _Reader:
 
     def _lookup_exact(self, name: str) -> tuple[str, Series] | None:
         return (name, self._series[name]) if name in self._series else None
-
-    def triton_snapshot(self) -> EngineSnapshot:
-        success = self._triton_series("nv_inference_request_success")
-        failure = self._triton_series("nv_inference_request_failure")
-        ok = self._sum(success)
-        failed = self._sum(failure)
-        finished = None if ok is None and failed is None else (ok or 0.0) + (failed or 0.0)
-        requests = self._by_label("nv_trt_llm_request_metrics", "request_type")
-        blocks = self._by_label("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type")
-        kv: float | None = None
-        used, most = blocks.get("used"), blocks.get("max")
-        if used is not None and most:
-            kv = self._fraction("nv_trt_llm_kv_cache_block_metrics", used / most)
-        elif blocks.get("fraction") is not None:
-            kv = self._fraction("nv_trt_llm_kv_cache_block_metrics", blocks["fraction"])
-        waiting = requests.get("waiting")
-        if waiting is None:
-            waiting = self._sum(self._triton_series("nv_inference_pending_request_count"))
-        return EngineSnapshot(
-            requests_finished=finished,
-            request_errors=failed,
-            running=requests.get("active"),
-            waiting=waiting,
-            kv_cache_usage=kv,
-        )
-
-    def _triton_series(self, name: str) -> tuple[str, Series] | None:
-        """Triton labels each model of an ensemble; count only the LLM model if present."""
-        if name not in self._series:
-            return None
-        series = self._series[name]
-        llm = [(labels, v) for labels, v in series if dict(labels).get("model") == TRITON_LLM_MODEL]
-        return name, llm or series
-
-    def _by_label(self, name: str, label: str) -> dict[str, float]:
-        found = self._triton_series(name)
-        if found is None:
-            return {}
-        out: dict[str, float] = defaultdict(float)
-        for labels, value in found[1]:
-            kind = dict(labels).get(label)
-            if kind is not None and self._valid(name, labels, value):
-                out[kind] += value
-        return {kind: v for kind, v in out.items() if not math.isinf(v)}

@@ -33,8 +33,6 @@ KNOWN_NAMES = [
     "vllm:time_to_first_token_seconds_sum",
     "trtllm_e2e_request_latency_seconds_bucket",
     "time_per_output_token_seconds_bucket",
-    "nv_trt_llm_kv_cache_block_metrics",
-    "nv_inference_request_success",
 ]
 VALUES = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
