@@ -2,11 +2,13 @@
 
 Every engine-specific branch in gearshift reads an `EngineEntry` from here instead
 of testing an engine name: the agent's config and Hello, the runtimes (launch plan,
-health), the metric scrapers (endpoints, metric names), the emulator, the
-controller's validation, placement and migration steps, the policy schema and
-signal vocabulary, the capacity priors and the backtest baselines. Adding an
-engine means adding one entry here, one runtime module and one emulator flavour
-(see docs/engines.md).
+health), the metric scrapers (endpoints, metric names), the version tables (what
+each release accepts and exports), the emulator (its option parser, the release its
+image emulates), the controller's validation, placement and migration steps, the
+policy schema and signal vocabulary, the capacity priors and the backtest baselines.
+Adding an engine means adding one entry here, one runtime module, one emulator
+flavour and its releases' facts from `scripts/extract_engine_release.py` (see
+"Adding an engine" in docs/engines.md).
 
 Agent-side code is named by module path (`runtime_module`, `emulator_module`)
 and imported by the agent when needed, so this package imports no other
@@ -490,6 +492,12 @@ def engine_entry(name: str, what: str = "engine") -> EngineEntry:
     except KeyError:
         raise InvalidArgument(
             f"{what}: unknown engine {name!r}; known: {', '.join(ENGINE_NAMES)}") from None
+
+
+def display_names(conjunction: str = "and") -> str:
+    """Every entry's display name in catalog order, for prose: "vLLM, TensorRT-LLM and SGLang"."""
+    names = [e.display_name for e in CATALOG]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} {conjunction} {names[-1]}"
 
 
 def any_engine_metric_names() -> MetricNames:

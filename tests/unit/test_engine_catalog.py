@@ -3,22 +3,27 @@ module it names (runtime, emulator flavour) registers the engine under its name.
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
 
+from fixture_paths import REPO
 from gearshift.agents.emulator.flavors import get_flavor
 from gearshift.agents.engine_version import probe_version
 from gearshift.agents.runtimes.base import get_runtime
+from gearshift.common.engine_versions import VersionMatch, release_for
 from gearshift.common.engines import (
     BASELINE_ENGINE,
     CATALOG,
     ENGINE_NAMES,
     MetricFormat,
     any_engine_metric_names,
+    display_names,
     engine_entry,
 )
 from gearshift.common.errors import InvalidArgument
+from gearshift.devfleet.podman_service import EMULATED_IMAGES
 
 
 @pytest.mark.parametrize("entry", CATALOG, ids=lambda e: e.name)
@@ -40,6 +45,26 @@ def test_each_entry_has_its_runtime_and_emulator_flavour(name: str) -> None:
     assert get_runtime(name).name == name
     flavor = get_flavor(name)
     assert flavor.name == name and flavor.default_capacity_rps > 0 and flavor.default_version
+
+
+@pytest.mark.parametrize("entry", CATALOG, ids=lambda e: e.name)
+def test_each_entry_has_its_version_table_and_emulated_image(entry) -> None:
+    assert entry.versions.rows and entry.versions.until
+    assert entry.image is not None and entry.image.emulated_release
+    assert release_for(entry.name, entry.image.emulated_release).match is VersionMatch.KNOWN
+    assert EMULATED_IMAGES[entry.name].endswith(f"-{entry.name}:{entry.image.emulated_release}")
+    # `make image-engines` builds the same release by default.
+    script = (REPO / "scripts" / "build-engine-images.sh").read_text(encoding="utf-8")
+    built = re.search(rf'"{re.escape(entry.name)} \$\{{\w+:-([^}}]+)\}}"', script)
+    assert built is not None and built.group(1) == entry.image.emulated_release
+
+
+def test_display_names_name_every_engine_in_catalog_order() -> None:
+    text = display_names()
+    assert text.endswith(f" and {CATALOG[-1].display_name}")
+    positions = [text.index(e.display_name) for e in CATALOG]
+    assert positions == sorted(positions)
+    assert " or " in display_names("or")
 
 
 def test_backend_choice_and_build_step_follow_the_entry() -> None:
