@@ -118,7 +118,7 @@ def _deployment(i: int, rate: float, rng: random.Random) -> Any:
 
 
 def _fleet(models: int, rates: list[float], now: float) -> Any:
-    from gearshift.controller.fleet import FleetState
+    from gearshift.controller.ingest.fleet import FleetState
     from gearshift.v1 import agent_pb2
 
     fleet = FleetState(clock=lambda: now)
@@ -140,7 +140,7 @@ def _history(models: int, levels: list[float], now: float, days: float,
              resolution_s: float) -> Any:
     import numpy as np
 
-    from gearshift.controller.rate_history import RateHistory
+    from gearshift.controller.ingest.rate_history import RateHistory
 
     history = RateHistory(resolution_s)
     rng = np.random.default_rng(11)
@@ -155,7 +155,7 @@ def _history(models: int, levels: list[float], now: float, days: float,
 def _capacity(store: Any, models: int, levels: list[float], now: float) -> None:
     """Each model's serving engine observed over a range of loads, stored as the learner
     persists it (a model never measured on its other engine: priors fill that one)."""
-    from gearshift.controller.learning import SETTING_PREFIX
+    from gearshift.controller.decisions.learning import SETTING_PREFIX
     from gearshift.policies.capacity import CapacityKey, CapacityModel, LoadObservation
 
     rng = random.Random(17)
@@ -178,7 +178,7 @@ def _capacity(store: Any, models: int, levels: list[float], now: float) -> None:
 
 
 def _revisions(store: Any, models: int, now: float) -> None:
-    from gearshift.controller.tables import RevisionRow
+    from gearshift.controller.store.tables import RevisionRow
 
     table = RevisionRow.__table__  # type: ignore[attr-defined]
     values = [{"model": f"model-{i:05d}", "revision": f"r{r}", "source": "bench",
@@ -230,7 +230,7 @@ def _forecast_cache_bytes(history: Any, resolution_s: float, now: float, models:
                           horizon_s: float, quantile: float) -> float:
     """The memory a forecast cache keeps per model: `models` forecast as the worker
     forecasts them (after one, so that what the first fit loads is not counted)."""
-    from gearshift.controller.learning import Forecaster
+    from gearshift.controller.decisions.learning import Forecaster
 
     def fill(names: list[str]) -> Forecaster:
         cache = Forecaster(history.arrays, resolution_s, clock=lambda: now)
@@ -253,14 +253,14 @@ def _forecast_cache_bytes(history: Any, resolution_s: float, now: float, models:
 
 def run(models: int, days: float, resolution_s: float, policy_path: Path,
         gpu_price_per_hour: float | None, priors: str = "capacity") -> dict[str, Any]:
-    from gearshift.controller.gc_policy import GcPolicy
-    from gearshift.controller.learning import (
+    from gearshift.controller.decisions.learning import (
         FORECAST_WORKER_CPU_SHARE,
         CapacityLearner,
         Forecaster,
     )
-    from gearshift.controller.policy_loop import PolicyLoop
-    from gearshift.controller.store import Store, default_sqlite_url
+    from gearshift.controller.decisions.policy_loop import PolicyLoop
+    from gearshift.controller.gc_policy import GcPolicy
+    from gearshift.controller.store.database import Store, default_sqlite_url
     from gearshift.policies import forecast, quantile_trees  # noqa: F401  (the fits: code)
 
     proc = psutil.Process()
@@ -287,7 +287,7 @@ def run(models: int, days: float, resolution_s: float, policy_path: Path,
             loop.learner = CapacityLearner(store)
             loop.learner.load()
             # As the controller runs it: forecasts fitted on a worker thread, the tick
-            # reading the latest (controller.learning.ForecastWorker).
+            # reading the latest (controller.decisions.learning.ForecastWorker).
             loop.forecaster = Forecaster(history.arrays, resolution_s, clock=lambda: now,
                                          background=True)
             fleet.started = now - days * 86400  # the models have been on their engines all along

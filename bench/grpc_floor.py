@@ -4,7 +4,7 @@
 
 `bench/ingest.py --floor` starts this in place of the controller. It serves
 `AgentService.Connect` as the controller does on the wire and on the event loop: the
-controller's server options (`controller.grpc_server.SERVER_OPTIONS`) and event loop
+controller's server options (`controller.api.grpc_server.SERVER_OPTIONS`) and event loop
 (`common.event_loop`, uvloop), each message read with `context.read()` and parsed by
 the same generated code, a Welcome for the Hello and an Ack for each Report, written
 with `context.write()` one at a time. It validates nothing and keeps nothing: no
@@ -26,7 +26,7 @@ from pathlib import Path
 from grpc import aio
 
 from gearshift.common.event_loop import run_event_loop
-from gearshift.controller.grpc_server import SERVER_OPTIONS
+from gearshift.controller.api.grpc_server import SERVER_OPTIONS
 from gearshift.v1 import agent_pb2, agent_pb2_grpc
 
 

@@ -225,12 +225,12 @@ class _Stream:
 async def _replay(path: str, tmp: Path) -> dict[str, Any]:
     from prometheus_client import CollectorRegistry
 
-    from gearshift.controller.agent_service import AgentService
-    from gearshift.controller.fleet import FleetState
+    from gearshift.controller.ingest.agent_service import AgentService
+    from gearshift.controller.ingest.fleet import FleetState
+    from gearshift.controller.ingest.rollup import to_rows
     from gearshift.controller.metrics import ControllerMetrics
-    from gearshift.controller.persistence import Persistence
-    from gearshift.controller.rollup import to_rows
-    from gearshift.controller.tables import RollupRow
+    from gearshift.controller.store.persistence import Persistence
+    from gearshift.controller.store.tables import RollupRow
     from gearshift.v1 import agent_pb2
 
     now = [START_TS]

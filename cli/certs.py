@@ -1,5 +1,5 @@
 """`gearshift certs`: the commands over the private certificate authority
-(`gearshift.controller.certificate_authority`, which documents the files)."""
+(`gearshift.controller.enrolment.certificate_authority`, which documents the files)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from gearshift.common.errors import GearshiftError
-from gearshift.controller.certificate_authority import (
+from gearshift.controller.enrolment.certificate_authority import (
     DEFAULT_CONTROLLER_SANS,
     DEFAULT_VALIDITY_DAYS,
     init_certs,

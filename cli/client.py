@@ -270,7 +270,7 @@ def call(fn: Callable[..., T], request: object) -> T:
 
 
 def call_pages(fn: Callable[..., T], request: Any, field: str) -> T:
-    """Every page of a paged list RPC (controller/paging.py), as one answer: the pages'
+    """Every page of a paged list RPC (controller/api/paging.py), as one answer: the pages'
     `field` items in order."""
     first = fn(request, timeout=RPC_TIMEOUT_S)
     resp: Any = first

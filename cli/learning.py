@@ -15,7 +15,7 @@ import click
 
 from gearshift.cli.client import call, control_stub
 from gearshift.cli.output import output_option, print_json, print_table
-from gearshift.controller.learning import FORECAST_MIN_STEP_S
+from gearshift.controller.decisions.learning import FORECAST_MIN_STEP_S
 from gearshift.policies.capacity import CapacityModel, plot_capacity
 from gearshift.policies.forecast import forecast_rate, plot_forecast
 from gearshift.v1 import control_pb2

@@ -21,7 +21,7 @@ from gearshift.cli.lazy_group import LazyCommand, LazyGroup
 from gearshift.cli.output import output_option, print_json, print_table, to_dict
 from gearshift.v1 import control_pb2
 
-# The phases in which a migration has ended (controller/migration_machine.py TERMINAL_PHASES):
+# The phases in which a migration has ended (controller/moves/machine.py TERMINAL_PHASES):
 # only these have a `finished_at`.
 
 # What was learned about a model: these need the learning stack (numpy, scikit-learn),

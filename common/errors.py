@@ -3,7 +3,7 @@
 Each error carries a plain status code (`ErrorCode`, named like the gRPC status
 it stands for) and no wire type, so the decision core can raise them without
 importing gRPC. The controller's interceptor maps the code to a gRPC status
-once (`gearshift.controller.interceptors.grpc_status`), and the CLI maps gRPC
+once (`gearshift.controller.api.interceptors.grpc_status`), and the CLI maps gRPC
 statuses back to these errors and to exits (`gearshift.cli.client`). User
 errors never print a traceback.
 """

@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gearshift.controller.migration_machine import (
+from gearshift.controller.moves.machine import (
     TERMINAL_PHASES,
     MigrationKind,
     MigrationPhase,
 )
 
 if TYPE_CHECKING:
-    from gearshift.controller.migration_store import MigrationRow
-    from gearshift.controller.tables import RollupRow
+    from gearshift.controller.moves.store import MigrationRow
+    from gearshift.controller.store.tables import RollupRow
 
 # A move lasts minutes to hours (an engine build can take an hour).
 MIGRATION_DURATION_BUCKETS_S = (30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0,

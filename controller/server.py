@@ -2,7 +2,7 @@
 
 `Controller` wires the in-memory fleet state, the durable store (through one
 batching writer), the agent and control services, gRPC health and reflection
-(assembled by `controller.grpc_server`), and the operators' HTTP listener
+(assembled by `controller.api.grpc_server`), and the operators' HTTP listener
 (`/metrics`, `/healthz`, `/readyz`; see `readiness`).
 Its settings are a `ControllerConfig` (`controller.config`). `run_controller` is
 the CLI's entry.
@@ -26,32 +26,32 @@ from grpc import aio
 
 from gearshift.common.errors import InvalidArgument, NotFound
 from gearshift.common.ops_http import OpsListener
-from gearshift.controller.agent_service import AgentService
+from gearshift.controller.api.control_service import ControlService
+from gearshift.controller.api.grpc_server import build_enrol_server, build_server
 from gearshift.controller.config import ControllerConfig
-from gearshift.controller.control_service import ControlService
-from gearshift.controller.enrolment_service import REVOCATION_REFRESH_S, EnrolService, Revocations
-from gearshift.controller.enrolment_store import EnrolmentStore
-from gearshift.controller.fleet import FleetState, HostEntry
+from gearshift.controller.decisions.learning import CapacityLearner, Forecaster
+from gearshift.controller.decisions.policy_loop import PolicyLoop, RateHistory
+from gearshift.controller.enrolment.service import REVOCATION_REFRESH_S, EnrolService, Revocations
+from gearshift.controller.enrolment.store import EnrolmentStore
 from gearshift.controller.gc_policy import GcPolicy
-from gearshift.controller.grpc_server import build_enrol_server, build_server
-from gearshift.controller.ha import Leadership
-from gearshift.controller.leader import LeaderElector
-from gearshift.controller.learning import CapacityLearner, Forecaster
+from gearshift.controller.ha.leader import LeaderElector
+from gearshift.controller.ha.leadership import Leadership
+from gearshift.controller.ingest.agent_service import AgentService
+from gearshift.controller.ingest.fleet import FleetState, HostEntry
+from gearshift.controller.ingest.rollup import to_rows_in_slices
 from gearshift.controller.limits import raise_open_files_limit
 from gearshift.controller.loop_lag import LoopLagProbe
 from gearshift.controller.metrics import ControllerMetrics
-from gearshift.controller.migration_commands import deployment_phase_name
-from gearshift.controller.migration_store import MigrationRepository, MigrationRow
-from gearshift.controller.orchestrator import MigrationOrchestrator, OrchestratorSettings
-from gearshift.controller.persistence import Persistence
-from gearshift.controller.policy_loop import PolicyLoop, RateHistory
-from gearshift.controller.rollup import to_rows_in_slices
-from gearshift.controller.tables import RollupRow
+from gearshift.controller.moves.commands import deployment_phase_name
+from gearshift.controller.moves.orchestrator import MigrationOrchestrator, OrchestratorSettings
+from gearshift.controller.moves.store import MigrationRepository, MigrationRow
+from gearshift.controller.store.persistence import Persistence
+from gearshift.controller.store.tables import RollupRow
 from gearshift.policies.loader import Policy
 from gearshift.v1 import agent_pb2, control_pb2
 
 if TYPE_CHECKING:
-    from gearshift.controller.certificate_authority import SigningCa
+    from gearshift.controller.enrolment.certificate_authority import SigningCa
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ class Controller:
     def _signing_ca(self) -> SigningCa | None:
         if self.config.ca_key is None or self.config.tls_ca is None:
             return None
-        from gearshift.controller.certificate_authority import SigningCa
+        from gearshift.controller.enrolment.certificate_authority import SigningCa
         return SigningCa.load(self.config.tls_ca, self.config.ca_key)
 
     def _close_revoked(self, host_id: str, why: str = "") -> None:
@@ -187,7 +187,7 @@ class Controller:
         self.learner = CapacityLearner(store)
         self.learner.load()
         self.policy_loop.learner = self.learner
-        # Forecasts are fitted on a worker thread: a tick only reads them (controller.learning).
+        # Forecasts are fitted on a worker thread: a tick only reads them (controller.decisions.learning).
         self.policy_loop.forecaster = Forecaster(self.history.arrays, config.history_resolution_s,
                                                  background=True)
         self.policy_loop.gpu_price_per_hour = config.gpu_price_per_hour

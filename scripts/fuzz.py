@@ -26,7 +26,7 @@ def _target(name: str) -> Callable[[bytes], None]:
 
     from gearshift.agents.config import parse_agent_config, parse_yaml_bytes
     from gearshift.agents.metrics import RateCalculator, parse_prometheus_text, parse_trtllm_json
-    from gearshift.controller.validation import check_report, peer_ip
+    from gearshift.controller.api.validation import check_report, peer_ip
     from gearshift.policies.loader import load_policy
     from gearshift.policies.trace import read_trace_bytes
     from gearshift.v1 import agent_pb2

@@ -18,14 +18,14 @@ from google.protobuf import json_format
 from grpc import aio
 
 from gearshift.common.errors import FailedPrecondition, InvalidArgument, NotFound
-from gearshift.controller.tables import DecisionRow, DecisionStatus, PolicyVersionRow
+from gearshift.controller.store.tables import DecisionRow, DecisionStatus, PolicyVersionRow
 from gearshift.policies.loader import MAX_POLICY_BYTES, PolicyError, policy_mode
 from gearshift.v1 import control_pb2
 
 if TYPE_CHECKING:
-    from gearshift.controller.migration_store import MigrationRow, MigrationStepRow
-    from gearshift.controller.orchestrator import MigrationOrchestrator
-    from gearshift.controller.policy_loop import PolicyLoop
+    from gearshift.controller.decisions.policy_loop import PolicyLoop
+    from gearshift.controller.moves.orchestrator import MigrationOrchestrator
+    from gearshift.controller.moves.store import MigrationRow, MigrationStepRow
 
 log = logging.getLogger(__name__)
 

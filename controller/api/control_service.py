@@ -17,13 +17,13 @@ from grpc import aio
 
 from gearshift.common.errors import GearshiftError
 from gearshift.common.identity import LEADER_METADATA_KEY
-from gearshift.controller.control_actions import ActionRpcs
-from gearshift.controller.enrolment_service import EnrolmentRpcs
-from gearshift.controller.fleet import FleetState
-from gearshift.controller.gateway_reports import MAX_GATEWAY_ID_CHARS, check_gateway_report
-from gearshift.controller.ha import Leadership
-from gearshift.controller.paging import one_page, page_size, table_parts
-from gearshift.controller.validation import MAX_DEPLOYMENTS_PER_REPORT
+from gearshift.controller.api.control_actions import ActionRpcs
+from gearshift.controller.api.paging import one_page, page_size, table_parts
+from gearshift.controller.api.validation import MAX_DEPLOYMENTS_PER_REPORT
+from gearshift.controller.enrolment.service import EnrolmentRpcs
+from gearshift.controller.ha.leadership import Leadership
+from gearshift.controller.ingest.fleet import FleetState
+from gearshift.controller.ingest.gateway_reports import MAX_GATEWAY_ID_CHARS, check_gateway_report
 from gearshift.v1 import agent_pb2, control_pb2, control_pb2_grpc
 
 log = logging.getLogger(__name__)

@@ -20,17 +20,17 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from gearshift.common.errors import ConfigError
-from gearshift.controller.agent_service import AgentService
-from gearshift.controller.config import ControllerConfig
-from gearshift.controller.control_service import ControlService
-from gearshift.controller.ha import LeaderGate, Leadership
-from gearshift.controller.interceptors import ErrorInterceptor
-from gearshift.controller.security import (
+from gearshift.controller.api.control_service import ControlService
+from gearshift.controller.api.interceptors import ErrorInterceptor
+from gearshift.controller.api.security import (
     AuthInterceptor,
     TokenStore,
     check_plaintext_listen,
     server_credentials,
 )
+from gearshift.controller.config import ControllerConfig
+from gearshift.controller.ha.leadership import LeaderGate, Leadership
+from gearshift.controller.ingest.agent_service import AgentService
 from gearshift.v1 import agent_pb2, agent_pb2_grpc, control_pb2, control_pb2_grpc, enrol_pb2_grpc
 
 # Logs under the controller process's logger name, which operators filter on.

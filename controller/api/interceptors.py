@@ -3,7 +3,7 @@
 A handler raises a `GearshiftError`; this interceptor turns the plain code it
 carries into the gRPC status of that name (`grpc_status`), with its message as
 the details. A database error becomes UNAVAILABLE "the store refused the write:
-<cause>" (`controller.store_errors`). Anything else is logged
+<cause>" (`controller.store.errors`). Anything else is logged
 with its traceback and returned as INTERNAL without internals.
 """
 
@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from grpc import aio
 
 from gearshift.common.errors import GearshiftError
-from gearshift.controller.store_errors import store_refused
+from gearshift.controller.store.errors import store_refused
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ T = TypeVar("T")
 DEFAULT_PAGE_SIZE = 1000
 MAX_PAGE_SIZE = 5000
 # A page also ends once its items reach this many bytes: a deployment's report may hold
-# a few kB of names and message (controller/validation.py bounds them), so a page of
+# a few kB of names and message (controller/api/validation.py bounds them), so a page of
 # MAX_PAGE_SIZE of them could pass the cap.
 MAX_PAGE_BYTES = 2 << 20
 MAX_ROUTE_PART_BYTES = 1 << 20  # well under gRPC's 4 MiB default cap

@@ -2,7 +2,7 @@
 
 `model_facts` builds a model's `ModelFacts` from its ready deployments: replica
 size, GPU model, measured latency (else the policy's priors), capacities by the
-rule shared with the blind backtest (`controller.learning.live_capacities`) on the
+rule shared with the blind backtest (`controller.decisions.learning.live_capacities`) on the
 release each engine runs or would run (`FactsCache.releases`, cited as
 ``engine_version.<engine>``), and the results of earlier trials, each figure cited
 by its source. `rate_forecasts` gives each model's rate forecast over the policy's
@@ -16,9 +16,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gearshift.common.engines import ENGINE_NAMES
-from gearshift.controller.fleet import FleetState
-from gearshift.controller.gpu_price import host_price, model_price
-from gearshift.controller.learning import live_capacities, release_order
+from gearshift.controller.decisions.gpu_price import host_price, model_price
+from gearshift.controller.decisions.learning import live_capacities, release_order
+from gearshift.controller.ingest.fleet import FleetState
 from gearshift.policies.loader import Policy
 from gearshift.policies.priors import EngineCapacity, priors_for
 from gearshift.policies.schema import EnginePriors, ModelPriors
@@ -32,7 +32,7 @@ from gearshift.policies.signals import (
 from gearshift.v1 import agent_pb2
 
 if TYPE_CHECKING:
-    from gearshift.controller.learning import CapacityLearner, Forecaster
+    from gearshift.controller.decisions.learning import CapacityLearner, Forecaster
     from gearshift.policies.forecast import Forecast
 
 ENGINES = ENGINE_NAMES  # the engine catalog's
@@ -96,7 +96,7 @@ class FactsCache:
     priors of each model under the policy, each host's GPU models and labels, and the
     capacities of models with no latency SLA (those depend on their priors and the
     engines' releases alone: the learner measures capacity at an SLA), the releases of
-    the models alike, and each host's GPU price (`controller.gpu_price`:
+    the models alike, and each host's GPU price (`controller.decisions.gpu_price`:
     its label, else `gpu_price_per_hour`, the fleet's). Build one per tick (hosts may change
     between ticks) from the tick's policy."""
 
@@ -134,7 +134,7 @@ class FactsCache:
         return found
 
     def price(self, fleet: FleetState, host_id: str) -> tuple[float | None, str]:
-        """(USD per GPU-hour, its source) on a host (`controller.gpu_price.host_price`)."""
+        """(USD per GPU-hour, its source) on a host (`controller.decisions.gpu_price.host_price`)."""
         found = self._prices.get(host_id)
         if found is None:
             found = self._prices[host_id] = host_price(self.host(fleet, host_id)[1],
@@ -165,7 +165,7 @@ class FactsCache:
         """The release of each engine for a model: what its ready deployments report for
         the engines serving it (`serving`: engine, version, ...: the newest of each
         engine's; "": not known); for the others, the newest installed on its hosts (a
-        move's targets go there first: `controller.placement`), else on any host."""
+        move's targets go there first: `controller.moves.placement`), else on any host."""
         key = (placed.engine_versions, serving)
         found = self._releases.get(key)
         if found is None:

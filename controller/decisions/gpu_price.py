@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from gearshift.policies.economics import NO_PRICE_NOTE, PRICE_LABEL
 
 if TYPE_CHECKING:
-    from gearshift.controller.fleet import FleetState
+    from gearshift.controller.ingest.fleet import FleetState
     from gearshift.policies.loader import Policy
 
 FLAG_SOURCE = "controller --gpu-price-per-hour"

@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING, Any
 
 from gearshift.common.engine_versions import version_key
 from gearshift.common.engines import ENGINE_NAMES
-from gearshift.controller.store import Store
-from gearshift.controller.tables import RollupRow
+from gearshift.controller.store.database import Store
+from gearshift.controller.store.tables import RollupRow
 from gearshift.policies.capacity import (
     CapacityEstimate,
     CapacityKey,

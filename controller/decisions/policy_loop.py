@@ -4,21 +4,21 @@ On every policy interval (an APScheduler job) it reads the active policy, builds
 each model's signals from what the fleet observed before `now` (the in-memory
 rate history and its forecast over the policy's horizon, which sets the traffic
 level of the savings estimate; revisions; the engines' latency; capacities by the
-rule shared with the blind backtest, `controller.learning.live_capacities`:
+rule shared with the blind backtest, `controller.decisions.learning.live_capacities`:
 measured, else the policy's priors or the default ratio), calls `decide`, stores
 the decisions with their reasons and those figures' sources, and applies the policy's
 mode: `dry-run` records, `approve` waits for a person, `auto` hands the
 decision to the migration orchestrator (as a trial first when the core decided
 one). Policy versions are applied here, atomically: an invalid policy never
 replaces the active one. A model's facts and its rate forecast are built by
-`controller.policy_facts`; the rate samples are kept by
-`controller.rate_history.RateHistory`.
+`controller.decisions.facts`; the rate samples are kept by
+`controller.ingest.rate_history.RateHistory`.
 
 A model's state (current engine, time on it, the last switch for the cooldown,
 engines already trialled) comes from the functions of `policies.model_state`,
 which the backtest uses too; the time on an engine is stored (`model_tenure`),
 so a restart keeps it. Decision status follows the migration rows, re-read on
-every tick (`controller.decision_reconcile`). Everything here runs on the
+every tick (`controller.decisions.reconcile`). Everything here runs on the
 controller's event loop, as the orchestrator does: one execution context.
 """
 
@@ -32,22 +32,22 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from gearshift.common.errors import FailedPrecondition, InvalidArgument, NotFound
-from gearshift.controller.canary import Sla
-from gearshift.controller.decision_reconcile import reconcile_decisions
-from gearshift.controller.fleet import FleetState
-from gearshift.controller.gpu_price import price_warning
-from gearshift.controller.migration_machine import MigrationKind
-from gearshift.controller.migration_store import MigrationRepository, MigrationRow
-from gearshift.controller.policy_facts import (
+from gearshift.controller.decisions.facts import (
     FactsCache,
     hand_off_forecasts,
     model_facts,
     rate_forecasts,
     refresh_forecasts,
 )
-from gearshift.controller.rate_history import RateHistory
-from gearshift.controller.store import Store
-from gearshift.controller.tables import (
+from gearshift.controller.decisions.gpu_price import price_warning
+from gearshift.controller.decisions.reconcile import reconcile_decisions
+from gearshift.controller.ingest.fleet import FleetState
+from gearshift.controller.ingest.rate_history import RateHistory
+from gearshift.controller.moves.canary import Sla
+from gearshift.controller.moves.machine import MigrationKind
+from gearshift.controller.moves.store import MigrationRepository, MigrationRow
+from gearshift.controller.store.database import Store
+from gearshift.controller.store.tables import (
     SETTING_ACTIVE_POLICY_VERSION,
     DecisionRow,
     DecisionStatus,
@@ -74,8 +74,8 @@ from gearshift.policies.signals import ModelFacts
 from gearshift.v1 import agent_pb2
 
 if TYPE_CHECKING:
-    from gearshift.controller.learning import CapacityLearner, Forecaster
-    from gearshift.controller.orchestrator import MigrationOrchestrator
+    from gearshift.controller.decisions.learning import CapacityLearner, Forecaster
+    from gearshift.controller.moves.orchestrator import MigrationOrchestrator
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ class PolicyLoop:
         self.learner: CapacityLearner | None = None
         self.forecaster: Forecaster | None = None
         # The fleet's USD per GPU-hour (`--gpu-price-per-hour`), for policies that set
-        # none; a host's label overrides it (`controller.gpu_price`).
+        # none; a host's label overrides it (`controller.decisions.gpu_price`).
         self.gpu_price_per_hour: float | None = None
         # Observes every status a decision enters, with its rule (the decision metrics);
         # called after the store accepted the change.

@@ -26,10 +26,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from gearshift.controller.migration_machine import MigrationKind, MigrationPhase
-from gearshift.controller.migration_store import MigrationRepository, MigrationRow
-from gearshift.controller.store import Store
-from gearshift.controller.tables import DecisionRow, DecisionStatus
+from gearshift.controller.moves.machine import MigrationKind, MigrationPhase
+from gearshift.controller.moves.store import MigrationRepository, MigrationRow
+from gearshift.controller.store.database import Store
+from gearshift.controller.store.tables import DecisionRow, DecisionStatus
 
 log = logging.getLogger(__name__)
 

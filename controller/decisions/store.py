@@ -1,8 +1,8 @@
 """Decisions, model tenure, revisions and policy versions: the queries `Store` gets from `DecisionQueries`.
 
-The mixin holds only queries; `Store` (in `controller.store`) supplies the engine,
+The mixin holds only queries; `Store` (in `controller.store.database`) supplies the engine,
 the URL handling and the schema. Sessions stay inside: callers pass and get the
-SQLModel rows of `gearshift.controller.tables`, detached and fully loaded.
+SQLModel rows of `gearshift.controller.store.tables`, detached and fully loaded.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from gearshift.common.errors import AlreadyExists, InvalidArgument, NotFound
-from gearshift.controller.tables import (
+from gearshift.controller.store.tables import (
     SETTING_ACTIVE_POLICY_VERSION,
     DecisionRow,
     DecisionStatus,

@@ -19,7 +19,7 @@ from gearshift.common.errors import (
     ResourceExhausted,
     Unauthenticated,
 )
-from gearshift.controller.enrolment_rules import BadToken
+from gearshift.controller.enrolment.rules import BadToken
 
 # Enrol is served to anyone who can reach the enrolment listener: each request is
 # admitted by its source address's bucket, then by the listener's, before the token

@@ -16,7 +16,7 @@ the controller will sign agents' certificate requests with the same code.
 
 Identity: an agent certificate has CN `<host>` and one SAN URI
 `spiffe://gearshift/host/<host>`; the controller trusts ONLY that URI SAN (see
-`gearshift.controller.security.peer_host_id`), never the CN, so the gateway's and
+`gearshift.controller.api.security.peer_host_id`), never the CN, so the gateway's and
 people's certificates can never pass as a host, and a host's certificate is only ever
 an agent's (docs/security.md: what each identity may call). Keys are ECDSA P-256. Private keys and token files are
 written with mode 0600; existing files are never overwritten without `--force`.

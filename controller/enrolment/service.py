@@ -34,8 +34,8 @@ from gearshift.common.errors import (
     InvalidArgument,
     PermissionDenied,
 )
-from gearshift.controller.certificate_authority import SigningCa
-from gearshift.controller.enrolment_admission import (
+from gearshift.controller.api.security import peer_host_id
+from gearshift.controller.enrolment.admission import (
     REFUSAL_LOG_INTERVAL_S,
     EnrolAdmission,
     RefusalKind,
@@ -43,7 +43,8 @@ from gearshift.controller.enrolment_admission import (
     peer_source,
     refusal_kind,
 )
-from gearshift.controller.enrolment_rules import (
+from gearshift.controller.enrolment.certificate_authority import SigningCa
+from gearshift.controller.enrolment.rules import (
     Csr,
     EnrolmentState,
     Outcome,
@@ -54,12 +55,11 @@ from gearshift.controller.enrolment_rules import (
     parse_csr,
     split_token,
 )
-from gearshift.controller.enrolment_store import (
+from gearshift.controller.enrolment.store import (
     BootstrapTokenRow,
     EnrolmentStore,
     HostEnrolmentRow,
 )
-from gearshift.controller.security import peer_host_id
 from gearshift.v1 import enrol_pb2, enrol_pb2_grpc
 
 log = logging.getLogger(__name__)

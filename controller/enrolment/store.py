@@ -28,7 +28,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Field, Session, SQLModel, col, select
 
 from gearshift.common.errors import FailedPrecondition, NotFound, PermissionDenied
-from gearshift.controller.enrolment_rules import (
+from gearshift.controller.enrolment.rules import (
     BadToken,
     Csr,
     Enrolled,
@@ -40,7 +40,7 @@ from gearshift.controller.enrolment_rules import (
     decide,
     secret_matches,
 )
-from gearshift.controller.tables import UTCDateTime, utcnow
+from gearshift.controller.store.tables import UTCDateTime, utcnow
 
 ENROLMENT_STATE_LENGTH = 16
 

@@ -2,7 +2,7 @@
 
 `Elector` is what the controller needs of leader election, whichever store
 backend it runs on; `LeaseState` is what one read of the lease showed. On
-PostgreSQL the elector is `controller.leader.LeaderElector` (a lease row with a
+PostgreSQL the elector is `controller.ha.leader.LeaderElector` (a lease row with a
 fencing epoch); on SQLite there is a single controller, and
 `SingleControllerLeader` is always the leader, with its epoch from
 `Store.bump_epoch`.
@@ -18,10 +18,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gearshift.controller.store import Store
+from gearshift.controller.store.database import Store
 
 # Election messages keep the one logger name that operators filter on.
-log = logging.getLogger("gearshift.controller.leader")
+log = logging.getLogger("gearshift.controller.ha.leader")
 
 OnElected = Callable[[int], Awaitable[None] | None]
 OnLost = Callable[[], Awaitable[None] | None]

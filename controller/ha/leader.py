@@ -2,7 +2,7 @@
 
 Several controllers share one PostgreSQL database; the one holding the lease row
 (`LeaderLeaseRow`, table ``leader_lease``; it and its SQL are in
-`controller.lease_table`) leads. `LeaderElector` talks to the database over its
+`controller.ha.lease_table`) leads. `LeaderElector` talks to the database over its
 own dedicated, unpooled connection (NullPool; never the store's pool, so a busy
 pool cannot delay a renewal), with a statement timeout well under the TTL. One
 `try_acquire_or_renew()` is one transaction that locks the row (``SELECT … FOR
@@ -28,7 +28,7 @@ for anything beyond that.
 
 SQLite has a single controller: `LeaderElector.for_url` on a ``sqlite:`` URL gives
 a `SingleControllerLeader` (always leader, epoch from `Store.bump_epoch`) with the
-same interface (`Elector`, in `controller.elector`), and logs that HA needs PostgreSQL.
+same interface (`Elector`, in `controller.ha.elector`), and logs that HA needs PostgreSQL.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.pool import NullPool
 
 from gearshift.common.errors import ConfigError, GearshiftError, Unavailable
-from gearshift.controller import lease_table
-from gearshift.controller.elector import (
+from gearshift.controller.ha import lease_table
+from gearshift.controller.ha.elector import (
     Elector,
     LeaseState,
     OnElected,
@@ -60,9 +60,9 @@ from gearshift.controller.elector import (
     SingleControllerLeader,
     call_back,
 )
-from gearshift.controller.lease_table import LeaderLeaseRow
-from gearshift.controller.store import SUPPORTED_URLS, Store
-from gearshift.controller.tables import SETTING_EPOCH
+from gearshift.controller.ha.lease_table import LeaderLeaseRow
+from gearshift.controller.store.database import SUPPORTED_URLS, Store
+from gearshift.controller.store.tables import SETTING_EPOCH
 
 log = logging.getLogger(__name__)
 

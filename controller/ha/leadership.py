@@ -22,8 +22,8 @@ import grpc
 from grpc import aio
 
 from gearshift.common.identity import LEADER_METADATA_KEY
-from gearshift.controller.leader import Elector, LeaseState
-from gearshift.controller.security import AGENT_SERVICE, CONTROL_SERVICE, denying_handler
+from gearshift.controller.api.security import AGENT_SERVICE, CONTROL_SERVICE, denying_handler
+from gearshift.controller.ha.leader import Elector, LeaseState
 
 log = logging.getLogger(__name__)
 

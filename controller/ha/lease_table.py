@@ -16,11 +16,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlmodel import Field, SQLModel
 
-from gearshift.controller.elector import LeaseState
-from gearshift.controller.tables import SETTING_EPOCH, UTCDateTime
+from gearshift.controller.ha.elector import LeaseState
+from gearshift.controller.store.tables import SETTING_EPOCH, UTCDateTime
 
 # Election messages keep the one logger name that operators filter on.
-log = logging.getLogger("gearshift.controller.leader")
+log = logging.getLogger("gearshift.controller.ha.leader")
 
 
 class LeaderLeaseRow(SQLModel, table=True):

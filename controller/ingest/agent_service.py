@@ -26,11 +26,11 @@ import grpc
 from grpc import aio
 
 from gearshift.common.errors import GearshiftError, InvalidArgument
-from gearshift.controller.fleet import FleetState, HostEntry
-from gearshift.controller.interceptors import grpc_status
+from gearshift.controller.api.interceptors import grpc_status
+from gearshift.controller.api.security import check_peer_host
+from gearshift.controller.api.validation import IPAddress, check_hello, check_report, peer_ip
+from gearshift.controller.ingest.fleet import FleetState, HostEntry
 from gearshift.controller.metrics import ControllerMetrics
-from gearshift.controller.security import check_peer_host
-from gearshift.controller.validation import IPAddress, check_hello, check_report, peer_ip
 from gearshift.v1 import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger(__name__)

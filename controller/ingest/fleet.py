@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 from sys import intern
 
 from gearshift.common.errors import ResourceExhausted
-from gearshift.controller.engine_restarts import RestartTracker
-from gearshift.controller.gateway_reports import GatewayReports
+from gearshift.controller.ingest.engine_restarts import RestartTracker
+from gearshift.controller.ingest.gateway_reports import GatewayReports
 from gearshift.v1 import agent_pb2, control_pb2
 
 UNREACHABLE_AFTER_INTERVALS = 3
-# Distinct models the whole fleet may serve at once (controller/validation.py caps them
+# Distinct models the whole fleet may serve at once (controller/api/validation.py caps them
 # per host): the fleet gearshift is sized for (10,000 hosts x 8 deployments) serves far
 # fewer models than deployments.
 MAX_FLEET_MODELS = 4096

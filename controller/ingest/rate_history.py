@@ -33,7 +33,7 @@ from datetime import UTC, datetime
 import numpy as np
 import numpy.typing as npt
 
-from gearshift.controller.store import Store
+from gearshift.controller.store.database import Store
 
 HISTORY_RETENTION_S = 8 * 24 * 3600.0
 ROWS_PER_BLOCK = 64  # models per block of the matrix

@@ -41,7 +41,7 @@ reports, hence the hand-written fold):
   A signal no report of the minute had is NULL, never 0.
 
 How a minute is held until it is handed back (numbers, not an object per deployment or
-per sample, with every figure read back exactly as added): `controller.rollup_minute`.
+per sample, with every figure read back exactly as added): `controller.ingest.rollup_minute`.
 """
 
 from __future__ import annotations
@@ -55,9 +55,9 @@ from sys import intern
 from typing import TypeVar
 
 from gearshift.common.errors import InvalidArgument
-from gearshift.controller.rollup_minute import P99_TAIL_FRACTION as P99_TAIL_FRACTION
-from gearshift.controller.rollup_minute import Bucket
-from gearshift.controller.tables import RollupRow
+from gearshift.controller.ingest.rollup_minute import P99_TAIL_FRACTION as P99_TAIL_FRACTION
+from gearshift.controller.ingest.rollup_minute import Bucket
+from gearshift.controller.store.tables import RollupRow
 from gearshift.v1 import agent_pb2
 
 MINUTE_S = 60

@@ -1,11 +1,11 @@
-"""How `controller.rollup` holds an open (model, engine, minute) until it is handed back.
+"""How `controller.ingest.rollup` holds an open (model, engine, minute) until it is handed back.
 
 A minute of a large fleet is the larger part of the controller's memory after gRPC's
 (80,000 deployments of 10,000 hosts, two minutes open at each minute's turn), so it is
 held in numbers rather than objects: a bucket's per-deployment sums in columns by slot
 (`DeploymentSums`), a latency's p99s as runs of equal samples with their weights in 4
 bytes (`LatencySamples`). Everything here is read back exactly as added: the rows
-`controller.rollup` makes from it are what a list of every report's figures would give,
+`controller.ingest.rollup` makes from it are what a list of every report's figures would give,
 to the last bit.
 """
 

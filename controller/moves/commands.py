@@ -1,12 +1,12 @@
 """The migration orchestrator's settings and agent commands.
 
-`AgentCommands` is one part the orchestrator (`controller.orchestrator`) is built
+`AgentCommands` is one part the orchestrator (`controller.moves.orchestrator`) is built
 from: over the fleet and the command channel it sends the agent commands of a
 move with deterministic ids (``<migration id>:<action>:<subject>``), re-sending an
 unanswered one under the same id, and records them in the repository. A host
 that is unknown or unreachable raises `Paused`; a move that cannot go on raises
 `Failed`, which rolls it back. `OrchestratorSettings` says how cautious a move is.
-Persisting rows and transitions is `controller.migration_ledger.MigrationLedger`'s.
+Persisting rows and transitions is `controller.moves.ledger.MigrationLedger`'s.
 """
 
 from __future__ import annotations
@@ -19,20 +19,20 @@ from typing import Any
 
 from gearshift.common.enum_labels import enum_label
 from gearshift.common.errors import InvalidArgument
-from gearshift.controller.canary import Sla
-from gearshift.controller.fleet import FleetState
-from gearshift.controller.migration_machine import MigrationPhase
-from gearshift.controller.migration_store import (
+from gearshift.controller.ingest.fleet import FleetState
+from gearshift.controller.moves.canary import Sla
+from gearshift.controller.moves.machine import MigrationPhase
+from gearshift.controller.moves.placement import Paused
+from gearshift.controller.moves.store import (
     FINAL_COMMAND_PHASES,
     MigrationCommandRow,
     MigrationRepository,
     MigrationRow,
 )
-from gearshift.controller.placement import Paused
 from gearshift.v1 import agent_pb2, control_pb2
 
 # Transitions and commands log under the orchestrator's name, which operators filter on.
-log = logging.getLogger("gearshift.controller.orchestrator")
+log = logging.getLogger("gearshift.controller.moves.orchestrator")
 
 FAILED_COMMAND_PHASES = frozenset({"failed", "rejected"})
 READY = agent_pb2.DEPLOYMENT_PHASE_READY

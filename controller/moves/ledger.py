@@ -16,16 +16,16 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gearshift.controller import failpoints
-from gearshift.controller.migration_machine import (
+from gearshift.controller.moves.machine import (
     MigrationKind,
     MigrationPhase,
     TrialOutcome,
     check_transition,
 )
-from gearshift.controller.migration_store import MigrationRepository, MigrationRow, MigrationStepRow
+from gearshift.controller.moves.store import MigrationRepository, MigrationRow, MigrationStepRow
 
 # Transitions log under the orchestrator's name, which operators filter on.
-log = logging.getLogger("gearshift.controller.orchestrator")
+log = logging.getLogger("gearshift.controller.moves.orchestrator")
 
 P = MigrationPhase
 OnTransition = Callable[[MigrationRow, MigrationPhase, MigrationPhase, str], None]

@@ -23,10 +23,10 @@ Fail static: a host that is unknown or unreachable pauses the move (the reason
 is in `status_message`); nothing is drained or rolled back because of it.
 
 This module holds the public API (create, abort, tick, route override) and
-composes the parts: the ledger (`controller.migration_ledger`: saves, and
-transitions checked against the table of `controller.migration_machine`), the
-agent commands (`controller.migration_commands`) and the step function of each
-phase (`controller.migration_steps`).
+composes the parts: the ledger (`controller.moves.ledger`: saves, and
+transitions checked against the table of `controller.moves.machine`), the
+agent commands (`controller.moves.commands`) and the step function of each
+phase (`controller.moves.steps`).
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from typing import Any
 
 from gearshift.common.engines import ENGINE_NAMES
 from gearshift.common.errors import FailedPrecondition, InvalidArgument, NotFound
-from gearshift.controller.fleet import FleetState
-from gearshift.controller.migration_commands import (
+from gearshift.controller.ingest.fleet import FleetState
+from gearshift.controller.moves.commands import (
     FAILED_COMMAND_PHASES,
     READY,
     AgentCommands,
@@ -48,11 +48,11 @@ from gearshift.controller.migration_commands import (
     SendCommand,
     phase_name,
 )
-from gearshift.controller.migration_ledger import MigrationLedger, OnTransition
-from gearshift.controller.migration_machine import MigrationKind, MigrationPhase
-from gearshift.controller.migration_steps import PhaseSteps
-from gearshift.controller.migration_store import MigrationRepository, MigrationRow, MigrationStepRow
-from gearshift.controller.placement import Paused, source_spec
+from gearshift.controller.moves.ledger import MigrationLedger, OnTransition
+from gearshift.controller.moves.machine import MigrationKind, MigrationPhase
+from gearshift.controller.moves.placement import Paused, source_spec
+from gearshift.controller.moves.steps import PhaseSteps
+from gearshift.controller.moves.store import MigrationRepository, MigrationRow, MigrationStepRow
 from gearshift.v1 import agent_pb2
 
 log = logging.getLogger(__name__)

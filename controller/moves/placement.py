@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from gearshift.common.engines import engine_entry
 from gearshift.common.spec import DeploymentSpec
-from gearshift.controller.fleet import FleetState
-from gearshift.controller.migration_store import MigrationRow
+from gearshift.controller.ingest.fleet import FleetState
+from gearshift.controller.moves.store import MigrationRow
 from gearshift.v1 import agent_pb2, control_pb2
 
 if TYPE_CHECKING:
-    from gearshift.controller.orchestrator import OrchestratorSettings
+    from gearshift.controller.moves.orchestrator import OrchestratorSettings
 
 
 class Paused(Exception):

@@ -5,8 +5,8 @@
 (`starting`), watch them interval by interval (`warming`, `canary`, `promoting`),
 retire the sources and start the late targets (`draining`), or put traffic back
 on the sources (`rolling_back`). A `Failed` raised by any step rolls the move back.
-It is composed of the ledger (`controller.migration_ledger`: saves and checked
-transitions) and the agent commands (`controller.migration_commands`).
+It is composed of the ledger (`controller.moves.ledger`: saves and checked
+transitions) and the agent commands (`controller.moves.commands`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 from gearshift.common.engines import engine_entry
-from gearshift.controller.canary import analyze
-from gearshift.controller.fleet import FleetState
-from gearshift.controller.migration_commands import (
+from gearshift.controller.ingest.fleet import FleetState
+from gearshift.controller.moves.canary import analyze
+from gearshift.controller.moves.commands import (
     BROKEN_PHASES,
     FAILED_COMMAND_PHASES,
     READY,
@@ -26,10 +26,10 @@ from gearshift.controller.migration_commands import (
     deployment_phase_name,
     spec_proto,
 )
-from gearshift.controller.migration_ledger import MigrationLedger
-from gearshift.controller.migration_machine import MigrationKind, MigrationPhase, TrialOutcome
-from gearshift.controller.migration_store import MigrationRepository, MigrationRow
-from gearshift.controller.placement import fleet_view, place_targets
+from gearshift.controller.moves.ledger import MigrationLedger
+from gearshift.controller.moves.machine import MigrationKind, MigrationPhase, TrialOutcome
+from gearshift.controller.moves.placement import fleet_view, place_targets
+from gearshift.controller.moves.store import MigrationRepository, MigrationRow
 from gearshift.v1 import agent_pb2
 
 P = MigrationPhase

@@ -11,7 +11,7 @@ arriving while a tick runs cannot be lost by the tick's own save.
 
 The tables are created by the Alembic revisions ``0002`` and ``0004`` (keep them in step).
 Phases, kinds, trial outcomes and the allowed transitions are in
-`controller.migration_machine`.
+`controller.moves.machine`.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlmodel import Field, Session, SQLModel, col, select
 
-from gearshift.controller.migration_machine import (
+from gearshift.controller.moves.machine import (
     TERMINAL_PHASES,
     MigrationKind,
     MigrationPhase,
     TrialOutcome,
 )
-from gearshift.controller.tables import UTCDateTime
+from gearshift.controller.store.tables import UTCDateTime
 
 MIGRATION_PHASE_LENGTH = 32
 MIGRATION_KIND_LENGTH = 32

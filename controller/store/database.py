@@ -1,13 +1,13 @@
 """The controller's durable store: SQLite (WAL) by default, PostgreSQL for HA.
 
 `Store.open(url)` validates the URL, connects, and brings the schema to the
-newest Alembic revision (the migrations live in `gearshift.controller.migrations`;
+newest Alembic revision (the migrations live in `gearshift.controller.store.schema`;
 the Alembic Config is built here, no alembic.ini). Sessions stay inside: callers
-pass and get the SQLModel rows of `gearshift.controller.tables`, detached and
+pass and get the SQLModel rows of `gearshift.controller.store.tables`, detached and
 fully loaded. Upserts use each dialect's ``INSERT … ON CONFLICT`` so a batch is
 one statement per table. `write_batch` is the one-transaction entry point of the
 `BatchingWriter`. Decisions, revisions and policy versions are queried by the
-`DecisionQueries` mixin (`controller.decision_store`).
+`DecisionQueries` mixin (`controller.decisions.store`).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from sqlalchemy.pool import StaticPool
 from sqlmodel import SQLModel, col, select
 
 from gearshift.common.errors import ConfigError, InvalidArgument, Unavailable
-from gearshift.controller.decision_store import DecisionQueries, dialect_insert, positive_limit
-from gearshift.controller.enrolment_store import BootstrapTokenRow, HostEnrolmentRow
-from gearshift.controller.tables import (
+from gearshift.controller.decisions.store import DecisionQueries, dialect_insert, positive_limit
+from gearshift.controller.enrolment.store import BootstrapTokenRow, HostEnrolmentRow
+from gearshift.controller.store.tables import (
     SETTING_EPOCH,
     SETTING_TYPES,
     CommandLogRow,
@@ -43,7 +43,7 @@ from gearshift.controller.tables import (
 SQLITE_BUSY_TIMEOUT_MS = 5000
 SQLITE_DB_FILENAME = "gearshift.db"
 SUPPORTED_URLS = "sqlite:///PATH, postgresql+psycopg://USER@HOST:PORT/DB"
-MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+SCHEMA_DIR = Path(__file__).resolve().parent / "schema"  # the Alembic revisions
 # Tables defined outside `tables`, named here so that every store knows its full schema.
 OTHER_TABLES = (BootstrapTokenRow, HostEnrolmentRow)
 
@@ -61,7 +61,7 @@ def default_sqlite_url(data_dir: Path) -> str:
 def alembic_config(connection: Connection) -> Config:
     """An Alembic Config for the store's migrations, bound to an open connection."""
     cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("script_location", str(SCHEMA_DIR))
     cfg.attributes["connection"] = connection
     return cfg
 

@@ -3,8 +3,8 @@
 A database error (SQLite's "database or disk is full", PostgreSQL's "No space left on
 device", a read-only file, a lost connection) is named by its cause, never shown as a
 traceback or as gRPC's "Unexpected <class 'sqlalchemy.exc.OperationalError'>". The
-interceptor (`controller.interceptors`) answers such a call UNAVAILABLE with that line;
-the batching writer (`controller.writer`) counts it by cause and holds `/readyz` not
+interceptor (`controller.api.interceptors`) answers such a call UNAVAILABLE with that line;
+the batching writer (`controller.store.writer`) counts it by cause and holds `/readyz` not
 ready while writes fail.
 """
 

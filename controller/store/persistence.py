@@ -21,11 +21,11 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from gearshift.common.enum_labels import UNKNOWN, enum_label
-from gearshift.controller.fleet import FleetState, HostEntry
-from gearshift.controller.rollup import RollupAggregator
-from gearshift.controller.store import Store, default_sqlite_url
-from gearshift.controller.tables import SETTING_PAUSED, RollupRow
-from gearshift.controller.writer import BatchingWriter
+from gearshift.controller.ingest.fleet import FleetState, HostEntry
+from gearshift.controller.ingest.rollup import RollupAggregator
+from gearshift.controller.store.database import Store, default_sqlite_url
+from gearshift.controller.store.tables import SETTING_PAUSED, RollupRow
+from gearshift.controller.store.writer import BatchingWriter
 from gearshift.v1 import agent_pb2
 
 log = logging.getLogger(__name__)

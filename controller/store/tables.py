@@ -5,7 +5,7 @@ UTC on SQLite and `timestamptz` on PostgreSQL, and always reads back aware UTC).
 Structured values (labels, GPU inventory, decision inputs, alternatives) are
 JSON columns; enumerated state is a `str` enum stored as its value; "unknown"
 is NULL, never a sentinel. The schema itself is created by the hand-written
-Alembic revision in `gearshift.controller.migrations.versions`; keep the two in
+Alembic revision in `gearshift.controller.store.schema.versions`; keep the two in
 step (a test compares them).
 """
 
@@ -156,7 +156,7 @@ class RollupRow(SQLModel, table=True):
     generation_tokens_per_s: float = 0.0
     kv_cache_usage_mean: float = 0.0  # 0..1, mean over reports
     errors: int = Field(default=0, sa_type=sa.BigInteger)  # failed requests within the minute
-    # SLA signals (NULL: no report of the minute had it; see controller/rollup.py).
+    # SLA signals (NULL: no report of the minute had it; see controller/ingest/rollup.py).
     queue_p50_s: float | None = None  # time waiting before scheduling
     queue_p99_s: float | None = None
     preemptions_per_s: float | None = None

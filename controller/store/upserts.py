@@ -20,7 +20,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlmodel import SQLModel
 
-from gearshift.controller.tables import (
+from gearshift.controller.store.tables import (
     CommandLogRow,
     DeploymentRow,
     HostRow,

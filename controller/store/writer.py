@@ -4,7 +4,7 @@ The asyncio loop hands writes to `BatchingWriter.submit_*`, which never block
 on the database: they coalesce the row into a pending set keyed by the row's
 identity (last write wins, so a host reporting 500 times between two flushes is
 written once). Rows are SQLModel objects or, on hot paths, plain dicts of
-column values (see `gearshift.controller.upserts`); either way the writer keeps
+column values (see `gearshift.controller.store.upserts`); either way the writer keeps
 a shallow copy of the values: do not mutate their JSON values afterwards. A
 background thread commits the whole pending set in one transaction (Core
 ``INSERT … ON CONFLICT`` statements of up to `WRITE_CHUNK_ROWS` rows per table) every
@@ -36,10 +36,10 @@ import sqlalchemy as sa
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from sqlmodel import SQLModel
 
-from gearshift.controller.store import Store
-from gearshift.controller.store_errors import store_cause
-from gearshift.controller.tables import CommandLogRow, DeploymentRow, HostRow, RollupRow
-from gearshift.controller.upserts import (
+from gearshift.controller.store.database import Store
+from gearshift.controller.store.errors import store_cause
+from gearshift.controller.store.tables import CommandLogRow, DeploymentRow, HostRow, RollupRow
+from gearshift.controller.store.upserts import (
     COMMANDS,
     DEPLOYMENTS,
     HOSTS,

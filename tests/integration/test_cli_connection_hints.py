@@ -21,9 +21,9 @@ from grpc import aio
 
 pytest.importorskip("cryptography")
 
-from gearshift.controller.certificate_authority import init_certs
-from gearshift.controller.interceptors import ErrorInterceptor
-from gearshift.controller.security import AuthInterceptor, TokenStore, server_credentials
+from gearshift.controller.api.interceptors import ErrorInterceptor
+from gearshift.controller.api.security import AuthInterceptor, TokenStore, server_credentials
+from gearshift.controller.enrolment.certificate_authority import init_certs
 from gearshift.v1 import control_pb2, control_pb2_grpc
 
 CLI_TIMEOUT_S = 30.0

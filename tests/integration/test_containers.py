@@ -31,7 +31,7 @@ from typing import TypeVar
 import pytest
 import yaml
 
-from gearshift.controller.certificate_authority import init_certs
+from gearshift.controller.enrolment.certificate_authority import init_certs
 from integration.helpers import gateway_load, wait_for
 from integration.moves import POLICY
 from integration.podman import podman_env as _podman_env

@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 
 from gearshift.controller.failpoints import FAILPOINTS_ENV, MIGRATION_END_SAVED
-from gearshift.controller.store import SQLITE_DB_FILENAME
+from gearshift.controller.store.database import SQLITE_DB_FILENAME
 from gearshift.devfleet.local_fleet import LocalFleet
 from integration.helpers import gateway_load, gearshift_json, wait_for
 from integration.moves import _apply, ended, start_moving_hosts

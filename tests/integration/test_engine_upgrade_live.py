@@ -17,9 +17,9 @@ from typing import Any
 
 import yaml
 
-from gearshift.controller.learning import CapacityLearner
-from gearshift.controller.store import Store, default_sqlite_url
-from gearshift.controller.tables import RollupRow
+from gearshift.controller.decisions.learning import CapacityLearner
+from gearshift.controller.store.database import Store, default_sqlite_url
+from gearshift.controller.store.tables import RollupRow
 from gearshift.devfleet.local_fleet import LocalFleet, gearshift_cmd, spawn
 from integration.helpers import FAST_ENGINE_ENV, gearshift, gearshift_json, wait_for
 

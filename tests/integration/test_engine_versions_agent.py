@@ -24,7 +24,7 @@ from gearshift.agents.daemon import Agent
 from gearshift.common.engine_versions import version_table
 from gearshift.common.errors import InvalidArgument
 from gearshift.common.spec import DeploymentSpec, Phase
-from gearshift.controller.store import Store, default_sqlite_url
+from gearshift.controller.store.database import Store, default_sqlite_url
 from gearshift.devfleet.local_fleet import LocalFleet, gearshift_cmd, spawn
 from gearshift.v1 import agent_pb2
 from integration.helpers import FAST_ENGINE_ENV, engine_prefix, gearshift, gearshift_json, wait_for

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from gearshift.controller.certificate_authority import init_certs
+from gearshift.controller.enrolment.certificate_authority import init_certs
 from gearshift.devfleet.local_fleet import LocalFleet
 from integration.helpers import FAST_ENGINE_ENV, wait_for
 

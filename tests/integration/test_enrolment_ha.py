@@ -19,7 +19,7 @@ import pytest
 
 from gearshift.agents.enrolment import make_csr, new_key
 from gearshift.common.credentials import TlsFiles, secure_channel
-from gearshift.controller.certificate_authority import init_certs
+from gearshift.controller.enrolment.certificate_authority import init_certs
 from gearshift.devfleet.ha_fleet import HaFleet
 from gearshift.devfleet.ports import free_port
 from gearshift.v1 import enrol_pb2, enrol_pb2_grpc

@@ -26,7 +26,7 @@ from grpc import aio
 
 from gearshift.agents.enrolment import make_csr, new_key
 from gearshift.common.credentials import TlsFiles, secure_channel
-from gearshift.controller.certificate_authority import init_certs
+from gearshift.controller.enrolment.certificate_authority import init_certs
 from gearshift.controller.server import Controller, ControllerConfig
 from gearshift.v1 import control_pb2_grpc, enrol_pb2, enrol_pb2_grpc
 
@@ -69,7 +69,7 @@ async def test_no_reissue_reset_then_rate_limited(secured: tuple[Controller, Pat
                                                   tmp_path: Path,
                                                   caplog: pytest.LogCaptureFixture) -> None:
     ctl, certs = secured
-    caplog.set_level(logging.INFO, logger="gearshift.controller.enrolment_service")
+    caplog.set_level(logging.INFO, logger="gearshift.controller.enrolment.service")
     admin = (certs / "admin.token").read_text().strip()
     tls = TlsFiles(certs / "ca.pem", certs / "cli.pem", certs / "cli-key.pem", "localhost")
     async with secure_channel(f"127.0.0.1:{ctl.port}", tls, admin) as control, \

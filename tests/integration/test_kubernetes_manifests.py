@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from gearshift.agents.config import load_agent_config
-from gearshift.controller.certificate_authority import init_certs
+from gearshift.controller.enrolment.certificate_authority import init_certs
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 from kubernetes_validate.utils import all_versions  # noqa: E402

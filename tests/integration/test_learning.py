@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gearshift.controller.server import Controller, ControllerConfig
-from gearshift.controller.tables import RollupRow
+from gearshift.controller.store.tables import RollupRow
 
 POLICY = """\
 apiVersion: gearshift.dev/v1
@@ -78,7 +78,7 @@ async def test_capacity_is_learned_persisted_and_shown(controller: Controller, t
     assert "vllm" in table and "ok" in table
 
     # Persisted: a second learner over the same store knows the same.
-    from gearshift.controller.learning import CapacityLearner
+    from gearshift.controller.decisions.learning import CapacityLearner
 
     again = CapacityLearner(controller.persistence.store)
     again.load()

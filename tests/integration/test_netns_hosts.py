@@ -23,7 +23,7 @@ import psutil
 import pytest
 import yaml
 
-from gearshift.controller.certificate_authority import init_certs
+from gearshift.controller.enrolment.certificate_authority import init_certs
 from gearshift.devfleet.local_fleet import Proc, emulator_executable, kill_strays, wait_for
 
 SUBNET = "10.213.0"

@@ -23,7 +23,7 @@ from promql_names import (
     rule_exprs,
 )
 
-from gearshift.controller.migration_machine import MigrationKind, MigrationPhase
+from gearshift.controller.moves.machine import MigrationKind, MigrationPhase
 from gearshift.devfleet.local_fleet import LocalFleet, free_port
 from integration.helpers import FAST_ENGINE_ENV, gateway_load, gearshift_json, wait_for
 from integration.moves import _apply, _migration_done

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gearshift.controller.store import Store, default_sqlite_url
-from gearshift.controller.tables import SETTING_ACTIVE_POLICY_VERSION
+from gearshift.controller.store.database import Store, default_sqlite_url
+from gearshift.controller.store.tables import SETTING_ACTIVE_POLICY_VERSION
 from gearshift.devfleet.local_fleet import LocalFleet
 from integration.helpers import gearshift, gearshift_json
 

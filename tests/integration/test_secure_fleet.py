@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gearshift.controller.certificate_authority import init_certs, issue_agent_cert
+from gearshift.controller.enrolment.certificate_authority import init_certs, issue_agent_cert
 from gearshift.devfleet.local_fleet import LocalFleet
 from integration.helpers import FAST_ENGINE_ENV, wait_for
 

@@ -235,7 +235,7 @@ def test_controller_loads_no_learning_library_until_a_fit(tmp_path: Path) -> Non
             os.killpg(popen.pid, signal.SIGKILL)
             popen.wait(5)
     modules = json.loads(out.read_text())
-    assert "gearshift.controller.learning" in modules  # the learner was there, and fed
+    assert "gearshift.controller.decisions.learning" in modules  # the learner was there, and fed
     assert "gearshift.policies.capacity" in modules
     loaded = sorted(LEARNING_LIBRARIES & {m.partition(".")[0] for m in modules})
     assert not loaded, f"the controller imported {loaded} before any fit"

@@ -10,7 +10,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from gearshift.controller.server import Controller
-from gearshift.controller.tables import HostRow
+from gearshift.controller.store.tables import HostRow
 
 WAIT_LIMIT_S = 30.0
 

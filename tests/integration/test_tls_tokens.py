@@ -22,15 +22,15 @@ pytest.importorskip("cryptography")
 
 from gearshift.common.credentials import TlsFiles, secure_channel, token_metadata
 from gearshift.common.errors import PermissionDenied
-from gearshift.controller.certificate_authority import init_certs, issue_agent_cert
-from gearshift.controller.interceptors import ErrorInterceptor, grpc_status
-from gearshift.controller.security import (
+from gearshift.controller.api.interceptors import ErrorInterceptor, grpc_status
+from gearshift.controller.api.security import (
     AuthInterceptor,
     TokenStore,
     check_peer_host,
     peer_host_id,
     server_credentials,
 )
+from gearshift.controller.enrolment.certificate_authority import init_certs, issue_agent_cert
 from gearshift.v1 import agent_pb2, agent_pb2_grpc, control_pb2, control_pb2_grpc
 
 CALL_TIMEOUT_S = 10.0

@@ -8,7 +8,11 @@ Rules, with no exceptions list:
 - `controller` imports no `agents`, `cli` or harness code;
 - `common` imports none of the other gearshift packages;
 - the harness package (`devfleet`) is imported only by `cli` (and tests and benchmarks,
-  which are not packages).
+  which are not packages);
+- inside `controller`, its parts stack: `store` and `ha` at the bottom, then `ingest`
+  (what hosts report), `moves` (migrations), `decisions` (the policy loop), and `api` and
+  `enrolment` on top; a part imports no part above it, and none imports the composition
+  root (`controller.server`, `controller.term`), which alone assembles the parts.
 The packages are read from pyproject.toml's `package-dir`, so a new package is walked too.
 """
 
@@ -32,6 +36,15 @@ GATEWAY = "gearshift.gateway"
 CLI = "gearshift.cli"
 HARNESS = "gearshift.devfleet"
 COMMON = "gearshift.common"
+# The controller's parts (controller/<part>/) and its composition root.
+API = f"{SERVER}.api"
+DECISIONS = f"{SERVER}.decisions"
+ENROLMENT = f"{SERVER}.enrolment"
+HA = f"{SERVER}.ha"
+INGEST = f"{SERVER}.ingest"
+MOVES = f"{SERVER}.moves"
+STORE = f"{SERVER}.store"
+ROOT_MODULES = (f"{SERVER}.server", f"{SERVER}.term")
 
 # Importing package -> the module prefixes it must not import.
 FORBIDDEN: dict[str, tuple[str, ...]] = {
@@ -40,6 +53,12 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     GATEWAY: (SERVER, CLI, HARNESS),
     SERVER: (HOST, CLI, HARNESS),
     COMMON: (CORE, SERVER, HOST, GATEWAY, CLI, HARNESS),
+    INGEST: (DECISIONS, MOVES, ENROLMENT, *ROOT_MODULES),
+    MOVES: (DECISIONS, API, ENROLMENT, *ROOT_MODULES),
+    DECISIONS: (API, ENROLMENT, HA, *ROOT_MODULES),
+    HA: (INGEST, MOVES, DECISIONS, ENROLMENT, *ROOT_MODULES),
+    API: ROOT_MODULES,
+    ENROLMENT: (INGEST, MOVES, DECISIONS, *ROOT_MODULES),
 }
 HARNESS_IMPORTERS = (CLI, HARNESS)
 
@@ -169,13 +188,13 @@ def test_no_module_imports_across_a_forbidden_edge() -> None:
 def test_function_level_and_relative_imports_are_seen() -> None:
     source = ("import os\n"
               "def f():\n"
-              "    from gearshift.controller.store import Store\n"
+              "    from gearshift.controller.store.database import Store\n"
               "    if True:\n"
               "        import grpc.aio\n"
               "from . import spec\n"
               "from ..agents import daemon\n")
     got = {m for m, _ in imports_of(source, "gearshift.policies.core")}
-    assert {"os", "gearshift.controller.store", "gearshift.controller.store.Store", "grpc.aio",
+    assert {"os", "gearshift.controller.store.database", "gearshift.controller.store.database.Store", "grpc.aio",
             "gearshift.policies.spec", "gearshift.agents.daemon"} <= got
 
 
@@ -185,10 +204,18 @@ def test_function_level_and_relative_imports_are_seen() -> None:
     ("gearshift.policies.x", "gearshift.v1.agent_pb2", "must not import gearshift.v1"),
     ("gearshift.agents.daemon", "gearshift.controller.endpoints", "must not import gearshift.controller"),
     ("gearshift.gateway.server", "gearshift.cli.client", "must not import gearshift.cli"),
-    ("gearshift.controller.placement", "gearshift.agents.runtimes.spec", "must not import gearshift.agents"),
+    ("gearshift.controller.moves.placement", "gearshift.agents.runtimes.spec", "must not import gearshift.agents"),
     ("gearshift.common.spec", "gearshift.policies.trace", "must not import gearshift.policies"),
     ("gearshift.controller.server", "gearshift.devfleet.local", "must not import gearshift.devfleet"),
     ("gearshift.common.x", "gearshift.devfleet", "only gearshift.cli, tests and benchmarks"),
+    ("gearshift.controller.moves.orchestrator", "gearshift.controller.decisions.policy_loop",
+     "must not import gearshift.controller.decisions"),
+    ("gearshift.controller.ingest.fleet", "gearshift.controller.moves.machine",
+     "must not import gearshift.controller.moves"),
+    ("gearshift.controller.decisions.policy_loop", "gearshift.controller.api.control_actions",
+     "must not import gearshift.controller.api"),
+    ("gearshift.controller.api.control_service", "gearshift.controller.server",
+     "must not import gearshift.controller.server"),
 ])
 def test_each_rule_reports_its_edge(module: str, imported: str, rule: str) -> None:
     broken = violations([Edge(module, imported, "x.py:1")])

@@ -27,7 +27,7 @@ def test_the_wheel_builds_without_warnings_and_carries_its_data(tmp_path: Path) 
     assert any(n.endswith(".json") for n in releases), releases
     assert any(n.startswith("gearshift/policies/examples/") and n.endswith(".yaml")
                for n in names)
-    assert any(n.startswith("gearshift/controller/migrations/versions/0007") for n in names)
+    assert any(n.startswith("gearshift/controller/store/schema/versions/0007") for n in names)
     metadata = next(n for n in names if n.endswith("METADATA"))
     text = zipfile.ZipFile(wheel).read(metadata).decode()
     assert "License-Expression: Apache-2.0" in text

@@ -1,1 +1,1 @@
-"""gearshift.controller.migrations"""
+"""gearshift.controller.store.schema"""

@@ -1,6 +1,6 @@
 """Alembic environment of the controller store.
 
-There is no alembic.ini: `gearshift.controller.store.alembic_config` builds the
+There is no alembic.ini: `gearshift.controller.store.database.alembic_config` builds the
 Config in code and passes an open SQLAlchemy connection in
 ``config.attributes["connection"]``, so URLs (and passwords) never go through
 ini interpolation.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from alembic import context
 from sqlmodel import SQLModel
 
-from gearshift.controller import tables  # noqa: F401  (registers the tables on the metadata)
+from gearshift.controller.store import tables  # noqa: F401  (registers the tables on the metadata)
 
 target_metadata = SQLModel.metadata
 
@@ -21,7 +21,7 @@ def run_migrations_online() -> None:
     if connection is None:
         raise RuntimeError(
             "gearshift migrations need a connection in config.attributes['connection']; "
-            "use gearshift.controller.store.Store.open(url)"
+            "use gearshift.controller.store.database.Store.open(url)"
         )
     context.configure(
         connection=connection,

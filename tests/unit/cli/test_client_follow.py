@@ -11,10 +11,10 @@ from click.testing import CliRunner
 from grpc import aio
 
 from gearshift.cli.main import cli
-from gearshift.controller.control_service import ControlService
-from gearshift.controller.fleet import FleetState
-from gearshift.controller.ha import LeaderGate, Leadership
-from gearshift.controller.leader import LeaseState
+from gearshift.controller.api.control_service import ControlService
+from gearshift.controller.ha.leader import LeaseState
+from gearshift.controller.ha.leadership import LeaderGate, Leadership
+from gearshift.controller.ingest.fleet import FleetState
 from gearshift.v1 import control_pb2_grpc
 
 

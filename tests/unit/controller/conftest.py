@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 import psycopg
 import pytest
 
-from gearshift.controller.store import Store, default_sqlite_url
+from gearshift.controller.store.database import Store, default_sqlite_url
 
 PG_ADMIN_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres connect_timeout=3"
 PG_URL_TEMPLATE = "postgresql+psycopg://postgres@127.0.0.1:5432/{db}"

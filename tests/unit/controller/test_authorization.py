@@ -23,14 +23,14 @@ from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
 from gearshift.common.credentials import TlsFiles, secure_channel
-from gearshift.controller.certificate_authority import SigningCa, init_certs
-from gearshift.controller.security import (
+from gearshift.controller.api.security import (
     METHOD_RULES,
     AuthInterceptor,
     Role,
     TokenStore,
     server_credentials,
 )
+from gearshift.controller.enrolment.certificate_authority import SigningCa, init_certs
 from gearshift.v1 import agent_pb2, control_pb2, enrol_pb2
 
 SERVICES = [agent_pb2.DESCRIPTOR.services_by_name["AgentService"],

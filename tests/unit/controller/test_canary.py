@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gearshift.common.errors import InvalidArgument
-from gearshift.controller.canary import Sla, analyze
+from gearshift.controller.moves.canary import Sla, analyze
 from gearshift.v1 import agent_pb2
 
 SLA = Sla(ttft_p99_s=1.0, itl_p99_s=0.1, max_error_rate=0.05)

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from gearshift.cli.explain import decision_report
-from gearshift.controller.control_actions import decision_msg
-from gearshift.controller.fleet import FleetState
-from gearshift.controller.learning import CapacityLearner, live_capacities
-from gearshift.controller.policy_facts import FactsCache, model_facts, newest
-from gearshift.controller.policy_loop import PolicyLoop, RateHistory
-from gearshift.controller.store import Store, default_sqlite_url
-from gearshift.controller.tables import DecisionRow, RollupRow
+from gearshift.controller.api.control_actions import decision_msg
+from gearshift.controller.decisions.facts import FactsCache, model_facts, newest
+from gearshift.controller.decisions.learning import CapacityLearner, live_capacities
+from gearshift.controller.decisions.policy_loop import PolicyLoop, RateHistory
+from gearshift.controller.ingest.fleet import FleetState
+from gearshift.controller.store.database import Store, default_sqlite_url
+from gearshift.controller.store.tables import DecisionRow, RollupRow
 from gearshift.policies.priors import EARLIER_RELEASE_SOURCE, EARLIER_RELEASE_WIDENING
 from gearshift.policies.schema import ModelPriors
 from gearshift.v1 import agent_pb2

@@ -3,8 +3,8 @@ and a deployment that restarts CRASH_LOOP_RESTARTS times within the window crash
 
 from __future__ import annotations
 
-from gearshift.controller.engine_restarts import CRASH_LOOP_RESTARTS, CRASH_LOOP_WINDOW_S
-from gearshift.controller.fleet import FleetState
+from gearshift.controller.ingest.engine_restarts import CRASH_LOOP_RESTARTS, CRASH_LOOP_WINDOW_S
+from gearshift.controller.ingest.fleet import FleetState
 from gearshift.v1 import agent_pb2
 
 

@@ -21,8 +21,8 @@ from gearshift.common.errors import (
     PermissionDenied,
     Unauthenticated,
 )
-from gearshift.controller.certificate_authority import SigningCa, init_certs
-from gearshift.controller.enrolment_rules import (
+from gearshift.controller.enrolment.certificate_authority import SigningCa, init_certs
+from gearshift.controller.enrolment.rules import (
     Csr,
     Enrolled,
     EnrolmentState,
@@ -36,8 +36,8 @@ from gearshift.controller.enrolment_rules import (
     secret_matches,
     split_token,
 )
-from gearshift.controller.enrolment_store import EnrolmentStore
-from gearshift.controller.store import Store
+from gearshift.controller.enrolment.store import EnrolmentStore
+from gearshift.controller.store.database import Store
 
 NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
 

@@ -24,9 +24,9 @@ from gearshift.common.errors import (
     PermissionDenied,
     ResourceExhausted,
 )
-from gearshift.controller.certificate_authority import SigningCa, init_certs
-from gearshift.controller.enrolment_admission import EnrolAdmission, peer_source
-from gearshift.controller.enrolment_rules import (
+from gearshift.controller.enrolment.admission import EnrolAdmission, peer_source
+from gearshift.controller.enrolment.certificate_authority import SigningCa, init_certs
+from gearshift.controller.enrolment.rules import (
     Csr,
     EnrolmentState,
     Outcome,
@@ -37,10 +37,10 @@ from gearshift.controller.enrolment_rules import (
     parse_csr,
     split_token,
 )
-from gearshift.controller.enrolment_service import EnrolService, Revocations
-from gearshift.controller.enrolment_store import EnrolmentStore
+from gearshift.controller.enrolment.service import EnrolService, Revocations
+from gearshift.controller.enrolment.store import EnrolmentStore
 from gearshift.controller.metrics import ControllerMetrics
-from gearshift.controller.store import Store, default_sqlite_url
+from gearshift.controller.store.database import Store, default_sqlite_url
 from gearshift.v1 import enrol_pb2
 
 NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
@@ -317,7 +317,7 @@ async def test_enrol_refuses_by_rate_before_parsing_and_logs_one_summary_line(
     # request is refused for its CSR; a rate-limited one never gets that far.
     bad = enrol_pb2.EnrolRequest(bootstrap_token="0a1b2c3d." + "x" * 43,
                                  csr_pem=b"-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n")
-    caplog.set_level(logging.INFO, logger="gearshift.controller.enrolment_service")
+    caplog.set_level(logging.INFO, logger="gearshift.controller.enrolment.service")
     codes = []
     for i in range(1000):
         clock.now = 100.0 + i * 0.002  # 1,000 requests in 2 s from one address
@@ -344,7 +344,7 @@ async def test_refusal_summary_is_logged_once_per_interval_by_itself(
     made = _token(es, auto_approve=False, host_pattern="gpu-1")
     _enrol(es, made, _csr())
     es.approve("gpu-1")
-    caplog.set_level(logging.WARNING, logger="gearshift.controller.enrolment_service")
+    caplog.set_level(logging.WARNING, logger="gearshift.controller.enrolment.service")
     wrong = enrol_pb2.EnrolRequest(bootstrap_token=f"{made[0]}." + "y" * 43,
                                    csr_pem=_csr()[1])
     taken = enrol_pb2.EnrolRequest(bootstrap_token=f"{made[0]}.{made[1]}", csr_pem=_csr()[1])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gearshift.controller.fleet import FleetState
+from gearshift.controller.ingest.fleet import FleetState
 from gearshift.v1 import agent_pb2, control_pb2
 
 READY = agent_pb2.DEPLOYMENT_PHASE_READY

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gearshift.controller.fleet import FleetState
+from gearshift.controller.ingest.fleet import FleetState
 from gearshift.v1 import agent_pb2, control_pb2
 
 READY = agent_pb2.DEPLOYMENT_PHASE_READY

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from gearshift.controller.learning import FORECAST_REFIT_S, Forecaster
+from gearshift.controller.decisions.learning import FORECAST_REFIT_S, Forecaster
 
 NOW = 1_800_000_000.0
 STEP_S = 300.0

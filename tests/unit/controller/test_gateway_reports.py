@@ -12,15 +12,15 @@ import grpc
 import pytest
 from grpc import aio
 
-from gearshift.controller.control_service import ControlService
-from gearshift.controller.fleet import FleetState
-from gearshift.controller.gateway_reports import (
+from gearshift.controller.api.control_service import ControlService
+from gearshift.controller.api.interceptors import ErrorInterceptor
+from gearshift.controller.api.validation import MAX_DEPLOYMENTS_PER_REPORT
+from gearshift.controller.ingest.fleet import FleetState
+from gearshift.controller.ingest.gateway_reports import (
     GATEWAY_STALE_S,
     MAX_GATEWAY_ID_CHARS,
     MAX_GATEWAYS,
 )
-from gearshift.controller.interceptors import ErrorInterceptor
-from gearshift.controller.validation import MAX_DEPLOYMENTS_PER_REPORT
 from gearshift.v1 import agent_pb2, control_pb2, control_pb2_grpc
 
 T0 = 1_000_000.0

@@ -11,12 +11,12 @@ import pytest
 
 from gearshift.cli.explain import decision_report
 from gearshift.common.errors import ConfigError
+from gearshift.controller.api.control_actions import decision_msg
 from gearshift.controller.config import ControllerConfig
-from gearshift.controller.control_actions import decision_msg
-from gearshift.controller.fleet import FleetState
-from gearshift.controller.gpu_price import PRICE_LABEL
-from gearshift.controller.policy_loop import PolicyLoop, RateHistory
-from gearshift.controller.store import Store, default_sqlite_url
+from gearshift.controller.decisions.gpu_price import PRICE_LABEL
+from gearshift.controller.decisions.policy_loop import PolicyLoop, RateHistory
+from gearshift.controller.ingest.fleet import FleetState
+from gearshift.controller.store.database import Store, default_sqlite_url
 from gearshift.v1 import agent_pb2
 
 NOW = 1_773_014_400.0  # 2026-03-09T00:00:00Z

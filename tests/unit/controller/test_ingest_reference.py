@@ -18,8 +18,7 @@ from typing import Any
 import pytest
 
 from gearshift.common.errors import InvalidArgument
-from gearshift.controller.rollup import MINUTE_S, P99_TAIL_FRACTION, RollupAggregator
-from gearshift.controller.validation import (
+from gearshift.controller.api.validation import (
     KNOWN_ENGINES,
     MAX_KV_BLOCKS,
     MAX_LATENCY_S,
@@ -30,6 +29,7 @@ from gearshift.controller.validation import (
     SLEEP_STATES,
     check_report,
 )
+from gearshift.controller.ingest.rollup import MINUTE_S, P99_TAIL_FRACTION, RollupAggregator
 from gearshift.v1 import agent_pb2
 
 M = datetime(2026, 3, 2, 12, 0, tzinfo=UTC).timestamp()

@@ -16,14 +16,14 @@ import psycopg
 import pytest
 
 from gearshift.common.errors import ConfigError, Unavailable
-from gearshift.controller.leader import (
+from gearshift.controller.ha.leader import (
     LeaderElector,
     LeaseState,
     SingleControllerLeader,
     default_controller_id,
 )
-from gearshift.controller.store import Store, default_sqlite_url
-from gearshift.controller.tables import SETTING_EPOCH
+from gearshift.controller.store.database import Store, default_sqlite_url
+from gearshift.controller.store.tables import SETTING_EPOCH
 
 from .conftest import PG_ADMIN_DSN, PG_URL_TEMPLATE
 
@@ -325,7 +325,7 @@ async def test_sqlite_is_a_single_always_leading_controller(  # type: ignore[no-
         tmp_path: Path, caplog) -> None:
     url = default_sqlite_url(tmp_path / "data")
     store = Store.open(url)
-    caplog.set_level(logging.INFO, logger="gearshift.controller.leader")
+    caplog.set_level(logging.INFO, logger="gearshift.controller.ha.leader")
     elector = LeaderElector.for_url(url, default_controller_id(), "127.0.0.1:7070", store=store)
     try:
         assert isinstance(elector, SingleControllerLeader)

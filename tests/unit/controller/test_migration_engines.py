@@ -11,7 +11,7 @@ import pytest
 
 from gearshift.common.engines import ENGINE_NAMES, engine_entry
 from gearshift.common.spec import DeploymentSpec
-from gearshift.controller.migration_store import MigrationPhase
+from gearshift.controller.moves.store import MigrationPhase
 from tests.unit.controller.test_orchestrator import Harness, make, phase_is  # noqa: F401
 
 PAIRS = list(itertools.permutations(ENGINE_NAMES, 2))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gearshift.controller.migration_machine import (
+from gearshift.controller.moves.machine import (
     TERMINAL_PHASES,
     TRANSITIONS,
     IllegalTransition,

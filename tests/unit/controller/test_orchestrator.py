@@ -17,14 +17,14 @@ import sqlalchemy as sa
 
 from gearshift.common.engines import ENGINE_NAMES
 from gearshift.common.errors import FailedPrecondition, InvalidArgument, NotFound
-from gearshift.controller.canary import Sla
-from gearshift.controller.fleet import FleetState
+from gearshift.controller.ingest.fleet import FleetState
 from gearshift.controller.metrics import ControllerMetrics
-from gearshift.controller.migration_ledger import MigrationLedger
-from gearshift.controller.migration_machine import IllegalTransition, MigrationKind, TrialOutcome
-from gearshift.controller.migration_store import MigrationPhase, MigrationRepository, MigrationRow
-from gearshift.controller.orchestrator import MigrationOrchestrator, OrchestratorSettings
-from gearshift.controller.store import Store
+from gearshift.controller.moves.canary import Sla
+from gearshift.controller.moves.ledger import MigrationLedger
+from gearshift.controller.moves.machine import IllegalTransition, MigrationKind, TrialOutcome
+from gearshift.controller.moves.orchestrator import MigrationOrchestrator, OrchestratorSettings
+from gearshift.controller.moves.store import MigrationPhase, MigrationRepository, MigrationRow
+from gearshift.controller.store.database import Store
 from gearshift.v1 import agent_pb2
 
 P = MigrationPhase

@@ -3,7 +3,7 @@ default 4 MiB caps: the fleet-sized lists page (by count and by bytes); the rout
 streams in parts, which the gateway puts back together.
 
 The fleet here is 1,200 hosts x 8 deployments whose names and messages are as long as
-validation lets them be (controller/validation.py): unpaged, its deployments would be
+validation lets them be (controller/api/validation.py): unpaged, its deployments would be
 about 25 MB and its routing table over 4 MiB, as 10,000 hosts x 8 deployments of
 ordinary names would be. Cost: about 10 s (building the fleet, then every page)."""
 
@@ -15,10 +15,10 @@ import grpc
 import pytest
 from grpc import aio
 
-from gearshift.controller.control_service import ControlService
-from gearshift.controller.fleet import FleetState
-from gearshift.controller.interceptors import ErrorInterceptor
-from gearshift.controller.paging import MAX_PAGE_SIZE, table_parts
+from gearshift.controller.api.control_service import ControlService
+from gearshift.controller.api.interceptors import ErrorInterceptor
+from gearshift.controller.api.paging import MAX_PAGE_SIZE, table_parts
+from gearshift.controller.ingest.fleet import FleetState
 from gearshift.gateway.routes import TableParts, table_from_proto
 from gearshift.v1 import agent_pb2, control_pb2, control_pb2_grpc
 

@@ -8,10 +8,10 @@ from datetime import UTC, datetime
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gearshift.controller.fleet import FleetState, HostEntry
-from gearshift.controller.persistence import Persistence
-from gearshift.controller.store import Store
-from gearshift.controller.writer import BatchingWriter
+from gearshift.controller.ingest.fleet import FleetState, HostEntry
+from gearshift.controller.store.database import Store
+from gearshift.controller.store.persistence import Persistence
+from gearshift.controller.store.writer import BatchingWriter
 from gearshift.v1 import agent_pb2
 
 T0 = datetime(2026, 3, 2, 12, 0, tzinfo=UTC).timestamp()

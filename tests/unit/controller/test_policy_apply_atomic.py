@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from gearshift.controller.store import Store
-from gearshift.controller.tables import SETTING_ACTIVE_POLICY_VERSION, SettingRow
+from gearshift.controller.store.database import Store
+from gearshift.controller.store.tables import SETTING_ACTIVE_POLICY_VERSION, SettingRow
 
 
 @pytest.fixture

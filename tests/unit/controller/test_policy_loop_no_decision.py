@@ -14,11 +14,11 @@ import pytest
 from grpc import aio
 
 from gearshift.cli.decisions import evaluate_summary
-from gearshift.controller.control_service import ControlService
-from gearshift.controller.fleet import FleetState
-from gearshift.controller.policy_loop import PolicyLoop, RateHistory
-from gearshift.controller.store import Store, default_sqlite_url
-from gearshift.controller.tables import DecisionRow, DecisionStatus
+from gearshift.controller.api.control_service import ControlService
+from gearshift.controller.decisions.policy_loop import PolicyLoop, RateHistory
+from gearshift.controller.ingest.fleet import FleetState
+from gearshift.controller.store.database import Store, default_sqlite_url
+from gearshift.controller.store.tables import DecisionRow, DecisionStatus
 from gearshift.v1 import agent_pb2, control_pb2, control_pb2_grpc
 
 NOW = 1_773_014_400.0  # 2026-03-09T00:00:00Z
@@ -122,7 +122,7 @@ def test_the_live_loop_logs_a_reason_once_and_again_when_it_changes(
         store: Store, caplog: pytest.LogCaptureFixture) -> None:
     clock = Clock(NOW)
     loop = _loop(store, clock, history_s=12 * 60.0)
-    caplog.set_level(logging.INFO, logger="gearshift.controller.policy_loop")
+    caplog.set_level(logging.INFO, logger="gearshift.controller.decisions.policy_loop")
     for _ in range(5):  # five ticks, one reason: one line
         clock.now += STEP_S
         assert loop.evaluate() == []

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from gearshift.common.errors import FailedPrecondition
-from gearshift.controller.fleet import FleetState
+from gearshift.controller.decisions.policy_loop import PolicyLoop, RateHistory
+from gearshift.controller.ingest.fleet import FleetState
 from gearshift.controller.metrics import ControllerMetrics
-from gearshift.controller.migration_machine import MigrationKind, MigrationPhase, TrialOutcome
-from gearshift.controller.migration_store import MigrationRow
-from gearshift.controller.policy_loop import PolicyLoop, RateHistory
-from gearshift.controller.store import Store, default_sqlite_url
-from gearshift.controller.tables import DecisionRow, DecisionStatus
+from gearshift.controller.moves.machine import MigrationKind, MigrationPhase, TrialOutcome
+from gearshift.controller.moves.store import MigrationRow
+from gearshift.controller.store.database import Store, default_sqlite_url
+from gearshift.controller.store.tables import DecisionRow, DecisionStatus
 from gearshift.v1 import agent_pb2
 
 NOW = 1_773_014_400.0  # 2026-03-09T00:00:00Z

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gearshift.controller.rate_history import RateHistory
+from gearshift.controller.ingest.rate_history import RateHistory
 
 
 def stored(rps: float) -> float:

@@ -16,7 +16,7 @@ from gearshift.agents.daemon import printable
 from gearshift.cli import output
 from gearshift.common.errors import InvalidArgument
 from gearshift.common.spec import DeploymentSpec
-from gearshift.controller.validation import (
+from gearshift.controller.api.validation import (
     MAX_MODEL_LEN,
     MAX_MODELS_PER_HOST,
     check_hello,
@@ -114,8 +114,8 @@ def test_an_agents_message_is_always_acceptable(text: str) -> None:
 def test_the_fleet_refuses_a_report_past_its_distinct_models_cap(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from gearshift.common.errors import ResourceExhausted
-    from gearshift.controller import fleet as fleet_module
-    from gearshift.controller.fleet import FleetState
+    from gearshift.controller.ingest import fleet as fleet_module
+    from gearshift.controller.ingest.fleet import FleetState
 
     monkeypatch.setattr(fleet_module, "MAX_FLEET_MODELS", 3)
     fleet = FleetState()

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from gearshift.common.errors import InvalidArgument
-from gearshift.controller.validation import (
+from gearshift.controller.api.validation import (
     MAX_LATENCY_S,
     MAX_REQUEST_RATE_PER_GPU,
     MAX_REQUESTS_IN_FLIGHT_PER_GPU,

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gearshift.controller.fleet import FleetState
-from gearshift.controller.persistence import Persistence
+from gearshift.controller.ingest.fleet import FleetState
+from gearshift.controller.store.persistence import Persistence
 from gearshift.v1 import agent_pb2, control_pb2
 
 READY = agent_pb2.DEPLOYMENT_PHASE_READY

@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 import pytest
 
 from gearshift.common.errors import InvalidArgument
-from gearshift.controller.rollup import RollupAggregator, to_rows, to_rows_in_slices
-from gearshift.controller.tables import RollupRow
+from gearshift.controller.ingest.rollup import RollupAggregator, to_rows, to_rows_in_slices
+from gearshift.controller.store.tables import RollupRow
 from gearshift.v1 import agent_pb2
 
 T0 = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
@@ -144,7 +144,7 @@ def test_non_finite_values_are_refused_and_change_nothing(bad: dict) -> None:
 
 
 def test_an_errors_baseline_is_forgotten_after_a_long_silence() -> None:
-    from gearshift.controller.rollup import BASELINE_SWEEP_S, BASELINE_TTL_S
+    from gearshift.controller.ingest.rollup import BASELINE_SWEEP_S, BASELINE_TTL_S
 
     agg = RollupAggregator()
     agg.add("h1", rep("d1", errors_total=10), M)

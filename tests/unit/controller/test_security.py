@@ -22,7 +22,7 @@ from gearshift.common.credentials import (
     secure_channel,
 )
 from gearshift.common.errors import ConfigError
-from gearshift.controller.security import (
+from gearshift.controller.api.security import (
     AuthInterceptor,
     Role,
     TokenStore,

@@ -10,9 +10,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from gearshift.common.errors import InvalidArgument
+from gearshift.controller.api.validation import check_report
+from gearshift.controller.ingest.rollup import RollupAggregator
 from gearshift.controller.metrics import ControllerMetrics
-from gearshift.controller.rollup import RollupAggregator
-from gearshift.controller.validation import check_report
 from gearshift.v1 import agent_pb2
 
 M = datetime(2026, 3, 2, 12, 0, tzinfo=UTC).timestamp()
@@ -112,7 +112,7 @@ def test_controller_exports_the_latest_minute_and_drops_absent_signals() -> None
 
 
 def test_live_policy_facts_from_the_ready_deployments() -> None:
-    from gearshift.controller.policy_facts import sla_signals
+    from gearshift.controller.decisions.facts import sla_signals
     ready = [
         ("h1", rep("a", queue_time=queue(0.1, 0.4), preemptions_per_s=1.0,
                    prefix_cache_hit_rate=0.2, kv_blocks_total=100, kv_blocks_used=10,

@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from gearshift.common.errors import AlreadyExists, InvalidArgument, NotFound
-from gearshift.controller.store import Store
-from gearshift.controller.tables import (
+from gearshift.controller.store.database import Store
+from gearshift.controller.store.tables import (
     SETTING_ACTIVE_POLICY_VERSION,
     SETTING_EPOCH,
     SETTING_PAUSED,

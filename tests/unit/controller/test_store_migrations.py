@@ -14,8 +14,8 @@ from alembic.script import ScriptDirectory
 from sqlmodel import SQLModel
 
 from gearshift.common.errors import ConfigError, Unavailable
-from gearshift.controller.store import Store, alembic_config, default_sqlite_url
-from gearshift.controller.tables import HostRow
+from gearshift.controller.store.database import Store, alembic_config, default_sqlite_url
+from gearshift.controller.store.tables import HostRow
 
 from .conftest import PG_URL_TEMPLATE, pg_reset
 

@@ -18,11 +18,11 @@ import sqlalchemy as sa
 from grpc import aio
 from prometheus_client import CollectorRegistry
 
-from gearshift.controller.interceptors import ErrorInterceptor
-from gearshift.controller.store import Store
-from gearshift.controller.store_errors import store_cause
-from gearshift.controller.tables import HostRow
-from gearshift.controller.writer import BatchingWriter
+from gearshift.controller.api.interceptors import ErrorInterceptor
+from gearshift.controller.store.database import Store
+from gearshift.controller.store.errors import store_cause
+from gearshift.controller.store.tables import HostRow
+from gearshift.controller.store.writer import BatchingWriter
 
 WAIT_LIMIT_S = 30.0
 

@@ -11,9 +11,9 @@ import pytest
 import sqlalchemy as sa
 from prometheus_client import CollectorRegistry
 
-from gearshift.controller.store import Store
-from gearshift.controller.tables import CommandLogRow, DeploymentRow, HostRow, RollupRow
-from gearshift.controller.writer import BatchingWriter
+from gearshift.controller.store.database import Store
+from gearshift.controller.store.tables import CommandLogRow, DeploymentRow, HostRow, RollupRow
+from gearshift.controller.store.writer import BatchingWriter
 
 T0 = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
 WAIT_LIMIT_S = 30.0  # generous bound for polling loops (never asserted as a duration)

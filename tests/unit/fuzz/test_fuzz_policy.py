@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 
 from fuzz_settings import FUZZ
 from gearshift.common.errors import GearshiftError
-from gearshift.controller.fleet import FleetState
-from gearshift.controller.policy_loop import PolicyLoop
-from gearshift.controller.rate_history import RateHistory
-from gearshift.controller.store import Store
+from gearshift.controller.decisions.policy_loop import PolicyLoop
+from gearshift.controller.ingest.fleet import FleetState
+from gearshift.controller.ingest.rate_history import RateHistory
+from gearshift.controller.store.database import Store
 from gearshift.policies.loader import PolicyError, load_policy
 
 DEFAULT = (Path(__file__).parents[3] / "policies" / "examples" / "default.yaml").read_text()

@@ -18,12 +18,12 @@ from fuzz_settings import FUZZ
 from gearshift.agents.metrics import RateCalculator, parse_prometheus_text
 from gearshift.cli.output import escape_controls
 from gearshift.common.errors import InvalidArgument
-from gearshift.controller.fleet import FleetState
-from gearshift.controller.validation import (
+from gearshift.controller.api.validation import (
     MAX_LATENCY_S,
     MAX_REQUEST_RATE_PER_GPU,
     check_report,
 )
+from gearshift.controller.ingest.fleet import FleetState
 from gearshift.v1 import agent_pb2
 
 COUNTER_VALUES = st.one_of(

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gearshift.controller.rate_history import RateHistory
+from gearshift.controller.ingest.rate_history import RateHistory
 from gearshift.policies.costmodel import REPLICA_EPSILON, CostModelError, replicas
 from gearshift.policies.fleet_signals import FleetModel, compute_fleet_signals
 from gearshift.policies.signals import (

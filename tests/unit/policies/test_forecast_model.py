@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gearshift.controller.learning import Forecaster
+from gearshift.controller.decisions.learning import Forecaster
 from gearshift.policies.blind import BlindLearner, blind_view
 from gearshift.policies.forecast import SECONDS_PER_DAY, forecast_rate
 from gearshift.policies.forecast_features import daily_level, features, grid_means

@@ -1,6 +1,6 @@
 """Migrations of models between engines: migrations, migration_steps, migration_commands.
 
-Written by hand; it must match `gearshift.controller.migration_store`
+Written by hand; it must match `gearshift.controller.moves.store`
 (tests/unit/controller/test_store_migrations.py compares the models with the
 schema). The import below only registers those models on the shared metadata
 so that the comparison sees them wherever the schema is built; the columns
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from gearshift.controller import migration_store  # noqa: F401  (registers the tables)
+from gearshift.controller.moves import store  # noqa: F401  (registers the tables)
 
 revision: str = "0002"
 down_revision: str | None = "0001"

@@ -1,6 +1,6 @@
 """Leader lease of HA controllers: leader_lease.
 
-Written by hand; it must match `gearshift.controller.leader.LeaderLeaseRow`
+Written by hand; it must match `gearshift.controller.ha.leader.LeaderLeaseRow`
 (tests/unit/controller/test_store_migrations.py compares the models with the
 schema). The import below only registers that model on the shared metadata so
 that the comparison sees it wherever the schema is built; the columns here are
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from gearshift.controller import leader  # noqa: F401  (registers the table)
+from gearshift.controller.ha import leader  # noqa: F401  (registers the table)
 
 revision: str = "0003"
 down_revision: str | None = "0002"

@@ -6,8 +6,8 @@
 - `migrations.kind` becomes a bounded string (a `MigrationKind` value) and
   `migrations.trial_outcome` records how a trial ended.
 
-Written by hand; it must match `gearshift.controller.tables` and
-`gearshift.controller.migration_store` (tests/unit/controller/test_store_migrations.py
+Written by hand; it must match `gearshift.controller.store.tables` and
+`gearshift.controller.moves.store` (tests/unit/controller/test_store_migrations.py
 compares the models with the schema).
 
 Revision ID: 0004

@@ -1,6 +1,6 @@
 """Enrolment by bootstrap token: the tokens (secrets hashed) and the hosts' enrolments.
 
-Written by hand; it must match `gearshift.controller.enrolment_store`
+Written by hand; it must match `gearshift.controller.enrolment.store`
 (tests/unit/controller/test_store_migrations.py compares the models with the schema).
 
 Revision ID: 0005

@@ -1,7 +1,7 @@
 """The SLA signals in the per-minute rollups (docs/engines.md, "Signals for SLA policies").
 
 All nullable (NULL: no report of the minute had the signal) except `sleeping_replicas`,
-a count. Written by hand; it must match `gearshift.controller.tables.RollupRow`
+a count. Written by hand; it must match `gearshift.controller.store.tables.RollupRow`
 (tests/unit/controller/test_store_migrations.py compares the models with the schema).
 
 Revision ID: 0006

@@ -1,7 +1,7 @@
 """One-time bootstrap tokens are spent once a certificate is issued with them
 (docs/enrolment.md): `bootstrap_tokens.spent`, when that happened (NULL: not spent,
 or a reusable token). Written by hand; it must match
-`gearshift.controller.enrolment_store.BootstrapTokenRow`
+`gearshift.controller.enrolment.store.BootstrapTokenRow`
 (tests/unit/controller/test_store_migrations.py compares the models with the schema).
 
 Hosts that are reset (`gearshift hosts reset`) need no change of schema: their state,

@@ -1,1 +1,1 @@
-"""gearshift.controller.migrations.versions"""
+"""gearshift.controller.store.schema.versions"""
