@@ -1,4 +1,4 @@
-"""Rule kinds, registered by name and checked when a policy loads (STYLE 3).
+"""Rule kinds, registered by name and checked when a policy loads.
 
 A rule looks at one model's signals and says which engine it wants (possibly the
 current one: "hold"), or has no opinion. The first rule with an opinion decides;
