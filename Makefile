@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROTOS := $(wildcard proto/gearshift/v1/*.proto)
 
-.PHONY: demo test proto lint bench clean check-proto fuzz promtool guidellm image image-emulator image-engines test-containers podman-setup
+.PHONY: demo test test-sklearn proto lint bench clean check-proto fuzz promtool guidellm image image-emulator image-engines test-containers podman-setup
 
 # pip's and the build backend's chatter goes to .venv/install.log, shown only on failure.
 $(STAMP): pyproject.toml
@@ -80,6 +80,24 @@ fuzz: $(STAMP)
 
 proto: $(STAMP)
 	$(BIN)/python scripts/gen_proto.py
+
+# The numpy quantile trees (policies/quantile_trees.py) are pinned to scikit-learn's trees by
+# their tests: run them on the newest patch of each scikit-learn minor release that
+# pyproject.toml allows, each installed alone under build/ in front of .venv's own. (1.5 to
+# 1.8 bin a column of over 255 distinct values at other thresholds: those trees differ.)
+SKLEARN_RELEASES := 1.9.1
+test-sklearn: $(STAMP)
+	@mkdir -p build && for v in $(SKLEARN_RELEASES); do \
+		echo "scikit-learn $$v"; \
+		$(BIN)/pip install --quiet --no-deps --target build/sklearn-$$v "scikit-learn==$$v" \
+			> build/sklearn-install.log 2>&1 || { tail -20 build/sklearn-install.log; exit 1; }; \
+		PYTHONPATH=build/sklearn-$$v $(BIN)/python -c \
+			'import sys, sklearn; assert sklearn.__version__ == sys.argv[1], sklearn.__file__' $$v \
+			|| exit 1; \
+		PYTHONPATH=build/sklearn-$$v $(BIN)/pytest -q -p no:cacheprovider \
+			tests/unit/policies/test_quantile_trees.py tests/unit/policies/test_quantile_gbm.py \
+			|| exit 1; \
+	done
 
 lint: $(STAMP)
 	$(BIN)/ruff check common controller agents policies cli gateway devfleet bench tests scripts

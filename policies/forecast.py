@@ -3,10 +3,10 @@ over the policy's horizon, learned only from samples before `now`.
 
 Method ("seasonal-gbm"): the rate history is put on a regular grid (one bin per
 `step_s`, coarsened only when 28 days would exceed `MAX_TRAIN_ROWS` bins), then
-two quantile gradient-boosting models (scikit-learn
-`HistGradientBoostingRegressor(loss="quantile")`, with the cheaper leaf update of
-`policies.quantile_gbm`, same trees), at `quantile` and at
-`peak_quantile`) predict every future bin of the horizon from
+two quantile gradient-boosting models (scikit-learn's
+`HistGradientBoostingRegressor(loss="quantile")` trees, grown in numpy by
+`policies.quantile_trees` bit for bit), at `quantile` and at `peak_quantile`)
+predict every future bin of the horizon from
 
 - calendar features: hour of day and day of week (UTC) as sin/cos pairs;
 - lags that are already known at every step of the horizon: the rate one "day

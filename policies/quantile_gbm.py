@@ -1,23 +1,16 @@
-"""Quantile gradient boosting with a cheaper leaf update, same results as scikit-learn's.
+"""scikit-learn's quantile gradient boosting, the reference of the forecast's trees.
 
-`HistGradientBoostingRegressor(loss="quantile")` sets every leaf of every tree to
-the quantile of the residuals in that leaf with `numpy.percentile`; with 15 leaves
-and 60 rounds that is about 900 calls per fit whose fixed cost (argument checks,
-dispatch) outweighs the work on a few hundred values, and it was about half of a
-forecast's time. `QuantileGBM` computes the same quantile with one `np.partition`
-and numpy's own "linear" interpolation (Hyndman & Fan method 7, including its
-rounding: the virtual index ``(n - 1) * q`` with ``q = 100 * quantile / 100`` and
-`numpy`'s two-sided lerp), so the trees, and every forecast, are bit-for-bit those
-of the plain estimator (tests compare them). Weighted fits and any residuals with
-NaN go to scikit-learn's code unchanged.
+The forecast grows its trees in numpy (`policies.quantile_trees`, scikit-learn's
+trees bit for bit, without importing scikit-learn). `quantile_regressor` is the
+estimator those trees are pinned to (tests compare every array on each supported
+scikit-learn release) and the one the forecast falls back to for the inputs the
+numpy trees do not cover; it is scikit-learn's public
+`HistGradientBoostingRegressor(loss="quantile")`.
 
-The hook is scikit-learn's loss factory (`_get_loss`), a private method; when a
-scikit-learn release no longer has it, `quantile_regressor` returns the plain
-estimator, slower but the same.
-
-`flat_trees` copies a fitted estimator's trees (its private `_predictors` and
-`_baseline_prediction`) into the compact `forecast_model.FlatTrees` that a
-forecast keeps between fits; a test checks its predictions against the estimator's.
+`flat_trees` copies a fitted estimator's trees (its `_predictors` and
+`_baseline_prediction` attributes: scikit-learn has no public accessor for them)
+into the compact `forecast_model.FlatTrees` that a forecast keeps between fits; a
+test checks its predictions against the estimator's.
 """
 
 from __future__ import annotations
@@ -28,35 +21,11 @@ import numpy as np
 from sklearn.ensemble import HistGradientBoostingRegressor
 
 from gearshift.policies.forecast_model import FlatTrees
-from gearshift.policies.quantile_trees import percentile_linear
-
-try:
-    from sklearn._loss.loss import PinballLoss
-except ImportError:  # a scikit-learn without the private loss module: plain estimator
-    PinballLoss = None
-
-
-if PinballLoss is not None:
-    class _PinballLoss(PinballLoss):  # type: ignore[misc, valid-type]
-        def fit_intercept_only(self, y_true: Any, sample_weight: Any = None) -> Any:
-            if sample_weight is not None or y_true.ndim != 1 or np.isnan(y_true).any():
-                return super().fit_intercept_only(y_true, sample_weight)
-            return np.float64(percentile_linear(np.array(y_true, dtype=np.float64),
-                                                self.closs.quantile))
-
-    class QuantileGBM(HistGradientBoostingRegressor):
-        """`HistGradientBoostingRegressor(loss="quantile")` with the cheaper leaf update."""
-
-        def _get_loss(self, sample_weight: Any) -> Any:
-            return _PinballLoss(sample_weight=sample_weight, quantile=self.quantile)
 
 
 def quantile_regressor(**params: Any) -> HistGradientBoostingRegressor:
     """A quantile `HistGradientBoostingRegressor` with `params` (loss="quantile" implied)."""
-    params = {**params, "loss": "quantile"}
-    if PinballLoss is None or not hasattr(HistGradientBoostingRegressor, "_get_loss"):
-        return HistGradientBoostingRegressor(**params)
-    return QuantileGBM(**params)
+    return HistGradientBoostingRegressor(**{**params, "loss": "quantile"})
 
 
 def flat_trees(model: HistGradientBoostingRegressor) -> FlatTrees:

@@ -1,6 +1,7 @@
 """The numpy-grown quantile trees are scikit-learn's, and the capacity fit's PAVA is
 SciPy's, to the last bit (`test_backtest` checks that a blind backtest imports neither
-library)."""
+library). These tests pin `policies.quantile_trees` to the installed scikit-learn; run
+them on each release pyproject.toml allows when that range changes (`make test-sklearn`)."""
 
 from __future__ import annotations
 
