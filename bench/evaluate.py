@@ -281,15 +281,15 @@ def run(models: int, days: float, resolution_s: float, policy_path: Path,
             _tenures(store, models, now - days * 86400)
             history = _history(models, levels, now, days, resolution_s)
             fleet = _fleet(models, levels, now)
-            loop = PolicyLoop(store, fleet, history, paused=lambda: False, clock=lambda: now)
-            loop.apply(_policy_text(policy_path, priors), str(policy_path), "bench", "")
-            loop.gpu_price_per_hour = gpu_price_per_hour  # --gpu-price-per-hour
-            loop.learner = CapacityLearner(store)
-            loop.learner.load()
+            learner = CapacityLearner(store)
+            learner.load()
             # As the controller runs it: forecasts fitted on a worker thread, the tick
             # reading the latest (controller.decisions.learning.ForecastWorker).
-            loop.forecaster = Forecaster(history.arrays, resolution_s, clock=lambda: now,
-                                         background=True)
+            loop = PolicyLoop(store, fleet, history, paused=lambda: False, clock=lambda: now,
+                              learner=learner, gpu_price_per_hour=gpu_price_per_hour,
+                              forecaster=Forecaster(history.arrays, resolution_s,
+                                                    clock=lambda: now, background=True))
+            loop.policies.apply(_policy_text(policy_path, priors), str(policy_path), "bench", "")
             fleet.started = now - days * 86400  # the models have been on their engines all along
             setup_s = time.perf_counter() - t0
             w0, c0 = time.perf_counter(), time.process_time()
@@ -303,7 +303,7 @@ def run(models: int, days: float, resolution_s: float, policy_path: Path,
             fits, fit_cpu_s = loop.forecaster.worker_stats()
             loop.forecaster.close()
             lag_idle = _loop_lag_ms(WORKER_SAMPLE_S)  # the same loop with no fits
-            active = loop.active()
+            active = loop.policies.active()
             assert active is not None
             spec = active[1].doc.spec
             sample = [f"model-{i:05d}" for i in range(min(models, CACHE_SAMPLE))]

@@ -77,10 +77,6 @@ class ResourceExhausted(GearshiftError):
     code = ErrorCode.RESOURCE_EXHAUSTED
 
 
-class StaleEpoch(FailedPrecondition):
-    """A command from a controller whose fencing epoch is older than one already seen."""
-
-
 ERROR_BY_CODE: dict[ErrorCode, type[GearshiftError]] = {}
 for _cls in (InvalidArgument, NotFound, AlreadyExists, FailedPrecondition, Unavailable,
              PermissionDenied, Unauthenticated, ResourceExhausted):

@@ -183,7 +183,7 @@ class SlaSignalMetrics:
             [*labels, "quantile"], registry=r)
         self.preemptions = Gauge(
             "gearshift_controller_sla_preemptions_per_second",
-            "Preempted (vLLM) or retracted (SGLang) requests per second (latest minute).",
+            "Requests the engine preempted (or retracted) per second (latest minute).",
             labels, registry=r)
         self.prefix_cache_hit_ratio = Gauge(
             "gearshift_controller_sla_prefix_cache_hit_ratio",

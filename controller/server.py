@@ -29,8 +29,6 @@ from gearshift.common.ops_http import OpsListener
 from gearshift.controller.api.control_service import ControlService
 from gearshift.controller.api.grpc_server import build_enrol_server, build_server
 from gearshift.controller.config import ControllerConfig
-from gearshift.controller.decisions.learning import CapacityLearner, Forecaster
-from gearshift.controller.decisions.policy_loop import PolicyLoop, RateHistory
 from gearshift.controller.enrolment.service import REVOCATION_REFRESH_S, EnrolService, Revocations
 from gearshift.controller.enrolment.store import EnrolmentStore
 from gearshift.controller.gc_policy import GcPolicy
@@ -43,10 +41,10 @@ from gearshift.controller.limits import raise_open_files_limit
 from gearshift.controller.loop_lag import LoopLagProbe
 from gearshift.controller.metrics import ControllerMetrics
 from gearshift.controller.moves.commands import deployment_phase_name
-from gearshift.controller.moves.orchestrator import MigrationOrchestrator, OrchestratorSettings
-from gearshift.controller.moves.store import MigrationRepository, MigrationRow
+from gearshift.controller.moves.store import MigrationRow
 from gearshift.controller.store.persistence import Persistence
 from gearshift.controller.store.tables import RollupRow
+from gearshift.controller.term import RECENT_HOST_S, LeaderTerm, open_term
 from gearshift.policies.loader import Policy
 from gearshift.v1 import agent_pb2, control_pb2
 
@@ -57,10 +55,10 @@ log = logging.getLogger(__name__)
 
 HOUSEKEEPING_INTERVAL_S = 5.0
 # How long a new controller waits, at most, for the hosts it knew to report again
-# before it serves routing tables to gateways; hosts seen within RECENT_HOST_S count.
+# before it serves routing tables to gateways; hosts seen within RECENT_HOST_S count
+# (`controller.term`).
 ROUTES_WARMUP_INTERVALS = 3
 ROUTES_WARMUP_MIN_S = 30.0
-RECENT_HOST_S = 600.0
 HOST_PRUNE_INTERVAL_S = 60.0
 DEFAULT_POLICY_INTERVAL_S = 60.0  # with no policy, or one that cannot be scheduled
 
@@ -83,34 +81,34 @@ class Controller:
         config.validate()
         self.config = config
         self.metrics = metrics or ControllerMetrics()
-        self.fleet = FleetState()
+        fleet = FleetState()
         self.persistence = Persistence.open(config.db_url, config.data_dir, self.metrics.registry)
-        self.epoch = 0  # the fencing epoch comes from the election (see _on_elected)
         self.enrolments = EnrolmentStore(self.persistence.store.engine)
         self.revocations = Revocations(self.enrolments)
         self.revocations.refresh()  # revoked hosts are refused from the first hello
         self.enrol = EnrolService(self.enrolments, self._signing_ca(), config.enrolled_cert_ttl_s,
                                   self.revocations, self.metrics.enrolments)
+        self.leadership: Leadership | None = None
+        # Epoch 0 until the election gives one (see _on_elected).
         self.agents = AgentService(
-            self.fleet, self.metrics, report_interval_s=config.report_interval_s,
-            epoch=self.epoch, controller_id=config.controller_id,
+            fleet, self.metrics, report_interval_s=config.report_interval_s,
+            epoch=0, controller_id=config.controller_id,
             require_peer_host=config.tls_ca is not None,
             refuse_host=self.revocations.refusal,
             on_hello=self._on_hello, on_report=self._on_report,
             on_command_result=self._on_command_result)
         self.control = ControlService(
-            self.fleet, controller_id=config.controller_id, epoch=self.epoch,
+            fleet, controller_id=config.controller_id, epoch=0,
             store_kind=self.persistence.dialect, paused=self.persistence.paused,
             routes_warmup_s=max(ROUTES_WARMUP_MIN_S,
-                                ROUTES_WARMUP_INTERVALS * config.report_interval_s))
-        self.control.set_paused = self.persistence.set_paused
-        self.control.enrolment_store = self.enrolments
-        self.control.revocations = self.revocations
-        self.control.on_host_revoked = self._close_revoked
-        self.control.publish_revision = self.publish_revision
-        self._build_leader_parts()
+                                ROUTES_WARMUP_INTERVALS * config.report_interval_s),
+            set_paused=self.persistence.set_paused, publish_revision=self.publish_revision,
+            enrolment_store=self.enrolments, revocations=self.revocations,
+            on_host_revoked=self._close_revoked, leadership=lambda: self.leadership)
+        # The parts a leader acts with, also serving reads before the first election.
+        self.term = self._open_term(0, fleet)
+        self._begin_term(started=fleet.started)
         self.persistence.on_rollups = self._on_rollups
-        self.leadership: Leadership | None = None
         self._elector_task: asyncio.Task[None] | None = None
         self._leader_tasks: list[asyncio.Task[None]] = []
         self._led = False  # led at least once: owns what it learned
@@ -162,42 +160,30 @@ class Controller:
             except Exception:  # the store is away: the next round retries
                 log.exception("reading revocations failed")
 
-    def _build_leader_parts(self) -> None:
-        """The policy loop, orchestrator and learner, read afresh from the store (at
-        start and at every new term, since another controller may have led meanwhile)."""
-        config, store = self.config, self.persistence.store
-        previous: PolicyLoop | None = getattr(self, "policy_loop", None)
-        if previous is not None and previous.forecaster is not None:
-            previous.forecaster.close()  # the previous term's worker thread
-        self.history = RateHistory(config.history_resolution_s)
-        self.history.seed(store, time.time())
-        self.policy_loop = PolicyLoop(store, self.fleet, self.history,
-                                      paused=self.persistence.paused, clock=time.time)
-        self.policy_loop.on_decision = self.metrics.decision
-        self.orchestrator = MigrationOrchestrator(
-            MigrationRepository(store.engine), self.fleet, self.agents.send_command,
-            epoch=self.epoch,
-            settings=OrchestratorSettings(
-                canary_steps=config.canary_steps, analysis_intervals=config.analysis_intervals,
-                sla_for=self.policy_loop.sla_for),
-            on_transition=self.metrics.migration_transition,
-            on_created=self.metrics.migration_created)
-        self.orchestrator.install()
-        self.policy_loop.orchestrator = self.orchestrator
-        self.learner = CapacityLearner(store)
-        self.learner.load()
-        self.policy_loop.learner = self.learner
-        # Forecasts are fitted on a worker thread: a tick only reads them (controller.decisions.learning).
-        self.policy_loop.forecaster = Forecaster(self.history.arrays, config.history_resolution_s,
-                                                 background=True)
-        self.policy_loop.gpu_price_per_hour = config.gpu_price_per_hour
-        self.policy_loop.on_policy_change = lambda _p: self._schedule_policy()
-        self.policy_loop.prepare = _policy_trigger
-        recent = time.time() - RECENT_HOST_S
-        self.control.expected_hosts = {h.host_id for h in store.list_hosts()
-                                       if h.last_seen.timestamp() >= recent}
-        self.control.policy_loop = self.policy_loop
-        self.control.orchestrator = self.orchestrator
+    @property
+    def fleet(self) -> FleetState:
+        return self.term.fleet
+
+    @property
+    def epoch(self) -> int:
+        """The fencing epoch of the current term (0 before the first election)."""
+        return self.term.epoch
+
+    def _open_term(self, epoch: int, fleet: FleetState) -> LeaderTerm:
+        """The term's parts, read afresh from the store (at start and at every new term,
+        since another controller may have led meanwhile)."""
+        return open_term(epoch=epoch, config=self.config, store=self.persistence.store,
+                         fleet=fleet, metrics=self.metrics, paused=self.persistence.paused,
+                         send_command=self.agents.send_command, prepare=_policy_trigger,
+                         on_policy_change=lambda _p: self._schedule_policy(), clock=time.time)
+
+    def _begin_term(self, started: float) -> None:
+        """Hand the current term to the services that act with it."""
+        term = self.term
+        self.agents.begin_term(term.epoch, term.fleet)
+        self.control.begin_term(epoch=term.epoch, fleet=term.fleet,
+                                policy_loop=term.policy_loop, orchestrator=term.orchestrator,
+                                started=started, expected_hosts=term.expected_hosts)
 
     # -- leadership ---------------------------------------------------------------
 
@@ -207,16 +193,15 @@ class Controller:
 
     async def _on_elected(self, epoch: int) -> None:
         assert self.leadership is not None
-        if self._led:  # a new term: what another controller did meanwhile is in the store
-            self.fleet = FleetState()
-            self.agents.fleet = self.control.fleet = self.fleet
-        self.epoch = self.agents.epoch = self.control.epoch = epoch
+        # A new term: what another controller did meanwhile is in the store.
+        fleet = FleetState() if self._led else self.fleet
         self.persistence.reload_settings()
-        await asyncio.to_thread(self._build_leader_parts)
+        self.term.end()  # the previous term's worker thread
+        self.term = await asyncio.to_thread(self._open_term, epoch, fleet)
         # Hosts revoked while another controller led are refused from this term's first
         # hello (the periodic read may be up to REVOCATION_REFRESH_S old).
         await asyncio.to_thread(self.revocations.refresh)
-        self.control.lead_started = time.time()
+        self._begin_term(started=time.time())
         self._led = True
         self._leader_tasks = [asyncio.create_task(self._orchestrate())]
         self.leadership.epoch = epoch  # opens the gate: agents and gateways are served
@@ -246,11 +231,11 @@ class Controller:
         self.persistence.report(host_id, entry, report, ts)  # new revisions too (churn)
 
     def _on_rollups(self, rows: list[RollupRow]) -> None:
-        self.learner.observe(rows)  # stored by housekeeping, off the event loop
+        self.term.learner.observe(rows)  # stored by housekeeping, off the event loop
         self.metrics.observe_rollups(rows)
 
     def _on_command_result(self, host_id: str, result: agent_pb2.CommandResult) -> None:
-        self.orchestrator.on_command_result(host_id, result)
+        self.term.orchestrator.on_command_result(host_id, result)
 
     def publish_revision(self, model: str, revision: str, source: str) -> tuple[MigrationRow | None, str]:
         """Record a new revision and roll it out on the engine that serves the model."""
@@ -262,7 +247,7 @@ class Controller:
         if all(d.revision == revision for d in ready):
             return None, f"{model} already serves revision {revision}"
         engine = ready[0].engine
-        row = self.orchestrator.create(model, engine, engine, kind="revision_rollout",
+        row = self.term.orchestrator.create(model, engine, engine, kind="revision_rollout",
                                        target_revision=revision)
         note = "" if added else " (revision was already known)"
         return row, f"rolling out {model} revision {revision} on {engine}: migration {row.id}{note}"
@@ -270,7 +255,7 @@ class Controller:
     def _schedule_policy(self) -> None:
         if self.scheduler is None or not self.leading:
             return
-        active = self.policy_loop.active()
+        active = self.term.policies.active()
         trigger = IntervalTrigger(seconds=DEFAULT_POLICY_INTERVAL_S)
         if active is not None:
             try:
@@ -288,7 +273,7 @@ class Controller:
         if not self.leading:
             return
         try:
-            self.policy_loop.evaluate()
+            self.term.policy_loop.evaluate()
         except Exception:  # the next interval retries
             log.exception("policy evaluation failed")
 
@@ -299,9 +284,10 @@ class Controller:
             if not self.leading:  # a paused leader resuming: never act on a lapsed term
                 continue
             try:
-                self.policy_loop.sample_rates(time.time())
-                self.orchestrator.tick()
-                self.policy_loop.reconcile()  # decision status from the migration rows
+                term = self.term
+                term.policy_loop.sample_rates(time.time())
+                term.orchestrator.tick()
+                term.review.reconcile()  # decision status from the migration rows
             except Exception:  # level-triggered: the next tick retries
                 log.exception("orchestrator tick failed")
 
@@ -368,7 +354,6 @@ class Controller:
                                         store=self.persistence.store, ttl_s=ttl,
                                         renew_every_s=ttl / 5)
         self.leadership = Leadership(elector, ha=isinstance(elector, LeaderElector), ttl_s=ttl)
-        self.control.leadership = self.leadership
         self._elector_task = asyncio.create_task(elector.run(self._on_elected, self._on_lost))
 
     async def _first_election(self) -> None:
@@ -405,7 +390,7 @@ class Controller:
                     if pruned:
                         log.info("forgot %d hosts that are gone: %s", len(pruned),
                                  ", ".join(pruned[:10]))
-                learned = self.learner.snapshot()
+                learned = self.term.learner.snapshot()
                 if learned:
                     await asyncio.to_thread(self.persistence.store.set_settings, learned)
             except Exception:  # keep the loop alive; the next tick retries
@@ -435,13 +420,14 @@ class Controller:
             self.metrics.engine_restarts.labels(engine, model).inc(n)
         self.metrics.set_crash_looping(
             self.fleet.restarts.crash_looping(now).items() if leading else ())
-        active = self.orchestrator.active() if leading else []
+        orchestrator = self.term.orchestrator
+        active = orchestrator.active() if leading else []
         in_flight: dict[tuple[str, str], int] = {}
         stuck: dict[str, int] = {}
         for row in active:
             key = (row.kind.value, row.phase.value)
             in_flight[key] = in_flight.get(key, 0) + 1
-            if self.orchestrator.stuck(row):
+            if orchestrator.stuck(row):
                 stuck[row.phase.value] = stuck.get(row.phase.value, 0) + 1
         oldest_s = max((now - row.created_at.timestamp() for row in active), default=0.0)
         self.metrics.set_migrations(in_flight, stuck, oldest_s)
@@ -454,8 +440,7 @@ class Controller:
                 await asyncio.wait_for(self._elector_task, grace_s + 5.0)
         if self.scheduler is not None:
             self.scheduler.shutdown(wait=False)
-        if self.policy_loop.forecaster is not None:
-            self.policy_loop.forecaster.close()
+        self.term.end()
         for t in self._tasks + self._leader_tasks:
             t.cancel()
         for conn in list(self.agents.connections.values()):
@@ -470,9 +455,9 @@ class Controller:
         rows = self.persistence.rollups.flush_all()
         if rows:
             self.persistence.writer.submit_rollups(rows)
-            self.learner.observe(rows)
+            self.term.learner.observe(rows)
         if led_to_the_end:  # a follower's learner is stale: it must not overwrite the leader's
-            self.persistence.store.set_settings(self.learner.snapshot())
+            self.persistence.store.set_settings(self.term.learner.snapshot())
         if self.leadership is not None:
             self.leadership.elector.close()
         self.persistence.close(self.fleet)

@@ -67,12 +67,14 @@ OWN_CAPACITY_SOURCES = frozenset({"measured", "lower_bound", "upper_bound"})
 
 
 class DecisionStatus(StrEnum):
+    """Lifecycle of a decision, stored as its `decisions.status` column (docs/decisions.md)."""
+
     PROPOSED = "proposed"  # returned by the core; waits for approval in `approve` mode
     APPROVED = "approved"  # a person (or `auto` mode) accepted it
     REJECTED = "rejected"  # a person rejected it
     EXECUTING = "executing"  # a migration carries it out
     DONE = "done"  # the model serves on the target
-    ROLLED_BACK = "rolled_back"  # the migration failed and was undone
+    ROLLED_BACK = "rolled_back"  # the migration failed its checks and was undone
     SUPERSEDED = "superseded"  # a newer decision for the model replaced it
 
 

@@ -36,7 +36,7 @@ from gearshift.policies.rules import (
     STRING_OPERATORS,
     condition_operator,
 )
-from gearshift.policies.schema import PolicyDoc, Rule, format_duration
+from gearshift.policies.schema import Mode, PolicyDoc, Rule, format_duration
 from gearshift.policies.semantics import doc_warnings
 from gearshift.policies.signals import DEPRECATED_SIGNALS, SIGNALS, SignalSettings
 
@@ -84,7 +84,7 @@ class Policy:
         return f"{self.name}@{self.digest[:12]}"
 
     @property
-    def mode(self) -> str:
+    def mode(self) -> Mode:
         return self.doc.spec.mode
 
     @property
@@ -222,7 +222,7 @@ def _stage_one(err: ValidationError, marks: _Marks, source: str, root: type[Base
                        f"{_suggest(str(loc[-1]), known) if loc else ''}")
         elif kind == "missing":
             out.append(f"{where}: required key is missing")
-        elif kind == "literal_error":
+        elif kind in ("literal_error", "enum"):  # a Literal or a StrEnum (`Mode`)
             expected = e.get("ctx", {}).get("expected", "")
             choices = [c.strip().strip("'") for c in expected.replace(" or ", ",").split(",")]
             out.append(f"{where}: expected {expected}, found {_found(e['input'])}"

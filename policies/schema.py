@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -40,7 +41,19 @@ def _known_engine(value: str) -> str:
 
 Engine = Annotated[str, AfterValidator(_known_engine),
                    WithJsonSchema({"type": "string", "enum": list(ENGINE_NAMES)})]
-Mode = Literal["dry-run", "approve", "auto"]
+
+
+class Mode(StrEnum):
+    """What the live loop does with a decision (docs/decisions.md)."""
+
+    DRY_RUN = "dry-run"  # record it, never act
+    APPROVE = "approve"  # wait for a person (gearshift decisions approve ID)
+    AUTO = "auto"        # hand it to the migration orchestrator at once
+
+
+# Published as the plain list of its values, as when it was a Literal.
+ModeField = Annotated[Mode, WithJsonSchema({"enum": [m.value for m in Mode], "title": "Mode",
+                                            "type": "string"})]
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)\s*$")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -192,7 +205,7 @@ class Trials(_Strict):
 
 
 class Spec(_Strict):
-    mode: Mode = "dry-run"
+    mode: ModeField = Mode.DRY_RUN
     interval: Duration = 300.0
     selector: Selector = Selector()
     signals: SignalsConfig = SignalsConfig()

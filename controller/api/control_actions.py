@@ -18,7 +18,8 @@ from google.protobuf import json_format
 from grpc import aio
 
 from gearshift.common.errors import FailedPrecondition, InvalidArgument, NotFound
-from gearshift.controller.store.tables import DecisionRow, DecisionStatus, PolicyVersionRow
+from gearshift.controller.store.tables import DecisionRow, PolicyVersionRow
+from gearshift.policies.core import DecisionStatus
 from gearshift.policies.loader import MAX_POLICY_BYTES, PolicyError, policy_mode
 from gearshift.v1 import control_pb2
 
@@ -93,13 +94,32 @@ def migration_msg(row: MigrationRow, steps: list[MigrationStepRow] | None = None
     return msg
 
 
-class ActionRpcs:
-    """Mixed into `ControlService`; needs `policy_loop`, `orchestrator`, `set_paused`."""
+PublishRevision = Callable[[str, str, str], "tuple[MigrationRow | None, str]"]
 
-    policy_loop: PolicyLoop
-    orchestrator: MigrationOrchestrator | None
-    set_paused: Callable[[bool], None]
-    publish_revision: Callable[[str, str, str], tuple[MigrationRow | None, str]]
+
+class ActionRpcs:
+    """The acting half of `ControlService` (its base), given its collaborators by
+    `ControlService.__init__`; a new term's come with `ControlService.begin_term`."""
+
+    def __init__(self, policy_loop: PolicyLoop | None,
+                 orchestrator: MigrationOrchestrator | None, set_paused: Callable[[bool], None],
+                 publish_revision: PublishRevision | None) -> None:
+        self._policy_loop = policy_loop
+        self.orchestrator = orchestrator
+        self.set_paused = set_paused
+        self._publish_revision = publish_revision
+
+    @property
+    def policy_loop(self) -> PolicyLoop:
+        if self._policy_loop is None:
+            raise FailedPrecondition("this controller runs no policy loop")
+        return self._policy_loop
+
+    def publish_revision(self, model: str, revision: str, source: str
+                         ) -> tuple[MigrationRow | None, str]:
+        if self._publish_revision is None:
+            raise FailedPrecondition("this controller publishes no revisions")
+        return self._publish_revision(model, revision, source)
     # mode by digest of the YAML text: a stored version never changes
     _modes: ClassVar[dict[str, str]] = {}
 
@@ -114,7 +134,7 @@ class ActionRpcs:
     async def ValidatePolicy(self, request: control_pb2.ValidatePolicyRequest,
                              context: aio.ServicerContext) -> control_pb2.ValidatePolicyResponse:
         try:
-            policy = self.policy_loop.validate(self._policy_text(request.yaml_text), request.source,
+            policy = self.policy_loop.policies.validate(self._policy_text(request.yaml_text), request.source,
                                                request.strict)
         except PolicyError as err:
             return control_pb2.ValidatePolicyResponse(valid=False, errors=list(err.problems))
@@ -122,7 +142,7 @@ class ActionRpcs:
                                                   warnings=list(policy.warnings))
 
     def _active_version(self) -> int | None:
-        active = self.policy_loop.active()
+        active = self.policy_loop.policies.active()
         return active[0] if active else None
 
     async def ApplyPolicy(self, request: control_pb2.ApplyPolicyRequest,
@@ -131,9 +151,9 @@ class ActionRpcs:
             raise InvalidArgument("give either a policy text or restore_version, not both")
         warnings: list[str] = []
         if request.restore_version:
-            row, changed = self.policy_loop.restore(request.restore_version)
+            row, changed = self.policy_loop.policies.restore(request.restore_version)
         elif request.yaml_text:
-            row, changed, policy = self.policy_loop.apply(
+            row, changed, policy = self.policy_loop.policies.apply(
                 self._policy_text(request.yaml_text), request.source, request.applied_by,
                 request.comment, strict=request.strict)
             warnings = list(policy.warnings)
@@ -192,17 +212,17 @@ class ActionRpcs:
 
     async def ApproveDecision(self, request: control_pb2.ReviewDecisionRequest,
                               context: aio.ServicerContext) -> control_pb2.Decision:
-        return decision_msg(self.policy_loop.approve(request.id, request.reason, request.by))
+        return decision_msg(self.policy_loop.review.approve(request.id, request.reason, request.by))
 
     async def RejectDecision(self, request: control_pb2.ReviewDecisionRequest,
                              context: aio.ServicerContext) -> control_pb2.Decision:
         if not request.reason.strip():
             raise InvalidArgument("reason: a rejection needs a reason")
-        return decision_msg(self.policy_loop.reject(request.id, request.reason, request.by))
+        return decision_msg(self.policy_loop.review.reject(request.id, request.reason, request.by))
 
     async def EvaluateNow(self, request: control_pb2.EvaluateNowRequest,
                           context: aio.ServicerContext) -> control_pb2.EvaluateNowResponse:
-        if self.policy_loop.active() is None:
+        if self.policy_loop.policies.active() is None:
             return control_pb2.EvaluateNowResponse(message="no active policy")
         ev = self.policy_loop.evaluate_explained()
         msg = "paused: nothing evaluated" if self.policy_loop.paused() else f"{len(ev.rows)} new decision(s)"
@@ -251,7 +271,7 @@ class ActionRpcs:
                           context: aio.ServicerContext) -> control_pb2.GetCapacityResponse:
         learner = self.policy_loop.learner
         models = learner.for_model(request.model) if learner is not None else []
-        priors = self.policy_loop.priors(request.model)
+        priors = self.policy_loop.policies.priors(request.model)
         if not models and request.model not in {m.model for m in self.policy_loop.fleet.models()}:
             raise NotFound(f"no model {request.model!r} in the fleet or in what was learned")
         return control_pb2.GetCapacityResponse(

@@ -11,13 +11,14 @@ import asyncio
 import logging
 import math
 from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc import aio
 
 from gearshift.common.errors import GearshiftError
 from gearshift.common.identity import LEADER_METADATA_KEY
-from gearshift.controller.api.control_actions import ActionRpcs
+from gearshift.controller.api.control_actions import ActionRpcs, PublishRevision
 from gearshift.controller.api.paging import one_page, page_size, table_parts
 from gearshift.controller.api.validation import MAX_DEPLOYMENTS_PER_REPORT
 from gearshift.controller.enrolment.service import EnrolmentRpcs
@@ -26,22 +27,52 @@ from gearshift.controller.ingest.fleet import FleetState
 from gearshift.controller.ingest.gateway_reports import MAX_GATEWAY_ID_CHARS, check_gateway_report
 from gearshift.v1 import agent_pb2, control_pb2, control_pb2_grpc
 
+if TYPE_CHECKING:
+    from gearshift.controller.decisions.policy_loop import PolicyLoop
+    from gearshift.controller.enrolment.service import Revocations
+    from gearshift.controller.enrolment.store import EnrolmentStore
+    from gearshift.controller.moves.orchestrator import MigrationOrchestrator
+
 log = logging.getLogger(__name__)
 
 
 class ControlService(ActionRpcs, EnrolmentRpcs, control_pb2_grpc.ControlServiceServicer):
     def __init__(self, fleet: FleetState, *, controller_id: str, epoch: int, store_kind: str,
-                 paused: Callable[[], bool] = lambda: False, routes_warmup_s: float = 0.0) -> None:
+                 paused: Callable[[], bool] = lambda: False, routes_warmup_s: float = 0.0,
+                 policy_loop: PolicyLoop | None = None,
+                 orchestrator: MigrationOrchestrator | None = None,
+                 set_paused: Callable[[bool], None] = lambda _paused: None,
+                 publish_revision: PublishRevision | None = None,
+                 enrolment_store: EnrolmentStore | None = None,
+                 revocations: Revocations | None = None,
+                 on_host_revoked: Callable[[str, str], None] | None = None,
+                 leadership: Callable[[], Leadership | None] = lambda: None) -> None:
         self.fleet = fleet
         self.routes_warmup_s = routes_warmup_s
-        self.expected_hosts: set[str] = set()  # hosts seen recently before this start
+        self.expected_hosts: frozenset[str] = frozenset()  # hosts seen recently before this term
         self.controller_id = controller_id
         self.epoch = epoch
         self.store_kind = store_kind
         self._paused = paused
-        self.leadership: Leadership | None = None  # None: a controller that always leads
+        self._leadership = leadership  # None: a controller that always leads
         self.lead_started = fleet.started  # when this controller's current term began
         self._route_streams: set[asyncio.Event] = set()
+        ActionRpcs.__init__(self, policy_loop, orchestrator, set_paused, publish_revision)
+        EnrolmentRpcs.__init__(self, enrolment_store, revocations, on_host_revoked)
+
+    @property
+    def leadership(self) -> Leadership | None:
+        return self._leadership()
+
+    def begin_term(self, *, epoch: int, fleet: FleetState, policy_loop: PolicyLoop,
+                   orchestrator: MigrationOrchestrator, started: float,
+                   expected_hosts: frozenset[str]) -> None:
+        """A new term (or, before the first election, the parts that serve reads): its
+        epoch, fleet state, policy loop and orchestrator; gateways get routes once the
+        hosts seen recently before it (`expected_hosts`) have reported again."""
+        self.epoch, self.fleet, self.lead_started = epoch, fleet, started
+        self._policy_loop, self.orchestrator = policy_loop, orchestrator
+        self.expected_hosts = expected_hosts
 
     async def FleetStatus(self, request: control_pb2.FleetStatusRequest,
                           context: aio.ServicerContext) -> control_pb2.FleetStatusResponse:

@@ -20,8 +20,7 @@ from gearshift.common.errors import FailedPrecondition, InvalidArgument
 from gearshift.v1 import agent_pb2
 
 HOST_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
-KNOWN_ENGINES = ENGINE_NAMES  # the engine catalog's
-_KNOWN_ENGINE_SET = frozenset(KNOWN_ENGINES)  # the fast path's membership test
+_KNOWN_ENGINE_SET = frozenset(ENGINE_NAMES)  # the fast path's membership test
 MAX_GPUS_PER_HOST = 64
 MAX_DEPLOYMENTS_PER_REPORT = 256
 MAX_LABELS = 64
@@ -86,9 +85,9 @@ def check_hello(hello: agent_pb2.Hello) -> None:
     seen: dict[str, int] = {}
     for i, eng in enumerate(hello.engines):
         p = f"hello.engines[{i}]"
-        if eng.engine not in KNOWN_ENGINES:
+        if eng.engine not in ENGINE_NAMES:
             raise InvalidArgument(
-                f"{p}.engine: expected one of {', '.join(KNOWN_ENGINES)}, found {eng.engine!r}")
+                f"{p}.engine: expected one of {', '.join(ENGINE_NAMES)}, found {eng.engine!r}")
         first = seen.setdefault(eng.engine, i)
         if first != i:
             raise InvalidArgument(f"{p}.engine: {eng.engine!r} again (first at engines[{first}]); "
@@ -368,9 +367,9 @@ def check_report(report: agent_pb2.Report, host_id: str = "",
         p = f"report.deployments[{i}]"
         if not d.deployment_id:
             raise InvalidArgument(f"{p}.deployment_id: expected a non-empty id, found ''")
-        if d.engine not in KNOWN_ENGINES:
+        if d.engine not in ENGINE_NAMES:
             raise InvalidArgument(
-                f"{p}.engine: expected one of {', '.join(KNOWN_ENGINES)}, found {d.engine!r}")
+                f"{p}.engine: expected one of {', '.join(ENGINE_NAMES)}, found {d.engine!r}")
         if not d.model:
             raise InvalidArgument(f"{p}.model: expected a model name, found ''")
         for name, limit in (("deployment_id", MAX_ID_LEN), ("model", MAX_MODEL_LEN),

@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from gearshift.controller.decisions.learning import CapacityLearner, Forecaster
     from gearshift.policies.forecast import Forecast
 
-ENGINES = ENGINE_NAMES  # the engine catalog's
 
 NO_PRIORS = ModelPriors()  # a model no `spec.models` entry names (immutable: shared)
 
@@ -60,7 +59,7 @@ class Releases(NamedTuple):
     known: Mapping[str, str]     # engine -> release, the known ones
 
 
-NO_RELEASES = Releases((None,) * len(ENGINES), {})
+NO_RELEASES = Releases((None,) * len(ENGINE_NAMES), {})
 
 
 def newest(versions: Iterable[str]) -> str | None:
@@ -176,10 +175,10 @@ class FactsCache:
                 versions = [v if v is not None else f
                             for v, f in zip(versions, self._fleet_versions, strict=True)]
             for i in range(0, len(serving), 2):  # a version not reported: not known
-                if serving[i] in ENGINES:
-                    versions[ENGINES.index(serving[i])] = serving[i + 1] or None
+                if serving[i] in ENGINE_NAMES:
+                    versions[ENGINE_NAMES.index(serving[i])] = serving[i + 1] or None
             found = self._releases[key] = Releases(
-                tuple(versions), {e: v for e, v in zip(ENGINES, versions, strict=True) if v})
+                tuple(versions), {e: v for e, v in zip(ENGINE_NAMES, versions, strict=True) if v})
         return found
 
     def unmeasured_engine(self, engine: str, capacity_rps: float | None, priors: ModelPriors,
@@ -200,7 +199,7 @@ class FactsCache:
         if found is None or found[0] is not priors:
             overheads = self.policy.doc.spec.cost.build_overhead_usd
             plan = []
-            for e in ENGINES:
+            for e in ENGINE_NAMES:
                 prior = priors.engines.get(e)  # type: ignore[call-overload]
                 plan.append(EnginePlan(
                     e, prior, overheads.get(e),  # type: ignore[call-overload]
@@ -299,7 +298,7 @@ def _installed(fleet: FleetState, host_ids: Iterable[str]) -> tuple[str | None, 
         entry = fleet.hosts.get(h)
         for engine, version in entry.engine_versions if entry is not None else ():
             found.setdefault(engine, []).append(version)
-    return tuple(newest(found.get(e, ())) for e in ENGINES)
+    return tuple(newest(found.get(e, ())) for e in ENGINE_NAMES)
 
 
 def _figures(capacity_rps: float | None, prior: EnginePriors | None,

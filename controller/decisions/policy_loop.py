@@ -5,12 +5,12 @@ each model's signals from what the fleet observed before `now` (the in-memory
 rate history and its forecast over the policy's horizon, which sets the traffic
 level of the savings estimate; revisions; the engines' latency; capacities by the
 rule shared with the blind backtest, `controller.decisions.learning.live_capacities`:
-measured, else the policy's priors or the default ratio), calls `decide`, stores
-the decisions with their reasons and those figures' sources, and applies the policy's
-mode: `dry-run` records, `approve` waits for a person, `auto` hands the
-decision to the migration orchestrator (as a trial first when the core decided
-one). Policy versions are applied here, atomically: an invalid policy never
-replaces the active one. A model's facts and its rate forecast are built by
+measured, else the policy's priors or the default ratio), calls `decide`, and hands
+the decisions, with their reasons and those figures' sources, to
+`controller.decisions.review.DecisionReview`, which stores them and applies the policy's
+mode: `dry-run` records, `approve` waits for a person, `auto` hands the decision to the
+migration orchestrator (as a trial first when the core decided one). The active policy
+comes from `controller.decisions.versions.PolicyVersions`. A model's facts and its rate forecast are built by
 `controller.decisions.facts`; the rate samples are kept by
 `controller.ingest.rate_history.RateHistory`.
 
@@ -27,11 +27,10 @@ from __future__ import annotations
 import gc
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from gearshift.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from gearshift.controller.decisions.facts import (
     FactsCache,
     hand_off_forecasts,
@@ -39,25 +38,26 @@ from gearshift.controller.decisions.facts import (
     rate_forecasts,
     refresh_forecasts,
 )
-from gearshift.controller.decisions.gpu_price import price_warning
-from gearshift.controller.decisions.reconcile import reconcile_decisions
+from gearshift.controller.decisions.review import DecisionReview
+from gearshift.controller.decisions.versions import PolicyVersions
 from gearshift.controller.ingest.fleet import FleetState
 from gearshift.controller.ingest.rate_history import RateHistory
-from gearshift.controller.moves.canary import Sla
 from gearshift.controller.moves.machine import MigrationKind
 from gearshift.controller.moves.store import MigrationRepository, MigrationRow
 from gearshift.controller.store.database import Store
 from gearshift.controller.store.tables import (
-    SETTING_ACTIVE_POLICY_VERSION,
     DecisionRow,
-    DecisionStatus,
-    PolicyVersionRow,
 )
-from gearshift.policies.core import ModelState, cost_settings, decide_explained
+from gearshift.policies.core import (
+    DecisionStatus,
+    ModelState,
+    cost_settings,
+    decide_explained,
+)
 from gearshift.policies.fleet_estimates import estimate_fleet_moves
 from gearshift.policies.fleet_signals import FleetModel, compute_fleet_signals
 from gearshift.policies.holds import NoDecision, NoDecisionReason
-from gearshift.policies.loader import Policy, PolicyError, load_policy
+from gearshift.policies.loader import Policy
 from gearshift.policies.model_state import (
     COUNTS_FOR_COOLDOWN,
     SwitchOutcome,
@@ -68,18 +68,14 @@ from gearshift.policies.model_state import (
     last_switch,
 )
 from gearshift.policies.priors import priors_for
-from gearshift.policies.schema import ModelPriors
-from gearshift.policies.semantics import selector_warnings
 from gearshift.policies.signals import ModelFacts
 from gearshift.v1 import agent_pb2
 
 if TYPE_CHECKING:
     from gearshift.controller.decisions.learning import CapacityLearner, Forecaster
-    from gearshift.controller.moves.orchestrator import MigrationOrchestrator
 
 log = logging.getLogger(__name__)
 
-OPEN_STATUSES = (DecisionStatus.PROPOSED, DecisionStatus.APPROVED, DecisionStatus.EXECUTING)
 # What became of a decision, for the cooldown (`policies.model_state`); a trial's
 # decision ends superseded and is no switch. The statuses whose newest decision the
 # tick reads are those whose outcome counts for the cooldown.
@@ -138,117 +134,33 @@ class TickReads:
 
 
 class PolicyLoop:
+    """The evaluation: each model's facts and state, the core's verdict, and the decisions
+    handed to `review`. The active policy comes from `policies`; the rate series from
+    `history` (sampled by `sample_rates`, seeded from rollups by the term's factory)."""
+
     def __init__(self, store: Store, fleet: FleetState, history: RateHistory, *,
-                 paused: Callable[[], bool], clock: Callable[[], float]) -> None:
+                 paused: Callable[[], bool], clock: Callable[[], float],
+                 policies: PolicyVersions | None = None, review: DecisionReview | None = None,
+                 learner: CapacityLearner | None = None, forecaster: Forecaster | None = None,
+                 gpu_price_per_hour: float | None = None) -> None:
         self.store = store
         self.fleet = fleet
         self.history = history
         self.paused = paused
         self._clock = clock
-        self.orchestrator: MigrationOrchestrator | None = None
-        self.migrations = MigrationRepository(store.engine)
-        self._policy: tuple[int, Policy] | None = None
-        self.on_policy_change: Callable[[Policy], None] | None = None
-        # Builds what a policy implies (its schedule) before it is stored; raises
-        # InvalidArgument when it cannot, and nothing is stored.
-        self.prepare: Callable[[Policy], object] | None = None
-        self._unloadable: int | None = None  # stored active version that no longer loads
-        self.learner: CapacityLearner | None = None
-        self.forecaster: Forecaster | None = None
         # The fleet's USD per GPU-hour (`--gpu-price-per-hour`), for policies that set
         # none; a host's label overrides it (`controller.decisions.gpu_price`).
-        self.gpu_price_per_hour: float | None = None
-        # Observes every status a decision enters, with its rule (the decision metrics);
-        # called after the store accepted the change.
-        self.on_decision: Callable[[str, DecisionStatus], None] | None = None
+        self.gpu_price_per_hour = gpu_price_per_hour
+        self.policies = policies or PolicyVersions(store, fleet,
+                                                   gpu_price_per_hour=gpu_price_per_hour)
+        self.review = review or DecisionReview(store, MigrationRepository(store.engine))
+        self.migrations = self.review.migrations
+        self.learner = learner
+        self.forecaster = forecaster
         # model -> the reason for no decision last logged (a reason is logged when it changes)
         self._logged_reasons: dict[str, NoDecisionReason] = {}
 
-    # -- policy versions ------------------------------------------------------------
-
-    def active(self) -> tuple[int, Policy] | None:
-        version = self.store.get_setting(SETTING_ACTIVE_POLICY_VERSION, None)
-        if version is None:
-            return None
-        if self._policy is not None and self._policy[0] == version:
-            return self._policy
-        if self._unloadable == version:
-            return None
-        row = self.store.get_policy_version(version)
-        if row is None:
-            log.error("active policy version %s is missing from the store", version)
-            return None
-        try:
-            self._policy = (version, load_policy(row.yaml_text, f"policy version {version}"))
-        except PolicyError as exc:
-            # Stored by an older release with looser checks: the controller still leads
-            # and serves every command, with no active policy until one is applied.
-            log.error("active policy version %s cannot be used; apply another: %s",
-                      version, exc.message)
-            self._unloadable = version
-            return None
-        return self._policy
-
-    def validate(self, yaml_text: str, source: str, strict: bool = False) -> Policy:
-        policy = load_policy(yaml_text, source or "<policy>", strict=strict)
-        return self._with_fleet_warnings(policy, strict)
-
-    def _with_fleet_warnings(self, policy: Policy, strict: bool) -> Policy:
-        known = {m.model for m in self.fleet.models()}
-        extra = selector_warnings(policy.doc, known, policy.source)
-        if unpriced := price_warning(policy, self.gpu_price_per_hour, self.fleet):
-            extra.append(unpriced)
-        if extra and strict:
-            raise PolicyError(extra)
-        return replace(policy, warnings=(*policy.warnings, *extra)) if extra else policy
-
-    def apply(self, yaml_text: str, source: str, applied_by: str, comment: str,
-              strict: bool = False) -> tuple[PolicyVersionRow, bool, Policy]:
-        policy = self.validate(yaml_text, source, strict)  # raises: nothing changes
-        current = self.active()
-        if current is not None:
-            row = self.store.get_policy_version(current[0])
-            if row is not None and row.yaml_text == yaml_text:
-                return row, False, policy
-        if self.prepare is not None:
-            self.prepare(policy)  # raises: nothing stored
-        version = self.store.add_active_policy_version(policy.name, yaml_text, applied_by,
-                                                       comment)
-        self._policy = (version, policy)
-        log.info("policy %s applied as version %d (mode %s) by %s", policy.name, version,
-                 policy.mode, applied_by or "?")
-        if self.on_policy_change is not None:
-            self.on_policy_change(policy)
-        row = self.store.get_policy_version(version)
-        assert row is not None
-        return row, True, policy
-
-    def restore(self, version: int) -> tuple[PolicyVersionRow, bool]:
-        row = self.store.get_policy_version(version)
-        if row is None:
-            raise NotFound(f"policy version {version} does not exist")
-        policy = load_policy(row.yaml_text, f"policy version {version}")
-        current = self.active()
-        if current is not None and current[0] == version:
-            return row, False
-        if self.prepare is not None:
-            self.prepare(policy)
-        self.store.set_setting(SETTING_ACTIVE_POLICY_VERSION, version)
-        self._policy = (version, policy)
-        if self.on_policy_change is not None:
-            self.on_policy_change(policy)
-        return row, True
-
     # -- facts ------------------------------------------------------------------------
-
-    def priors(self, model: str) -> ModelPriors:
-        current = self.active()
-        return priors_for(current[1].doc.spec.models, model) if current is not None else ModelPriors()
-
-    def sla_for(self, model: str) -> Sla:
-        p = self.priors(model)
-        return Sla(ttft_p99_s=p.sla_ttft_p99_ms / 1000 if p.sla_ttft_p99_ms else None,
-                   itl_p99_s=p.sla_itl_p99_ms / 1000 if p.sla_itl_p99_ms else None)
 
     def _ready(self, model: str) -> list[tuple[str, agent_pb2.DeploymentReport]]:
         return [(h, d) for h, d, _ in self.fleet.deployments_of(model)
@@ -349,12 +261,12 @@ class PolicyLoop:
             return Evaluation([], [NoDecision(m, NoDecisionReason.PAUSED,
                                               "automation paused (gearshift resume)")
                                    for m in self._models()] if explain else [])
-        current = self.active()
+        current = self.policies.active()
         if current is None:
             return Evaluation([])
         version, policy = current
-        self.reconcile()
-        self._retry_approved()
+        self.review.reconcile()
+        self.review.retry_approved()
         models = self._models()
         refresh_forecasts(self.forecaster, models, policy, now)
         collecting = gc.isenabled()
@@ -411,7 +323,7 @@ class PolicyLoop:
         verdict = decide_explained(policy, signals, states, now, estimates=estimates)
         stored = []
         for d in verdict.decisions:
-            row = self._store_decision(d.to_dict(), version, policy.mode, now)
+            row = self.review.record(d, version, policy.mode, now)
             if row is not None:
                 stored.append(row)
             else:
@@ -447,123 +359,9 @@ class PolicyLoop:
             log.info("no decision for %d more model(s) whose reason changed: %s", len(rest),
                      ", ".join(f"{r} {n}" for r, n in sorted(counts.items())))
 
-    def reconcile(self) -> int:
-        """Settle decisions from their migration rows (every tick; level-triggered)."""
-        return reconcile_decisions(self.store, self.migrations, on_status=self._observed)
-
-    def _observed(self, row: DecisionRow, status: DecisionStatus) -> None:
-        if self.on_decision is not None:
-            try:
-                self.on_decision(row.rule, status)
-            except Exception:  # an observer must not break the loop
-                log.exception("decision %s: on_decision observer failed", row.id)
-
-    def _set_status(self, row: DecisionRow, status: DecisionStatus, reason: str,
-                    expected_from: DecisionStatus | None = None) -> bool:
-        """`Store.update_decision_status`, observed when it changed the row."""
-        changed = self.store.update_decision_status(row.id, status, reason,
-                                                    expected_from=expected_from)
-        if changed:
-            self._observed(row, status)
-        return changed
-
-    def _store_decision(self, d: dict[str, Any], version: int, mode: str, now: float) -> DecisionRow | None:
-        for open_row in self.store.list_decisions(model=d["model"], limit=20):
-            if open_row.status not in OPEN_STATUSES:
-                continue
-            if open_row.to_engine == d["to_engine"]:
-                return None  # the same move is already on its way
-            if open_row.status == DecisionStatus.PROPOSED:
-                self._set_status(
-                    open_row, DecisionStatus.SUPERSEDED, "a newer decision replaced it",
-                    expected_from=DecisionStatus.PROPOSED)
-        inputs = {**d["inputs"], "policy": d["policy_version"]}
-        row = DecisionRow(
-            created_at=_utc(now), model=d["model"], from_engine=d["from_engine"],
-            to_engine=d["to_engine"], rule=d["rule"], inputs=inputs, expected=d["expected"],
-            alternatives=d["alternatives"], policy_version=version, mode=mode,
-            reason=d["reason"], conditions=d["conditions"], trial_share=d["trial_share"],
-            status=DecisionStatus.PROPOSED,
-            status_reason={"dry-run": "dry-run: recorded, not executed",
-                           "approve": "waiting for approval (gearshift decisions approve ID)"}
-            .get(mode, ""))
-        self.store.add_decision(row)
-        self._observed(row, DecisionStatus.PROPOSED)
-        log.info("decision %s: move %s from %s to %s (rule %s, mode %s)", row.id, row.model,
-                 row.from_engine, row.to_engine, row.rule, mode)
-        if mode == "auto":
-            self._set_status(row, DecisionStatus.APPROVED, "auto mode",
-                             expected_from=DecisionStatus.PROPOSED)
-            self._execute(row.id)
-        return self.store.get_decision(row.id)
-
-    def _execute(self, decision_id: str) -> None:
-        row = self.store.get_decision(decision_id)
-        if row is None or row.status != DecisionStatus.APPROVED:
-            return
-        if self.orchestrator is None:
-            self.store.update_decision_status(row.id, DecisionStatus.APPROVED,
-                                              "approved; no migration executor is running")
-            return
-        if self.migrations.rows(decision_id=row.id):
-            return  # started before a crash: `reconcile` settles it from the migration
-        trial = row.trial_share  # decided by the core with the move
-        try:
-            mig = self.orchestrator.create(
-                row.model, row.from_engine, row.to_engine, decision_id=row.id,
-                kind=MigrationKind.TRIAL if trial is not None else MigrationKind.ENGINE_SWITCH,
-                trial_share=trial)
-        except (FailedPrecondition, InvalidArgument) as exc:
-            self.store.update_decision_status(row.id, DecisionStatus.APPROVED,
-                                              f"approved; not started yet: {exc.message}")
-            return
-        what = (f"trial {mig.id}: measuring {row.to_engine} on {trial:.0%} of traffic before "
-                "the move" if trial is not None else f"migration {mig.id}")
-        self._set_status(row, DecisionStatus.EXECUTING, what,
-                         expected_from=DecisionStatus.APPROVED)
-
-    def _retry_approved(self) -> None:
-        for row in self.store.list_decisions(status=DecisionStatus.APPROVED, limit=50):
-            if row.mode != "dry-run":
-                self._execute(row.id)
-
     def trial_result(self, model: str, engine: str) -> dict[str, Any] | None:
         """The newest ended trial of `engine` for `model`, from the migration rows."""
         return self._reads([model]).trial_result(model, engine)
-
-    # -- people -----------------------------------------------------------------------
-
-    def approve(self, decision_id: str, reason: str, by: str) -> DecisionRow:
-        row = self._get(decision_id)
-        if row.mode == "dry-run":
-            raise FailedPrecondition(
-                f"decision {decision_id} was made in dry-run mode; apply a policy in approve or "
-                "auto mode to act on decisions")
-        if not self._set_status(
-                row, DecisionStatus.APPROVED, f"approved by {by or '?'}: {reason}".rstrip(": "),
-                expected_from=DecisionStatus.PROPOSED):
-            raise FailedPrecondition(
-                f"decision {decision_id} is {self._get(decision_id).status.value}; only a proposed "
-                "decision can be approved")
-        self._execute(decision_id)
-        return self._get(decision_id)
-
-    def reject(self, decision_id: str, reason: str, by: str) -> DecisionRow:
-        row = self._get(decision_id)
-        if not self._set_status(
-                row, DecisionStatus.REJECTED, f"rejected by {by or '?'}: {reason}",
-                expected_from=DecisionStatus.PROPOSED):
-            raise FailedPrecondition(
-                f"decision {decision_id} is {self._get(decision_id).status.value}; only a proposed "
-                "decision can be rejected")
-        return self._get(decision_id)
-
-    def _get(self, decision_id: str) -> DecisionRow:
-        row = self.store.get_decision(decision_id)
-        if row is None:
-            raise NotFound(f"no decision {decision_id!r}")
-        return row
-
 
 
 def _trial_dict(row: MigrationRow) -> dict[str, Any]:
@@ -574,4 +372,4 @@ def _trial_dict(row: MigrationRow) -> dict[str, Any]:
             "at": row.finished_at.isoformat() if row.finished_at else None}
 
 
-__all__ = ["OPEN_STATUSES", "Evaluation", "PolicyLoop", "RateHistory"]
+__all__ = ["Evaluation", "PolicyLoop", "RateHistory"]

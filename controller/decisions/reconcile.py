@@ -1,4 +1,4 @@
-"""Decision status from migration rows, level-triggered (STYLE 6).
+"""Decision status from migration rows, level-triggered.
 
 A decision that a migration carries out learns how it ended from the stored
 migration rows, re-read on every orchestrator tick, never from a one-shot hook:
@@ -29,7 +29,9 @@ from collections.abc import Callable
 from gearshift.controller.moves.machine import MigrationKind, MigrationPhase
 from gearshift.controller.moves.store import MigrationRepository, MigrationRow
 from gearshift.controller.store.database import Store
-from gearshift.controller.store.tables import DecisionRow, DecisionStatus
+from gearshift.controller.store.tables import DecisionRow
+from gearshift.policies.core import DecisionStatus
+from gearshift.policies.schema import Mode
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +78,7 @@ def reconcile_decisions(store: Store, migrations: MigrationRepository,
     changed = 0
     for status in (DecisionStatus.EXECUTING, DecisionStatus.APPROVED):
         for d in store.list_decisions(status=status, limit=RECONCILE_LIMIT):
-            if d.mode == "dry-run":
+            if d.mode == Mode.DRY_RUN:
                 continue
             new = _new_status(migrations, d)
             if new is None or not store.update_decision_status(d.id, new[0], new[1],

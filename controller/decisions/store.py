@@ -20,13 +20,13 @@ from gearshift.common.errors import AlreadyExists, InvalidArgument, NotFound
 from gearshift.controller.store.tables import (
     SETTING_ACTIVE_POLICY_VERSION,
     DecisionRow,
-    DecisionStatus,
     ModelTenureRow,
     PolicyVersionRow,
     RevisionRow,
     SettingRow,
     utcnow,
 )
+from gearshift.policies.core import DecisionStatus
 
 _NAIVE_EPOCH = datetime(1970, 1, 1)  # `datetime.timestamp`'s, for UTC times read naive
 

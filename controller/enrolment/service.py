@@ -247,12 +247,15 @@ def enrolment_proto(row: HostEnrolmentRow) -> enrol_pb2.HostEnrolment:
 
 
 class EnrolmentRpcs:
-    """ControlService's enrolment administration; needs `enrolment_store` and
-    `on_host_revoked` (closes the host's stream here) set by the controller."""
+    """ControlService's enrolment administration (its base), given the enrolment store, the
+    revocations and `on_host_revoked` (closes the host's stream here) by
+    `ControlService.__init__`."""
 
-    enrolment_store: EnrolmentStore | None = None
-    revocations: Revocations | None = None
-    on_host_revoked: Callable[[str, str], None] | None = None
+    def __init__(self, enrolment_store: EnrolmentStore | None, revocations: Revocations | None,
+                 on_host_revoked: Callable[[str, str], None] | None) -> None:
+        self.enrolment_store = enrolment_store
+        self.revocations = revocations
+        self.on_host_revoked = on_host_revoked
 
     def _enrolments(self) -> EnrolmentStore:
         if self.enrolment_store is None:

@@ -196,6 +196,11 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         self.require_peer_host = require_peer_host  # mutual TLS: the certificate names the host
         self.refuse_host = refuse_host  # why a host may not connect (revoked), or None
 
+    def begin_term(self, epoch: int, fleet: FleetState) -> None:
+        """A new election term: its fencing epoch, and the fleet state it keeps."""
+        self.epoch = epoch
+        self.fleet = fleet
+
     async def Connect(
         self,
         request_iterator: AsyncIterator[agent_pb2.AgentMessage],

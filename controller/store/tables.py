@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
 from sqlmodel import Field, SQLModel
+
+from gearshift.policies.core import DecisionStatus
+from gearshift.policies.schema import Mode
 
 DECISION_STATUS_LENGTH = 32
 
@@ -69,18 +71,6 @@ class UTCDateTime(sa.types.TypeDecorator[datetime]):
         if value.tzinfo is None:
             return value.replace(tzinfo=UTC)
         return value.astimezone(UTC)
-
-
-class DecisionStatus(StrEnum):
-    """Lifecycle of a stored decision (docs/decisions.md)."""
-
-    PROPOSED = "proposed"  # the decision core emitted it; nothing done yet
-    APPROVED = "approved"  # a person (approve mode) or auto mode accepted it
-    REJECTED = "rejected"  # a person rejected it, or a guardrail vetoed it
-    EXECUTING = "executing"  # a migration for it is in progress
-    DONE = "done"  # the migration finished; the model serves on to_engine
-    ROLLED_BACK = "rolled_back"  # the migration failed its checks and was undone
-    SUPERSEDED = "superseded"  # a newer decision for the same model replaced it
 
 
 def _ts(nullable: bool = False, index: bool = False) -> Any:
@@ -223,7 +213,7 @@ class DecisionRow(SQLModel, table=True):
     expected: dict[str, Any] = _json(dict)  # expected cost and latency change
     alternatives: list[dict[str, Any]] = _json(list)  # rejected options and why
     policy_version: int | None = None
-    mode: str = "dry-run"  # "dry-run" | "approve" | "auto"
+    mode: str = Mode.DRY_RUN.value  # a `policies.schema.Mode` value
     status: DecisionStatus = Field(
         default=DecisionStatus.PROPOSED,
         sa_type=sa.Enum(

@@ -33,7 +33,7 @@ async def controller(tmp_path: Path) -> AsyncIterator[Controller]:
     ctl = Controller(ControllerConfig(listen="127.0.0.1:0", data_dir=tmp_path / "d",
                                       report_interval_s=1.0, history_resolution_s=300))
     await ctl.start()
-    ctl.policy_loop.apply(POLICY, "learn.yaml", "test", "")
+    ctl.term.policies.apply(POLICY, "learn.yaml", "test", "")
     try:
         yield ctl
     finally:
@@ -62,8 +62,8 @@ def _minutes(capacity: float) -> list[RollupRow]:
 
 
 async def test_capacity_is_learned_persisted_and_shown(controller: Controller, tmp_path: Path) -> None:
-    assert controller.learner.observe(_minutes(10.0)) == 60
-    controller.learner.save()
+    assert controller.term.learner.observe(_minutes(10.0)) == 60
+    controller.term.learner.save()
     png = tmp_path / "cap.png"
     code, out, err = await _cli(controller, "models", "capacity", "m", "-o", "json", "--plot", str(png))
     assert code == 0, err
@@ -89,7 +89,7 @@ async def test_forecast_from_the_rate_history(controller: Controller, tmp_path: 
     step = 300.0
     for k in range(12 * 24 * 4):  # four days of a daily cycle
         ts = 1_700_000_000 + k * step
-        controller.history.sample(ts, {"m": 50 + 30 * math.sin(2 * math.pi * (ts % 86400) / 86400)})
+        controller.term.history.sample(ts, {"m": 50 + 30 * math.sin(2 * math.pi * (ts % 86400) / 86400)})
     png = tmp_path / "fc.png"
     code, out, err = await _cli(controller, "models", "forecast", "m", "-o", "json", "--plot", str(png))
     assert code == 0, err

@@ -12,7 +12,8 @@ import pytest
 from grpc import aio
 
 from gearshift.controller.server import Controller, ControllerConfig
-from gearshift.controller.store.tables import DecisionRow, DecisionStatus
+from gearshift.controller.store.tables import DecisionRow
+from gearshift.policies.core import DecisionStatus
 from gearshift.v1 import control_pb2, control_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[2]

@@ -38,8 +38,7 @@ async def _serve(controller_id: str, lead: bool, leader_addr: str = "",
     if lead:
         leadership.epoch = 3
     control = ControlService(FleetState(), controller_id=controller_id, epoch=3,
-                             store_kind="postgresql")
-    control.leadership = leadership
+                             store_kind="postgresql", leadership=lambda: leadership)
     server = aio.server(interceptors=[LeaderGate(lambda: leadership)])
     control_pb2_grpc.add_ControlServiceServicer_to_server(control, server)
     port = server.add_insecure_port("127.0.0.1:0")

@@ -148,9 +148,9 @@ def _loop(store: Store, fleet: FleetState, rps: float = 200.0) -> PolicyLoop:
     history = RateHistory(STEP_S)
     for k in range(288 * 3):
         history.sample(NOW - (288 * 3 - k) * STEP_S, {"m": rps, "n": rps})
-    loop = PolicyLoop(store, fleet, history, paused=lambda: False, clock=lambda: NOW)
-    loop.learner = CapacityLearner(store)
-    loop.apply(POLICY, "releases.yaml", "test", "")
+    loop = PolicyLoop(store, fleet, history, paused=lambda: False, clock=lambda: NOW,
+                      learner=CapacityLearner(store))
+    loop.policies.apply(POLICY, "releases.yaml", "test", "")
     return loop
 
 
@@ -173,7 +173,7 @@ def test_the_live_decision_names_each_engines_release_and_explains_it(store: Sto
     loop = _loop(store, fleet)
     assert loop.learner is not None
     loop.learner.observe(minutes(OLD, 10.0))
-    facts = loop.model_facts("m", loop.active()[1])  # type: ignore[index]
+    facts = loop.model_facts("m", loop.policies.active()[1])  # type: ignore[index]
     assert facts is not None
     c = facts.citations
     assert (c["engine_version.vllm"], c["engine_version.tensorrt-llm"],
@@ -183,7 +183,7 @@ def test_the_live_decision_names_each_engines_release_and_explains_it(store: Sto
 
     # A decision on it cites the releases, and `decisions explain` names them.
     loop.learner.observe(minutes(NEW, 10.0, start=NOW - 7200))  # measured on 0.12.0 too
-    loop.apply(POLICY.replace("m: {slaTtftP99Ms: 1000, gpusPerReplica: 8}",
+    loop.policies.apply(POLICY.replace("m: {slaTtftP99Ms: 1000, gpusPerReplica: 8}",
                               "m: {slaTtftP99Ms: 1000, gpusPerReplica: 8, engines: {"
                               "tensorrt-llm: {coldStart: 240s, build: 30m}, "
                               "vllm: {coldStart: 210s}}}"), "releases.yaml", "test", "")
@@ -229,7 +229,7 @@ def test_models_without_an_sla_share_capacities_only_on_the_same_releases(
                                tensor_parallel_size=8, gpu_indices=[i])
     fleet.report("h4", report)
     loop = _loop(store, fleet)
-    policy = loop.active()[1]  # type: ignore[index]
+    policy = loop.policies.active()[1]  # type: ignore[index]
     cache = FactsCache(policy, loop.learner)
     ready: dict[str, list[tuple[str, agent_pb2.DeploymentReport]]] = {}
     for host, d, _ in fleet.deployments():

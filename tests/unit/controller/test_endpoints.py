@@ -98,8 +98,8 @@ class FakeElector:
 async def gated() -> AsyncIterator[tuple[FakeElector, Leadership, str]]:
     elector = FakeElector()
     leadership = Leadership(elector, ha=True, ttl_s=10.0)  # type: ignore[arg-type]
-    control = ControlService(FleetState(), controller_id="me", epoch=0, store_kind="postgresql")
-    control.leadership = leadership
+    control = ControlService(FleetState(), controller_id="me", epoch=0, store_kind="postgresql",
+                             leadership=lambda: leadership)
     server = aio.server(interceptors=[LeaderGate(lambda: leadership)])
     control_pb2_grpc.add_ControlServiceServicer_to_server(control, server)
     port = server.add_insecure_port("127.0.0.1:0")

@@ -71,16 +71,15 @@ def _loop(store: Store, *, fleet_price: float | None = None, policy_price: float
     for k in range(288 * 3):  # three days at 200 req/s
         history.sample(NOW - (288 * 3 - k) * STEP_S, {"m": 200.0})
     loop = PolicyLoop(store, _fleet(hosts or {"h1": {}}), history, paused=lambda: False,
-                      clock=lambda: NOW)
-    loop.gpu_price_per_hour = fleet_price
+                      clock=lambda: NOW, gpu_price_per_hour=fleet_price)
     cost = f"  cost: {{pricePerGpuHour: {policy_price}}}\n" if policy_price is not None else ""
     pins = ", pins: {m: tensorrt-llm}" if pin else ""
-    loop.apply(POLICY.format(cost=cost, pins=pins), "unpriced.yaml", "test", "")
+    loop.policies.apply(POLICY.format(cost=cost, pins=pins), "unpriced.yaml", "test", "")
     return loop
 
 
 def _price(loop: PolicyLoop) -> tuple[float | None, object]:
-    facts = loop.model_facts("m", loop.active()[1])  # type: ignore[index]
+    facts = loop.model_facts("m", loop.policies.active()[1])  # type: ignore[index]
     assert facts is not None
     return facts.price_per_gpu_hour, facts.price_source
 
@@ -100,12 +99,12 @@ def test_without_any_price_nothing_moves_and_validation_says_why(store: Store) -
     loop = _loop(store)
     assert loop.evaluate(NOW) == []
     assert _price(loop) == (None, "none")
-    warnings = loop.validate(POLICY.format(cost="", pins=""), "unpriced.yaml").warnings
+    warnings = loop.policies.validate(POLICY.format(cost="", pins=""), "unpriced.yaml").warnings
     assert any("rule cost can never move a model" in w and "--gpu-price-per-hour" in w
                for w in warnings), warnings
     # A price from the policy, the controller or a host's label silences the warning.
     priced = _loop(store, hosts={"h1": {PRICE_LABEL: "3"}})
-    assert not [w for w in priced.validate(POLICY.format(cost="", pins=""), "p.yaml").warnings
+    assert not [w for w in priced.policies.validate(POLICY.format(cost="", pins=""), "p.yaml").warnings
                 if "never move" in w]
 
 
@@ -158,7 +157,7 @@ def test_the_shipped_default_policy_makes_a_cost_move_on_a_priced_fleet(store: S
     for price, moves in ((None, 0), (4.0, 1)):
         loop = _loop(store, fleet_price=price)
         loop.fleet.started = NOW - 3 * 86400  # on vLLM for three days: past minDwell
-        loop.apply(text, "default.yaml", "test", "")
+        loop.policies.apply(text, "default.yaml", "test", "")
         rows = loop.evaluate(NOW)
         assert len(rows) == moves, rows
     row = rows[0]

@@ -19,7 +19,7 @@ import pytest
 
 from gearshift.common.errors import InvalidArgument
 from gearshift.controller.api.validation import (
-    KNOWN_ENGINES,
+    ENGINE_NAMES,
     MAX_KV_BLOCKS,
     MAX_LATENCY_S,
     MAX_REQUEST_RATE_PER_GPU,
@@ -192,7 +192,7 @@ def _reference_valid(d: agent_pb2.DeploymentReport) -> bool:
 
     gpus = max(1, len(d.gpu_indices), d.tensor_parallel_size)
     checks = [
-        bool(d.deployment_id), bool(d.model), d.engine in KNOWN_ENGINES,
+        bool(d.deployment_id), bool(d.model), d.engine in ENGINE_NAMES,
         ok(d.request_rate, MAX_REQUEST_RATE_PER_GPU * gpus),
         ok(d.running_requests, MAX_REQUESTS_IN_FLIGHT_PER_GPU * gpus),
         ok(d.waiting_requests, MAX_REQUESTS_IN_FLIGHT_PER_GPU * gpus),

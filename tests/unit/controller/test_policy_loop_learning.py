@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import gc
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -16,9 +16,12 @@ from gearshift.cli.explain import decision_report
 from gearshift.controller.api.control_actions import decision_msg
 from gearshift.controller.decisions.learning import CapacityLearner, Forecaster
 from gearshift.controller.decisions.policy_loop import PolicyLoop, RateHistory
+from gearshift.controller.decisions.review import DecisionReview
 from gearshift.controller.ingest.fleet import FleetState
+from gearshift.controller.moves.store import MigrationRepository
 from gearshift.controller.store.database import Store, default_sqlite_url
 from gearshift.controller.store.tables import DecisionRow, RollupRow
+from gearshift.policies.core import DecisionStatus
 from gearshift.v1 import agent_pb2
 
 NOW = 1_773_014_400.0  # 2026-03-09T00:00:00Z
@@ -83,17 +86,21 @@ def _vllm_minutes() -> list[RollupRow]:
 
 
 def _loop(store: Store, rates: list[float], *, measured: bool = True, vllm: str = "",
-          trt: str = "", extra: str = "") -> PolicyLoop:
+          trt: str = "", extra: str = "",
+          on_decision: Callable[[str, DecisionStatus], None] | None = None) -> PolicyLoop:
     """A live loop over `rates` (one per STEP_S, ending at NOW), vLLM measured or not."""
     history = RateHistory(STEP_S)
     for k, rps in enumerate(rates):
         history.sample(NOW - (len(rates) - k) * STEP_S, {"m": rps})
-    loop = PolicyLoop(store, _fleet(rates[-1]), history, paused=lambda: False, clock=lambda: NOW)
-    loop.learner = CapacityLearner(store)
+    learner = CapacityLearner(store)
     if measured:
-        assert loop.learner.observe(_vllm_minutes()) == 60
-    loop.forecaster = Forecaster(history.arrays, STEP_S, clock=lambda: NOW)
-    loop.apply(POLICY.format(vllm=vllm, trt=trt, extra=extra), "live.yaml", "test", "")
+        assert learner.observe(_vllm_minutes()) == 60
+    loop = PolicyLoop(store, _fleet(rates[-1]), history, paused=lambda: False, clock=lambda: NOW,
+                      review=DecisionReview(store, MigrationRepository(store.engine),
+                                            on_status=on_decision),
+                      learner=learner, forecaster=Forecaster(history.arrays, STEP_S,
+                                                             clock=lambda: NOW))
+    loop.policies.apply(POLICY.format(vllm=vllm, trt=trt, extra=extra), "live.yaml", "test", "")
     return loop
 
 
@@ -134,7 +141,7 @@ def test_policy_priors_give_the_ratio_to_the_measured_engine(store: Store) -> No
     the same loop with the default ratio moves."""
     slower = _loop(store, [200.0] * 288 * 3, vllm=", capacityRps: 10", trt=", capacityRps: 9")
     assert slower.evaluate(NOW) == []
-    facts = slower.model_facts("m", slower.active()[1])  # type: ignore[index]
+    facts = slower.model_facts("m", slower.policies.active()[1])  # type: ignore[index]
     assert facts is not None
     assert facts.citations["capacity_source.tensorrt-llm"] == "ratio-prior"
     assert facts.citations["capacity_ratio.tensorrt-llm"] == pytest.approx(0.9)
@@ -172,9 +179,8 @@ def test_no_collection_runs_during_a_tick_and_the_collector_is_left_as_found(
         store: Store) -> None:
     """The tick's records die with it: the collector is off while it evaluates (a decision
     is observed inside), on again after it, and left off by a tick that found it off."""
-    loop = _loop(store, _daily(9))
     seen: list[bool] = []
-    loop.on_decision = lambda rule, status: seen.append(gc.isenabled())
+    loop = _loop(store, _daily(9), on_decision=lambda rule, status: seen.append(gc.isenabled()))
     assert gc.isenabled()
     assert len(loop.evaluate(NOW)) == 1
     assert seen and not any(seen) and gc.isenabled()

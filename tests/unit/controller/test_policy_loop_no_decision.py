@@ -18,7 +18,8 @@ from gearshift.controller.api.control_service import ControlService
 from gearshift.controller.decisions.policy_loop import PolicyLoop, RateHistory
 from gearshift.controller.ingest.fleet import FleetState
 from gearshift.controller.store.database import Store, default_sqlite_url
-from gearshift.controller.store.tables import DecisionRow, DecisionStatus
+from gearshift.controller.store.tables import DecisionRow
+from gearshift.policies.core import DecisionStatus
 from gearshift.v1 import agent_pb2, control_pb2, control_pb2_grpc
 
 NOW = 1_773_014_400.0  # 2026-03-09T00:00:00Z
@@ -73,13 +74,13 @@ def _loop(store: Store, clock: Clock, history_s: float, cooldown: str = "0s") ->
     n = int(history_s // STEP_S)
     history.extend(MODEL, [clock.now - history_s + i * STEP_S for i in range(n)], [5.0] * n)
     loop = PolicyLoop(store, fleet, history, paused=lambda: False, clock=clock)
-    loop.apply(POLICY.format(cooldown=cooldown, model=MODEL), "test", "tester", "")
+    loop.policies.apply(POLICY.format(cooldown=cooldown, model=MODEL), "test", "tester", "")
     return loop
 
 
 async def _evaluate_now(loop: PolicyLoop) -> control_pb2.EvaluateNowResponse:
-    control = ControlService(loop.fleet, controller_id="me", epoch=0, store_kind="sqlite")
-    control.policy_loop = loop
+    control = ControlService(loop.fleet, controller_id="me", epoch=0, store_kind="sqlite",
+                             policy_loop=loop)
     server = aio.server()
     control_pb2_grpc.add_ControlServiceServicer_to_server(control, server)
     port = server.add_insecure_port("127.0.0.1:0")
@@ -135,7 +136,7 @@ def test_the_live_loop_logs_a_reason_once_and_again_when_it_changes(
     assert loop.evaluate() == [] and not caplog.records
     loop.paused = lambda: False
     # A new reason (a freeze) is logged once more.
-    loop.apply(POLICY.format(cooldown="0s", model=MODEL).replace(
+    loop.policies.apply(POLICY.format(cooldown="0s", model=MODEL).replace(
         "cooldown: 0s}", "cooldown: 0s, freezes: [qwen3-*]}"), "test", "tester", "")
     for _ in range(3):
         loop.evaluate()

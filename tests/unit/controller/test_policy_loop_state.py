@@ -3,7 +3,7 @@ from migration rows: a real store, a real fleet state, the policy loop's public 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -11,12 +11,14 @@ import pytest
 
 from gearshift.common.errors import FailedPrecondition
 from gearshift.controller.decisions.policy_loop import PolicyLoop, RateHistory
+from gearshift.controller.decisions.review import DecisionReview
 from gearshift.controller.ingest.fleet import FleetState
 from gearshift.controller.metrics import ControllerMetrics
 from gearshift.controller.moves.machine import MigrationKind, MigrationPhase, TrialOutcome
-from gearshift.controller.moves.store import MigrationRow
+from gearshift.controller.moves.store import MigrationRepository, MigrationRow
 from gearshift.controller.store.database import Store, default_sqlite_url
-from gearshift.controller.store.tables import DecisionRow, DecisionStatus
+from gearshift.controller.store.tables import DecisionRow
+from gearshift.policies.core import DecisionStatus
 from gearshift.v1 import agent_pb2
 
 NOW = 1_773_014_400.0  # 2026-03-09T00:00:00Z
@@ -44,9 +46,11 @@ def _fleet(now: float, engines: dict[str, int]) -> FleetState:
     return fleet
 
 
-def _loop(store: Store, now: float, engines: dict[str, int]) -> PolicyLoop:
+def _loop(store: Store, now: float, engines: dict[str, int],
+          on_decision: Callable[[str, DecisionStatus], None] | None = None) -> PolicyLoop:
+    review = DecisionReview(store, MigrationRepository(store.engine), on_status=on_decision)
     return PolicyLoop(store, _fleet(now, engines), RateHistory(60.0), paused=lambda: False,
-                      clock=lambda: now)
+                      clock=lambda: now, review=review)
 
 
 def _decision(store: Store, status: DecisionStatus, at: float, **overrides: object) -> DecisionRow:
@@ -121,25 +125,24 @@ def test_an_ended_migration_settles_its_executing_decision(
     loop = _loop(store, NOW, {"vllm": 1})
     d = _decision(store, DecisionStatus.EXECUTING, NOW)
     _migration(loop, d.id, phase, kind=kind, trial_outcome=outcome, reason="canary failed")
-    assert loop.reconcile() == 1
+    assert loop.review.reconcile() == 1
     row = store.get_decision(d.id)
     assert row is not None and row.status is status and words in row.status_reason
-    assert loop.reconcile() == 0  # level-triggered: nothing left to do
+    assert loop.review.reconcile() == 0  # level-triggered: nothing left to do
 
 
 def test_an_approved_decision_whose_migration_started_becomes_executing(store: Store) -> None:
     loop = _loop(store, NOW, {"vllm": 1})
     d = _decision(store, DecisionStatus.APPROVED, NOW)
     mig = _migration(loop, d.id, MigrationPhase.WARMING)
-    loop.reconcile()
+    loop.review.reconcile()
     row = store.get_decision(d.id)
     assert row is not None and row.status is DecisionStatus.EXECUTING and mig.id in row.status_reason
 
 
 def test_decision_metrics_count_each_status_entered_by_rule(store: Store) -> None:
-    loop = _loop(store, NOW, {"vllm": 1})
     metrics = ControllerMetrics()
-    loop.on_decision = metrics.decision
+    loop = _loop(store, NOW, {"vllm": 1}, on_decision=metrics.decision)
 
     def count(rule: str, outcome: str) -> float | None:
         return metrics.registry.get_sample_value("gearshift_controller_decisions_total",
@@ -148,12 +151,12 @@ def test_decision_metrics_count_each_status_entered_by_rule(store: Store) -> Non
     moving = _decision(store, DecisionStatus.EXECUTING, NOW, rule="prefer-trt")
     _migration(loop, moving.id, MigrationPhase.ROLLED_BACK, reason="canary failed")
     proposed = _decision(store, DecisionStatus.PROPOSED, NOW, rule="cheaper", mode="approve")
-    loop.reconcile()
-    loop.reconcile()  # nothing changes: nothing counted
+    loop.review.reconcile()
+    loop.review.reconcile()  # nothing changes: nothing counted
     assert count("prefer-trt", "rolled_back") == 1
-    loop.reject(proposed.id, "not now", "ops")
+    loop.review.reject(proposed.id, "not now", "ops")
     assert count("cheaper", "rejected") == 1
     with pytest.raises(FailedPrecondition, match="only a proposed decision"):
-        loop.reject(proposed.id, "again", "ops")  # refused: not counted again
+        loop.review.reject(proposed.id, "again", "ops")  # refused: not counted again
     assert count("cheaper", "rejected") == 1
     assert count("prefer-trt", "done") is None and count("cheaper", "approved") is None

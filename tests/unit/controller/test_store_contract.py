@@ -14,11 +14,11 @@ from gearshift.controller.store.tables import (
     SETTING_EPOCH,
     SETTING_PAUSED,
     DecisionRow,
-    DecisionStatus,
     DeploymentRow,
     HostRow,
     RollupRow,
 )
+from gearshift.policies.core import DecisionStatus
 
 T0 = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
 

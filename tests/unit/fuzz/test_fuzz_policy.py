@@ -85,7 +85,7 @@ def loop(tmp_path: Path) -> Iterator[PolicyLoop]:
     store = Store.open(f"sqlite:///{tmp_path / 'fuzz.db'}")
     fleet = FleetState()
     loop = PolicyLoop(store, fleet, RateHistory(60.0), paused=lambda: False, clock=lambda: 0.0)
-    loop.apply(DEFAULT, "default.yaml", "fuzz", "")
+    loop.policies.apply(DEFAULT, "default.yaml", "fuzz", "")
     yield loop
     store.close()
 
@@ -93,13 +93,13 @@ def loop(tmp_path: Path) -> Iterator[PolicyLoop]:
 @FUZZ
 @given(key=st.sampled_from(KEYS), value=SCALARS)
 def test_a_refused_apply_changes_nothing(loop: PolicyLoop, key: str, value: str) -> None:
-    before = (loop.active(), len(loop.store.list_policy_versions()))
+    before = (loop.policies.active(), len(loop.store.list_policy_versions()))
     try:
-        loop.apply(mutated(key, value), "fuzz.yaml", "fuzz", "")
+        loop.policies.apply(mutated(key, value), "fuzz.yaml", "fuzz", "")
     except GearshiftError:
-        assert (loop.active(), len(loop.store.list_policy_versions())) == before
+        assert (loop.policies.active(), len(loop.store.list_policy_versions())) == before
         return
-    active = loop.active()
+    active = loop.policies.active()
     assert active is not None
     IntervalTrigger(seconds=active[1].doc.spec.interval)
-    loop.restore(1)  # back to the example for the next example
+    loop.policies.restore(1)  # back to the example for the next example
