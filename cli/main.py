@@ -61,13 +61,28 @@ COMMANDS = {
 }
 
 
-@click.group(cls=LazyGroup, lazy_subcommands=COMMANDS,
+class _RootGroup(LazyGroup):
+    """The root group: its help names the catalog's engines, read only when help is
+    printed (the catalog stays off the start-up path of every other command)."""
+
+    def format_help_text(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from gearshift.common.engines import display_names
+
+        saved = self.help
+        self.help = (saved or "").replace("{engines}", display_names())
+        try:
+            super().format_help_text(ctx, formatter)
+        finally:
+            self.help = saved
+
+
+@click.group(cls=_RootGroup, lazy_subcommands=COMMANDS,
              context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--controller", "controller_addr", default=None, envvar="GEARSHIFT_CONTROLLER",
               metavar="HOST:PORT", help="controller address (default 127.0.0.1:50051)")
 @click.pass_context
 def cli(ctx: click.Context, controller_addr: str | None) -> None:
-    """gearshift: adaptive engine selection for LLM serving on vLLM, TensorRT-LLM and SGLang."""
+    """gearshift: adaptive engine selection for LLM serving on {engines}."""
     ctx.obj = {"controller": controller_addr}
 
 
