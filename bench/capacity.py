@@ -2,7 +2,8 @@
 
 Two engine emulators run side by side (`python -m gearshift.agents.emulator`,
 one vLLM, one trtllm-serve with `return_perf_metrics` and iteration stats on),
-with different configured capacities. A Poisson load generator (aiohttp) drives
+with different configured capacities. The fleet's load generator
+(`devfleet.load.LoadGenerator`: Poisson arrivals, plain completions) drives
 both through the same ascending load levels (fractions of each one's configured
 capacity, `LEVEL_S` seconds each). Every `INTERVAL_S` an `EngineScraper` reads
 each engine's metrics exactly as the agent does, which gives the interval's
@@ -42,7 +43,6 @@ import asyncio
 import contextlib
 import json
 import os
-import random
 import subprocess
 import sys
 import tempfile
@@ -53,6 +53,7 @@ from typing import Any
 import aiohttp
 
 from gearshift.agents.metrics import EngineScraper
+from gearshift.devfleet.load import LoadGenerator, Target
 from gearshift.devfleet.ports import free_port
 from gearshift.policies.capacity import (
     CapacityKey,
@@ -73,6 +74,7 @@ INTERVAL_S = 3.0
 SLA_TTFT_P99_S = 1.5
 TARGET_REL_ERROR = 0.10
 READY_TIMEOUT_S = 30.0
+REQUEST_TIMEOUT_S = 120.0
 PROMPT = "how fast is this engine"
 
 
@@ -123,29 +125,6 @@ async def wait_ready(session: aiohttp.ClientSession, base: str,
     raise SystemExit(f"emulator at {base} not ready after {READY_TIMEOUT_S}s")
 
 
-async def offer_load(session: aiohttp.ClientSession, base: str, rps: float, seconds: float,
-                     rng: random.Random, pending: set[asyncio.Task[None]]) -> None:
-    """Poisson arrivals at `rps` for `seconds`; requests run on in `pending`."""
-
-    async def one() -> None:
-        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-            async with session.post(base + "/v1/completions",
-                                    json={"model": "m", "prompt": PROMPT}) as response:
-                await response.read()
-
-    loop = asyncio.get_running_loop()
-    end = loop.time() + seconds
-    due = loop.time()
-    while True:
-        due += rng.expovariate(rps)
-        if due >= end:
-            break
-        await asyncio.sleep(max(0.0, due - loop.time()))
-        task = asyncio.create_task(one())
-        pending.add(task)
-        task.add_done_callback(pending.discard)
-
-
 async def scrape_level(scraper: EngineScraper, model: CapacityModel, seconds: float,
                        level: float, rows: list[dict[str, Any]]) -> None:
     loop = asyncio.get_running_loop()
@@ -167,7 +146,6 @@ async def scrape_level(scraper: EngineScraper, model: CapacityModel, seconds: fl
 
 
 async def run(level_s: float, sla_s: float, seed: int) -> dict[str, Any]:
-    rng = random.Random(seed)
     engines = ("vllm", "tensorrt-llm")
     with tempfile.TemporaryDirectory(prefix="gearshift-capacity-bench-") as tmp:
         ports = {engine: free_port() for engine in engines}
@@ -176,25 +154,29 @@ async def run(level_s: float, sla_s: float, seed: int) -> dict[str, Any]:
         models = {engine: CapacityModel(CapacityKey("m", engine, "emulated", "cpu"))
                   for engine in engines}
         rows: dict[str, list[dict[str, Any]]] = {engine: [] for engine in engines}
-        pending: set[asyncio.Task[None]] = set()
+        # Plain completions of the engines' own length (no max_tokens), the level's rate
+        # on each engine; requests run on across a level change.
+        load = LoadGenerator([Target(bases[engine], "m", LEVELS[0] * CAPACITY_RPS[engine])
+                              for engine in engines], stream_share=0.0, max_tokens=None,
+                             prompt=PROMPT, timeout_s=REQUEST_TIMEOUT_S, seed=seed)
         try:
-            connector = aiohttp.TCPConnector(limit=0)
-            timeout = aiohttp.ClientTimeout(total=120)
-            async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+            async with aiohttp.ClientSession() as session:
                 for engine in engines:
                     await wait_ready(session, bases[engine], children[engine],
                                      Path(tmp) / f"{engine}.log")
-                scrapers = {engine: EngineScraper(engine, bases[engine]) for engine in engines}
+            scrapers = {engine: EngineScraper(engine, bases[engine]) for engine in engines}
+            stop = asyncio.Event()
+            sending = asyncio.create_task(load.run(stop))
+            try:
                 for level in LEVELS:
+                    for engine in engines:
+                        load.set_rate("m", level * CAPACITY_RPS[engine], base_url=bases[engine])
                     await asyncio.gather(*(
-                        job for engine in engines for job in (
-                            offer_load(session, bases[engine], level * CAPACITY_RPS[engine],
-                                       level_s, rng, pending),
-                            scrape_level(scrapers[engine], models[engine], level_s, level,
-                                         rows[engine]))))
-                for task in list(pending):
-                    task.cancel()
-                await asyncio.gather(*pending, return_exceptions=True)
+                        scrape_level(scrapers[engine], models[engine], level_s, level,
+                                     rows[engine]) for engine in engines))
+            finally:
+                stop.set()
+                await sending  # the last level's requests in flight: a few seconds
                 for scraper in scrapers.values():
                     await scraper.close()
         finally:

@@ -8,10 +8,14 @@ capacity, ~0 latency, so the bench measures the gateway; `builtin` is a minimal
 aiohttp upstream for when the emulator is absent) and one gateway
 (`python -m gearshift.gateway --routes …`), each in its own process (both on uvloop
 when it is installed), then drives load from a third process over real HTTP/1.1 on
-loopback. The load generator is a lean keep-alive client on asyncio protocols (uvloop when installed), so that on a
-small machine it leaves the cores to the processes under test; it still checks
-every answer (status 200, body framed by its Content-Length, JSON with `choices`
-in the latency phase):
+loopback. The load generator is a lean keep-alive client on asyncio protocols (uvloop
+when installed), so that on a small machine it leaves the cores to the processes
+under test; it still checks every answer (status 200, body framed by its
+Content-Length, JSON with `choices` in the latency phase). It is the one client of
+its own among the benches and the demo, which all use `devfleet.load.LoadGenerator`:
+that one sends open-loop Poisson arrivals through aiohttp, while this bench needs
+one request at a time and closed loops of kept-alive connections, each request as
+cheap in CPU as it can be (`loadgen_cpu_ms_per_req` says how cheap):
 
 1. latency: one request at a time, alternating direct-to-engine and through-gateway
    (so drift hits both alike); added = gateway quantile − direct quantile;

@@ -1,7 +1,9 @@
 """Queue time sees saturation coming before TTFT breaks: an emulated run.
 
 An in-process emulated vLLM (`agents/emulator`, its continuous-batching model) is
-driven with open-loop Poisson traffic at rising shares of its capacity; after each
+driven with open-loop Poisson traffic (`devfleet.load.LoadGenerator`, plain
+completions) at rising shares of its capacity, each step's requests answered before
+the next step; after each
 load step the agent's own scraper (`EngineScraper`, the production path) reads the
 step's TTFT p99 and queue-time p99 from the engine's `vllm:` histograms. For each
 step it prints whether the SLA guard's saturation warning holds (queue p99 >=
@@ -16,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import sys
 import time
 from typing import Any
@@ -29,6 +30,7 @@ from gearshift.agents.emulator.args import parse_engine_argv
 from gearshift.agents.emulator.config import EmulatorOptions
 from gearshift.agents.emulator.server import make_state
 from gearshift.agents.metrics import EngineScraper
+from gearshift.devfleet.load import LoadGenerator, Target
 from gearshift.policies.rules import DEFAULT_QUEUE_SHARE_OF_TTFT_SLA
 
 # A slow engine (0.4 s prefill, 1.5 s per request at full batch), so that timer jitter
@@ -41,30 +43,7 @@ LOAD_SHARES = (0.5, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.05)
 DEFAULT_STEP_S = 20.0
 OPTIONS = EmulatorOptions(capacity_rps=CAPACITY_RPS, load_s=0.0, ttft_base_s=0.4, itl_s=0.04,
                           output_tokens=16)
-
-
-async def _drive(http: aiohttp.ClientSession, url: str, rps: float, seconds: float,
-                 rng: random.Random) -> int:
-    """Poisson arrivals at `rps` for `seconds`; the number of failed requests."""
-    failed = 0
-
-    async def one() -> None:
-        nonlocal failed
-        try:
-            async with http.post(f"{url}/v1/completions",
-                                 json={"model": "m", "prompt": "a short prompt"}) as resp:
-                await resp.read()
-                failed += resp.status != 200
-        except aiohttp.ClientError:
-            failed += 1
-
-    tasks = []
-    end = time.monotonic() + seconds
-    while (now := time.monotonic()) < end:
-        tasks.append(asyncio.create_task(one()))
-        await asyncio.sleep(min(rng.expovariate(rps), max(0.0, end - now)))
-    await asyncio.gather(*tasks)
-    return failed
+PROMPT = "a short prompt"
 
 
 async def run(step_s: float) -> dict[str, Any]:
@@ -76,16 +55,20 @@ async def run(step_s: float) -> dict[str, Any]:
     await site.start()
     host, port = runner.addresses[0][:2]
     url = f"http://{host}:{port}"
-    rng = random.Random(7)
+    # Plain completions of the engine's own length (no max_tokens).
+    load = LoadGenerator([Target(url, "m", LOAD_SHARES[0] * CAPACITY_RPS)], stream_share=0.0,
+                         max_tokens=None, prompt=PROMPT, seed=7)
     limit = DEFAULT_QUEUE_SHARE_OF_TTFT_SLA * SLA_TTFT_P99_S
     steps: list[dict[str, Any]] = []
     try:
-        connector = aiohttp.TCPConnector(limit=0)
-        async with aiohttp.ClientSession(connector=connector) as http, \
+        async with aiohttp.ClientSession() as http, \
                 EngineScraper("vllm", url, session=http) as scraper:
             await scraper.scrape(time.monotonic())
             for share in LOAD_SHARES:
-                failed = await _drive(http, url, share * CAPACITY_RPS, step_s, rng)
+                load.set_rate("m", share * CAPACITY_RPS)
+                failed_before = load.failed
+                await load.run_for(step_s)
+                failed = load.failed - failed_before
                 sample = await scraper.scrape(time.monotonic())
                 ttft, queue = sample.ttft, sample.queue_time
                 steps.append({

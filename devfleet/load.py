@@ -1,14 +1,18 @@
 """The load generator of development fleets: clients of OpenAI-compatible endpoints.
 
 One `LoadGenerator` serves the demo (async, rates changed while it runs), the
-integration tests (as a context manager that runs it on a thread of its own) and
-any benchmark that needs realistic clients: per target (a base URL, the gateway's
-or one engine's, and a model) Poisson arrivals at a rate, a share of them
-streaming, every answer checked. A request fails when its status is not 200, the
-connection breaks or times out, a stream ends without ``data: [DONE]``, or a
-plain answer has no ``choices``. `bench/gateway.py` keeps its own lean keep-alive
-client: it measures the gateway's added latency per request and must leave the
-cores to the processes under test, which this general client does not try to.
+integration tests and the benches that send requests (bench/capacity.py,
+bench/sla_queue_warning.py): per target (a base URL, the
+gateway's or one engine's, and a model) Poisson arrivals at a rate, a share of them
+streaming, every answer checked. It runs until told to stop (`run`), for a given
+time (`run_for`), or on a thread of its own (as a context manager, from
+synchronous code). Arrivals keep to their schedule: an arrival that a busy event
+loop delays does not delay the ones after it. A request fails when its status is
+not 200, the connection breaks or times out, a stream ends without
+``data: [DONE]``, or a plain answer has no ``choices``. `bench/gateway.py` keeps
+its own lean keep-alive client: it measures the gateway's added latency per
+request and must leave the cores to the processes under test, which this general
+client does not try to.
 """
 
 from __future__ import annotations
@@ -42,12 +46,17 @@ class LoadGenerator:
     """Clients of `targets`; `sent`, `failed` and the first `errors` say what happened."""
 
     def __init__(self, targets: Sequence[Target], *, stream_share: float = 0.5,
-                 max_tokens: int = MAX_TOKENS, seed: int | None = None) -> None:
+                 max_tokens: int | None = MAX_TOKENS, prompt: str = PROMPT,
+                 timeout_s: float = REQUEST_TIMEOUT_S, seed: int | None = None) -> None:
+        """`max_tokens` None sends none (the engine's own length); `timeout_s` bounds
+        each request."""
         if not targets or any(t.rps <= 0 for t in targets):
             raise ValueError("load: need at least one target, each with a positive rate")
         self.targets = list(targets)
         self.stream_share = stream_share
         self.max_tokens = max_tokens
+        self.prompt = prompt
+        self.timeout_s = timeout_s
         self.sent = 0
         self.failed = 0
         self.errors: list[str] = []
@@ -62,10 +71,13 @@ class LoadGenerator:
         """Clients of one gateway, `rates` requests/s per model."""
         return cls([Target(url, m, r) for m, r in rates.items()], **kw)  # type: ignore[arg-type]
 
-    def set_rate(self, model: str, rps: float) -> None:
-        """Change the rate of every target of `model` (takes effect at the next arrival)."""
+    def set_rate(self, model: str, rps: float, *, base_url: str | None = None) -> None:
+        """Change the rate of every target of `model` (at `base_url` only, when given);
+        it takes effect at the next arrival."""
+        if rps <= 0:
+            raise ValueError(f"load: a rate must be positive, got {rps}")
         for i, t in enumerate(self.targets):
-            if t.model == model:
+            if t.model == model and base_url in (None, t.base_url):
                 self._rates[i] = rps
 
     # -- async use ----------------------------------------------------------------------
@@ -77,12 +89,26 @@ class LoadGenerator:
             await asyncio.gather(*(self._target_loop(session, i, stop)
                                    for i in range(len(self.targets))))
 
+    async def run_for(self, seconds: float) -> None:
+        """Send for `seconds`, then wait for the requests in flight."""
+        stop = asyncio.Event()
+        timer = asyncio.get_running_loop().call_later(seconds, stop.set)
+        try:
+            await self.run(stop)
+        finally:
+            timer.cancel()
+
     async def _target_loop(self, session: aiohttp.ClientSession, i: int, stop: asyncio.Event) -> None:
         inflight: set[asyncio.Task[None]] = set()
         target = self.targets[i]
+        loop = asyncio.get_running_loop()
+        due = loop.time()
         while not stop.is_set():
+            # The next arrival is due an exponential gap after the last one was due, not
+            # after it was sent: timer lag on a busy host does not lower the rate.
+            due += self._rng.expovariate(self._rates[i])
             try:
-                await asyncio.wait_for(stop.wait(), self._rng.expovariate(self._rates[i]))
+                await asyncio.wait_for(stop.wait(), max(0.0, due - loop.time()))
                 break
             except TimeoutError:
                 pass
@@ -94,11 +120,13 @@ class LoadGenerator:
 
     async def _one(self, session: aiohttp.ClientSession, target: Target, stream: bool) -> None:
         self.sent += 1
-        body = {"model": target.model, "prompt": PROMPT, "max_tokens": self.max_tokens,
-                "stream": stream}
+        body: dict[str, object] = {"model": target.model, "prompt": self.prompt,
+                                   "stream": stream}
+        if self.max_tokens is not None:
+            body["max_tokens"] = self.max_tokens
         try:
             async with session.post(f"{target.base_url}/v1/completions", json=body,
-                                    timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)) as resp:
+                                    timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as resp:
                 data = await resp.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
             self._fail(f"{target.model}: {type(exc).__name__}: {exc}")
