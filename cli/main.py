@@ -68,7 +68,7 @@ class _RootGroup(LazyGroup):
     def format_help_text(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         from gearshift.common.engines import display_names
 
-        saved = self.help
+        saved: str | None = self.help
         self.help = (saved or "").replace("{engines}", display_names())
         try:
             super().format_help_text(ctx, formatter)
