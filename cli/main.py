@@ -8,6 +8,8 @@ the first line of its docstring as the short help (a test keeps the two equal).
 
 from __future__ import annotations
 
+import inspect
+
 import click
 
 from gearshift.cli.lazy_group import LazyCommand, LazyGroup
@@ -68,12 +70,11 @@ class _RootGroup(LazyGroup):
     def format_help_text(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         from gearshift.common.engines import display_names
 
-        saved: str | None = self.help
-        self.help = (saved or "").replace("{engines}", display_names())
-        try:
-            super().format_help_text(ctx, formatter)
-        finally:
-            self.help = saved
+        text = inspect.cleandoc(str(getattr(self, "help", None) or "")).partition("\f")[0]
+        if text:
+            formatter.write_paragraph()
+            with formatter.indentation():
+                formatter.write_text(text.replace("{engines}", display_names()))
 
 
 @click.group(cls=_RootGroup, lazy_subcommands=COMMANDS,
