@@ -4,7 +4,7 @@ A controller (SQLite), three agents with emulated engines, the gateway and a
 load generator, each a real process except the load; the scenario is
 `gearshift.devfleet.scenario` (a model moved to TensorRT-LLM through a canary,
 one kept on vLLM by revision churn, one whose canary breaks the SLA and rolls
-back; with `--engines vllm,tensorrt-llm,sglang` one more that moves from SGLang to
+back; with a third engine of the catalog in `--engines` one more that moves from it to
 TensorRT-LLM). Decisions and migration steps are printed as they happen; the last line
 is `requests: <sent> sent, <failed> failed`, and the exit status is 0 only when
 no client request failed.
@@ -120,8 +120,9 @@ def _remove_engine_containers(fleet: LocalFleet, service: PodmanService) -> None
               help="keep logs and the SQLite store here (default: a temporary folder)")
 @click.option("--json-summary", is_flag=True, help="also print the summary as one JSON line")
 @click.option("--engines", "engines_csv", default=",".join(BASE_ENGINES), show_default=True,
-              help="engines in the scenario, comma-separated: vllm and tensorrt-llm, and "
-                   "sglang to add a model that starts on SGLang and moves to TensorRT-LLM")
+              help="engines in the scenario, comma-separated: vllm and tensorrt-llm, and one "
+                   "more engine of the catalog to add a model that starts there and moves "
+                   "to TensorRT-LLM")
 @click.option("--containers", is_flag=True,
               help="run the engines as containers of their (emulated) images through "
                    "Podman's API (`make demo DEMO_ARGS=--containers` builds the images)")
@@ -130,10 +131,12 @@ def demo(duration_s: float, workdir: Path | None, json_summary: bool, engines_cs
     """Run the embedded default fleet on loopback: decisions and migrations, live."""
     engines = tuple(e.strip() for e in engines_csv.split(",") if e.strip())
     unknown = [e for e in engines if e not in ENGINE_NAMES]
-    if unknown or not set(BASE_ENGINES) <= set(engines):
+    others = [e for e in ENGINE_NAMES if e not in BASE_ENGINES]
+    if unknown or not set(BASE_ENGINES) <= set(engines) or len(set(engines) - set(BASE_ENGINES)) > 1:
         raise click.BadParameter(
-            f"expected {' and '.join(BASE_ENGINES)}, optionally sglang (known engines: "
-            f"{', '.join(ENGINE_NAMES)}), found {engines_csv!r}", param_hint="--engines")
+            f"expected {' and '.join(BASE_ENGINES)}, optionally one of {', '.join(others)} "
+            f"(known engines: {', '.join(ENGINE_NAMES)}), found {engines_csv!r}",
+            param_hint="--engines")
     console = demo_console()
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gearshift-demo-") as tmp:

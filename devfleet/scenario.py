@@ -6,8 +6,8 @@
   vLLM and each revision rolls out through the same machinery;
 - `mistral-7b` also gets busy, but its TensorRT-LLM engine on host-c is made
   slow (an emulator fault), so its canary breaks the SLA and is rolled back;
-- with SGLang among the engines, `gemma-3-4b` starts on SGLang (host-d) and gets
-  as busy, so it moves from SGLang to TensorRT-LLM.
+- with a third engine of the catalog among the engines, `gemma-3-4b` starts on it
+  (host-d) and gets as busy, so it moves from there to TensorRT-LLM.
 
 `start_demo_fleet` starts the parts and applies the policy; `run_scenario` drives
 the traffic and revisions and watches decisions and migrations (printing them on
@@ -48,13 +48,16 @@ DEMO_AGENTS = {
                                                "GEARSHIFT_EMULATOR_FAULTS": '{"latency_factor": 30}'}}),
 }
 
-# With SGLang among the engines: one more host and model, starting on SGLang.
-SGLANG_AGENTS = {
-    "host-d": ([{"deployment_id": "gemma-4b-sglang", "model": D, "engine": "sglang",
-                 "source": "google/gemma-3-4b-it", "revision": "r1", "gpu_indices": [0]}],
-               {"sglang": FAST, "tensorrt-llm": FAST}),
-}
 BASE_ENGINES = ("vllm", "tensorrt-llm")  # the scenario above needs both
+
+
+def extra_agents(engine: str) -> dict[str, tuple[list[dict[str, object]], dict[str, dict[str, str]]]]:
+    """With another engine of the catalog among the engines: one more host and model,
+    starting on that engine."""
+    return {"host-d": ([{"deployment_id": f"gemma-4b-{engine}", "model": D, "engine": engine,
+                         "source": "google/gemma-3-4b-it", "revision": "r1",
+                         "gpu_indices": [0]}],
+                       {engine: FAST, "tensorrt-llm": FAST})}
 
 DEMO_POLICY = f"""\
 apiVersion: gearshift.dev/v1
@@ -185,7 +188,8 @@ async def run_scenario(fleet: LocalFleet, duration_s: float, console: Console,
 
 
 def _settled(w: Watcher, movers: tuple[str, ...] = (A, C)) -> bool:
-    """Every engine move (A's and C's, and D's with SGLang) has ended; the demo can stop early."""
+    """Every engine move (A's and C's, and D's with a third engine) has ended; the demo can
+    stop early."""
     ends = {m.model: m.phase for m in w.migrations.values() if m.kind == "engine_switch"}
     return all(ends.get(model) in END_STATES for model in movers)
 
@@ -221,7 +225,8 @@ def start_demo_fleet(fleet: LocalFleet, console: Console,
                      engines: tuple[str, ...] = BASE_ENGINES) -> tuple[str, ...]:
     """Controller, agents and gateway up, every deployment ready, the demo policy applied;
     returns the models whose engine moves the scenario waits for."""
-    agents = {**DEMO_AGENTS, **(SGLANG_AGENTS if "sglang" in engines else {})}
+    extra = next((e for e in engines if e not in BASE_ENGINES), None)
+    agents = {**DEMO_AGENTS, **(extra_agents(extra) if extra is not None else {})}
     fleet.start_controller(CONTROLLER_ARGS)
     console.print(f"controller on {fleet.controller_addr} (SQLite under {fleet.workdir / 'data'})")
     for host_id, (deps, env) in agents.items():
@@ -234,7 +239,7 @@ def start_demo_fleet(fleet: LocalFleet, console: Console,
     _apply_policy(fleet, DEMO_POLICY)
     console.print("policy 'demo' applied (auto mode): TensorRT-LLM above 9 sustained req/s, "
                   "vLLM while weights churn")
-    return (A, C, D) if "sglang" in engines else (A, C)
+    return (A, C, D) if extra is not None else (A, C)
 
 
 def _apply_policy(fleet: LocalFleet, text: str) -> None:
