@@ -118,7 +118,7 @@ class DeploymentRow(SQLModel, table=True):
 
 
 class RollupRow(SQLModel, table=True):
-    """Per model, engine and minute: what the fleet measured (docs/architecture.md).
+    """Per model, engine and minute: what the fleet measured (docs/store.md).
 
     Totals (`request_rate_*`, `running_mean`, `waiting_mean`,
     `generation_tokens_per_s`) are summed over the deployments of the model on

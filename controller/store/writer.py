@@ -1,4 +1,4 @@
-"""The one batching writer of the controller (docs/architecture.md).
+"""The one batching writer of the controller (docs/store.md).
 
 The asyncio loop hands writes to `BatchingWriter.submit_*`, which never block
 on the database: they coalesce the row into a pending set keyed by the row's
