@@ -73,7 +73,7 @@ PENDING_RESULTS_LIMIT = 1000
 # The channel to the controller, without gRPC's bandwidth-delay probe: it would send a
 # PING for the first DATA frame read once the probe's delay (at most 10 s) has passed, so
 # for about every ack of the controller's, to grow a window that acks and commands never
-# fill (the controller's server does without it too: controller/grpc_server.py, BDP_PROBE).
+# fill (the controller's server does without it too: controller/api/grpc_server.py, BDP_PROBE).
 CHANNEL_OPTIONS: list[tuple[str, int]] = [("grpc.http2.bdp_probe", 0)]
 DEFAULT_DRAIN_GRACE_S = 30.0
 VERSION_MATCH_PROTO = {
@@ -761,7 +761,7 @@ class Agent:
             await self.containers.close()
 
 
-MAX_MESSAGE_CHARS = 2000  # the controller takes up to 2048 (controller/validation.py)
+MAX_MESSAGE_CHARS = 2000  # the controller takes up to 2048 (controller/api/validation.py)
 _CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 

@@ -28,8 +28,8 @@ the controller does. Then one evaluation tick is timed (wall and CPU), with the 
 by the whole fleet (`rss_mb`: over the process before the fleet was built, both
 after a collection and malloc_trim, so that the set-up's freed garbage is not
 counted).
-Targets: tick_s <= 1 s and rss_mb <= 300 MB at 10,000 models. Measured (docs/architecture.md,
-"The control loop", on two cores shared with other work, where a Python loop of 1e7
+Targets: tick_s <= 1 s and rss_mb <= 300 MB at 10,000 models. Measured (docs/performance.md,
+"One policy tick", on two cores shared with other work, where a Python loop of 1e7
 additions takes 0.54 to 0.87 s): tick_s 0.60 to 0.64 (the tick without garbage
 collection, in pairs with the code before: 0.65 to 0.86), rss_mb 211 to 218 (the rate
 history keeps float32 rates).

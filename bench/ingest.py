@@ -80,7 +80,7 @@ At 10,000 agents x 8 deployments every 10 s (the command in the first line with
 nothing else running, the controller on uvloop: 0.60-0.64 core, ack p50 0.7-0.8 ms and
 p99 6-18 ms, the simulator 0.18-0.21 core on frames; with gRPC's client the simulator
 took 0.40-0.51 core and the p99 was 37-272 ms. No failed stream or lost report in any
-run; the figures and the paired runs are in docs/architecture.md. Those runs had a
+run; the figures and the paired runs are in docs/performance.md. Those runs had a
 hundred agents to a connection; with a connection per agent (now the default) and gRPC's
 bandwidth-delay probe off, on a machine whose 1e7-add loop took 0.3 s: 0.54-0.67 core,
 ack p99 9-24 ms, 606-627 MB at the window's end and a peak of 720-734 MB (seven runs).

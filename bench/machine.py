@@ -12,7 +12,7 @@ globals, takes about 2.5 times as long: compare like with like.)
 
 These see a slow core and a busy hypervisor, not a slow memory system: on a machine
 whose loop took 0.33 s and whose steal was nil, the benches took 1.4 to 1.9 times the
-CPU of their fastest runs (docs/architecture.md, "Scale targets: where they stand").
+CPU of their fastest runs (docs/performance.md, "Scale targets: where they stand").
 Unchanged code run beside the measured code (the blind bench's plain backtest) sees
 both; two runs compare only when they were alternated under one lock.
 """

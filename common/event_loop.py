@@ -2,7 +2,7 @@
 
 The controller carries every agent's stream on one loop, and gRPC's asyncio server wakes
 that loop for each message read and each ack written; uvloop makes each wake-up, timer
-and callback cheaper (the 10,000-agent ingest in docs/architecture.md). Its timers step by
+and callback cheaper (the 10,000-agent ingest in docs/performance.md). Its timers step by
 whole milliseconds, which nothing in the controller measures finer than.
 """
 

@@ -1,7 +1,7 @@
 """Names that identify parties on the wire: certificate URIs, headers, metadata keys.
 
 The certificate authority (`cli/certs.py`) writes them into certificates, the
-controller (`controller/security.py`) checks them, and every client sends them;
+controller (`controller/api/security.py`) checks them, and every client sends them;
 keeping them in one place keeps the three in step.
 """
 
