@@ -56,7 +56,9 @@ PSUTIL = {"psutil"}  # the agent identifies the engines it adopts by process sta
 # controller's addresses, client credentials, identity): nothing of the controller.
 ROOT = {"gearshift", "gearshift.cli", "gearshift.cli.main", "gearshift.cli.lazy_group"}
 ERRORS = {"gearshift.common", "gearshift.common.errors"}
-ENGINES = {"gearshift.common.engines", "gearshift.common.engine_versions"}  # the catalog and its version tables
+# the catalog, its entries' types and its version tables
+ENGINES = {"gearshift.common.engines", "gearshift.common.engine_facts",
+           "gearshift.common.engine_versions"}
 SHARED = ERRORS | {"gearshift.common.endpoints", "gearshift.common.credentials",
                    "gearshift.common.identity"}
 POLICY_LOADER = {"gearshift.policies", "gearshift.policies.loader", "gearshift.policies.schema",
@@ -141,7 +143,8 @@ def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]
 def test_help_imports_click_and_the_command_registry_only(tmp_path: Path) -> None:
     """And the catalog, for the engines the root help names (about 25 ms of imports)."""
     modules = run_cli(tmp_path, "--help")
-    assert_allowed("gearshift --help", modules, CLICK, ROOT | ERRORS | {"gearshift.common.engines"})
+    assert_allowed("gearshift --help", modules, CLICK,
+                   ROOT | ERRORS | {"gearshift.common.engines", "gearshift.common.engine_facts"})
 
 
 def test_policy_validate_needs_no_grpc_numpy_or_controller(tmp_path: Path) -> None:
