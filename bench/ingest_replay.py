@@ -13,8 +13,9 @@ hello again).
 
 `replay` feeds it, message by message in the recorded order and at the recorded
 times (an injected clock), through `AgentService.Connect` over in-process streams
-(no network), the controller's `FleetState` and `Persistence` with a SQLite store and
-its batching writer, and closes the minutes as the controller's housekeeping does.
+(no network), the controller's `FleetState`, `Persistence` and rate series (`RateSeries`,
+whose learner here keeps the rollup rows built) with a SQLite store and its batching
+writer, and closes the minutes as the controller's housekeeping does (`RateSeries.tick`).
 It prints one JSON object: the event loop's CPU seconds over the replay
 (`handle_cpu_s`, and per report in `handle_us_per_report`; parsing the messages and
 the in-process streams are in it, the writer thread is not), `rss_mb` after the replay, and sha256 digests of
@@ -226,8 +227,9 @@ async def _replay(path: str, tmp: Path) -> dict[str, Any]:
     from prometheus_client import CollectorRegistry
 
     from gearshift.controller.ingest.agent_service import AgentService
-    from gearshift.controller.ingest.fleet import FleetState
-    from gearshift.controller.ingest.rollup import to_rows
+    from gearshift.controller.ingest.fleet import FleetState, HostEntry
+    from gearshift.controller.ingest.rollup import RollupAggregator
+    from gearshift.controller.ingest.series import RateSeries
     from gearshift.controller.metrics import ControllerMetrics
     from gearshift.controller.store.persistence import Persistence
     from gearshift.controller.store.tables import RollupRow
@@ -237,10 +239,23 @@ async def _replay(path: str, tmp: Path) -> dict[str, Any]:
     fleet = FleetState(clock=lambda: now[0])
     persistence = Persistence.open("", tmp, CollectorRegistry())
     metrics = ControllerMetrics(registry=CollectorRegistry())
-    service = AgentService(fleet, metrics, report_interval_s=10.0, epoch=1, controller_id="replay",
-                           on_hello=persistence.host_seen,
-                           on_report=persistence.report)
     built: list[RollupRow] = []
+
+    class Built:  # the learner's place: keeps the rows built
+        def observe(self, rows: list[RollupRow]) -> int:
+            built.extend(rows)
+            return len(rows)
+
+    rollups = RollupAggregator()
+    series = RateSeries.open(persistence.store, fleet, rollups, resolution_s=60.0, now=START_TS,
+                             sink=persistence.writer, learner=Built(), metrics=metrics)
+
+    def on_report(host_id: str, entry: HostEntry, report: agent_pb2.Report, ts: float) -> None:
+        series.report(host_id, entry, report, ts)  # as Controller._on_report
+        persistence.report(host_id, report, ts)
+
+    service = AgentService(fleet, metrics, report_interval_s=10.0, epoch=1, controller_id="replay",
+                           on_hello=persistence.host_seen, on_report=on_report)
     streams: dict[int, _Stream] = {}
     tasks: dict[int, asyncio.Task[None]] = {}
     answers: dict[int, list[bytes]] = {}
@@ -250,9 +265,7 @@ async def _replay(path: str, tmp: Path) -> dict[str, Any]:
     for kind, ts, host, data in _messages(path):
         while ts >= next_housekeeping:  # the controller's housekeeping, every 5 s
             now[0] = next_housekeeping
-            rows = to_rows(persistence.rollups.pop_completed(next_housekeeping))
-            built.extend(rows)
-            persistence.rollups_done(rows)
+            await series.tick(next_housekeeping)
             next_housekeeping += 5.0
         now[0] = ts
         msg = agent_pb2.AgentMessage.FromString(data)
@@ -282,10 +295,8 @@ async def _replay(path: str, tmp: Path) -> dict[str, Any]:
         await asyncio.gather(task, return_exceptions=True)
     cpu = time.thread_time() - cpu0
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    rows = persistence.rollups.flush_all()
-    built.extend(rows)
-    persistence.rollups_done(rows)
-    late = persistence.rollups.late_reports
+    series.close()
+    late = rollups.late_reports
     digests: dict[str, str] = {}
     dumps: dict[str, str] = {}
 

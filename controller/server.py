@@ -36,14 +36,13 @@ from gearshift.controller.ha.leader import LeaderElector
 from gearshift.controller.ha.leadership import Leadership
 from gearshift.controller.ingest.agent_service import AgentService
 from gearshift.controller.ingest.fleet import FleetState, HostEntry
-from gearshift.controller.ingest.rollup import to_rows_in_slices
+from gearshift.controller.ingest.rollup import RollupAggregator
 from gearshift.controller.limits import raise_open_files_limit
 from gearshift.controller.loop_lag import LoopLagProbe
 from gearshift.controller.metrics import ControllerMetrics
 from gearshift.controller.moves.commands import deployment_phase_name
 from gearshift.controller.moves.store import MigrationRow
 from gearshift.controller.store.persistence import Persistence
-from gearshift.controller.store.tables import RollupRow
 from gearshift.controller.term import RECENT_HOST_S, LeaderTerm, open_term
 from gearshift.policies.loader import Policy
 from gearshift.v1 import agent_pb2, control_pb2
@@ -105,10 +104,12 @@ class Controller:
             set_paused=self.persistence.set_paused, publish_revision=self.publish_revision,
             enrolment_store=self.enrolments, revocations=self.revocations,
             on_host_revoked=self._close_revoked, leadership=lambda: self.leadership)
+        # Minutes open when the lead changes keep their reports: one aggregator, handed
+        # to each term's rate series.
+        self.rollups = RollupAggregator()
         # The parts a leader acts with, also serving reads before the first election.
         self.term = self._open_term(0, fleet)
         self._begin_term(started=fleet.started)
-        self.persistence.on_rollups = self._on_rollups
         self._elector_task: asyncio.Task[None] | None = None
         self._leader_tasks: list[asyncio.Task[None]] = []
         self._led = False  # led at least once: owns what it learned
@@ -173,7 +174,8 @@ class Controller:
         """The term's parts, read afresh from the store (at start and at every new term,
         since another controller may have led meanwhile)."""
         return open_term(epoch=epoch, config=self.config, store=self.persistence.store,
-                         fleet=fleet, metrics=self.metrics, paused=self.persistence.paused,
+                         fleet=fleet, rollups=self.rollups, rollup_sink=self.persistence.writer,
+                         metrics=self.metrics, paused=self.persistence.paused,
                          send_command=self.agents.send_command, prepare=_policy_trigger,
                          on_policy_change=lambda _p: self._schedule_policy(), clock=time.time)
 
@@ -228,11 +230,8 @@ class Controller:
         self.persistence.host_seen(entry)
 
     def _on_report(self, host_id: str, entry: HostEntry, report: agent_pb2.Report, ts: float) -> None:
-        self.persistence.report(host_id, entry, report, ts)  # new revisions too (churn)
-
-    def _on_rollups(self, rows: list[RollupRow]) -> None:
-        self.term.learner.observe(rows)  # stored by housekeeping, off the event loop
-        self.metrics.observe_rollups(rows)
+        self.term.series.report(host_id, entry, report, ts)  # into its minute's rollups
+        self.persistence.report(host_id, report, ts)  # new revisions too (churn)
 
     def _on_command_result(self, host_id: str, result: agent_pb2.CommandResult) -> None:
         self.term.orchestrator.on_command_result(host_id, result)
@@ -285,7 +284,7 @@ class Controller:
                 continue
             try:
                 term = self.term
-                term.policy_loop.sample_rates(time.time())
+                term.series.sample(time.time())
                 term.orchestrator.tick()
                 term.review.reconcile()  # decision status from the migration rows
             except Exception:  # level-triggered: the next tick retries
@@ -372,11 +371,9 @@ class Controller:
         while True:
             await asyncio.sleep(HOUSEKEEPING_INTERVAL_S)
             try:
-                # Building a minute's rollup rows is the heavy part: in slices, between
-                # reports (see to_rows_in_slices).
-                popped = self.persistence.rollups.pop_completed(time.time())
-                if popped:
-                    self.persistence.rollups_done(await to_rows_in_slices(popped))
+                # Completed minutes to the store, the learner (its snapshot is stored
+                # below, off the event loop) and the SLA gauges.
+                await self.term.series.tick(time.time())
                 self._update_gauges()
                 self.fleet.gateway_stats.prune(time.time())
                 if not self.leading:
@@ -452,10 +449,7 @@ class Controller:
             await self.enrol_server.stop(grace_s)
         if self._ops is not None:
             await self._ops.stop()
-        rows = self.persistence.rollups.flush_all()
-        if rows:
-            self.persistence.writer.submit_rollups(rows)
-            self.term.learner.observe(rows)
+        self.term.series.close()  # the open minutes, to the store and the learner
         if led_to_the_end:  # a follower's learner is stale: it must not overwrite the leader's
             self.persistence.store.set_settings(self.term.learner.snapshot())
         if self.leadership is not None:

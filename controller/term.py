@@ -1,7 +1,8 @@
 """One election term's acting parts, built together by `open_term` and ended by one call.
 
-A term owns what a leading controller acts with: the rate history (seeded from the
-stored rollups), the capacity learner (loaded from the store), the forecaster (its worker
+A term owns what a leading controller acts with: the rate series (seeded from the
+stored rollups, fed by reports, feeding the learner: `controller.ingest.series`), the
+capacity learner (loaded from the store), the forecaster (its worker
 thread), the policy versions, the decisions' review, the migration orchestrator and the
 policy loop. Each is built with its collaborators and never rewired: a new term builds
 new ones from the store, since another controller may have led meanwhile. Before the
@@ -20,6 +21,8 @@ from gearshift.controller.decisions.review import DecisionReview
 from gearshift.controller.decisions.versions import PolicyVersions
 from gearshift.controller.ingest.fleet import FleetState
 from gearshift.controller.ingest.rate_history import RateHistory
+from gearshift.controller.ingest.rollup import RollupAggregator
+from gearshift.controller.ingest.series import RateSeries, RollupSink
 from gearshift.controller.metrics import ControllerMetrics
 from gearshift.controller.moves.orchestrator import (
     MigrationOrchestrator,
@@ -41,7 +44,7 @@ class LeaderTerm:
 
     epoch: int
     fleet: FleetState
-    history: RateHistory
+    series: RateSeries
     learner: CapacityLearner
     forecaster: Forecaster
     policies: PolicyVersions
@@ -50,19 +53,28 @@ class LeaderTerm:
     policy_loop: PolicyLoop
     expected_hosts: frozenset[str]  # hosts seen within RECENT_HOST_S before it began
 
+    @property
+    def history(self) -> RateHistory:
+        """The rate history the policy loop and the forecaster read (the series')."""
+        return self.series.history
+
     def end(self) -> None:
         """Release what the term holds beyond memory: the forecaster's worker thread."""
         self.forecaster.close()
 
 
 def open_term(*, epoch: int, config: ControllerConfig, store: Store, fleet: FleetState,
+              rollups: RollupAggregator, rollup_sink: RollupSink,
               metrics: ControllerMetrics, paused: Callable[[], bool],
               send_command: SendCommand, prepare: Callable[[Policy], object],
               on_policy_change: Callable[[Policy], None],
               clock: Callable[[], float]) -> LeaderTerm:
     """A term's parts, read afresh from the store (blocking: off the event loop)."""
-    history = RateHistory(config.history_resolution_s)
-    history.seed(store, clock())
+    learner = CapacityLearner(store)
+    learner.load()
+    series = RateSeries.open(store, fleet, rollups, resolution_s=config.history_resolution_s,
+                             now=clock(), sink=rollup_sink, learner=learner, metrics=metrics)
+    history = series.history
     policies = PolicyVersions(store, fleet, gpu_price_per_hour=config.gpu_price_per_hour,
                               prepare=prepare, on_change=on_policy_change)
     migrations = MigrationRepository(store.engine)
@@ -75,8 +87,6 @@ def open_term(*, epoch: int, config: ControllerConfig, store: Store, fleet: Flee
     orchestrator.install()
     review = DecisionReview(store, migrations, orchestrator=orchestrator,
                             on_status=metrics.decision)
-    learner = CapacityLearner(store)
-    learner.load()
     # Forecasts are fitted on a worker thread: a tick only reads them (controller.decisions.learning).
     forecaster = Forecaster(history.arrays, config.history_resolution_s, background=True)
     loop = PolicyLoop(store, fleet, history, paused=paused, clock=clock, policies=policies,
@@ -85,6 +95,6 @@ def open_term(*, epoch: int, config: ControllerConfig, store: Store, fleet: Flee
     recent = clock() - RECENT_HOST_S
     expected = frozenset(h.host_id for h in store.list_hosts()
                          if h.last_seen.timestamp() >= recent)
-    return LeaderTerm(epoch=epoch, fleet=fleet, history=history, learner=learner,
+    return LeaderTerm(epoch=epoch, fleet=fleet, series=series, learner=learner,
                       forecaster=forecaster, policies=policies, review=review,
                       orchestrator=orchestrator, policy_loop=loop, expected_hosts=expected)

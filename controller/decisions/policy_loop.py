@@ -12,7 +12,8 @@ mode: `dry-run` records, `approve` waits for a person, `auto` hands the decision
 migration orchestrator (as a trial first when the core decided one). The active policy
 comes from `controller.decisions.versions.PolicyVersions`. A model's facts and its rate forecast are built by
 `controller.decisions.facts`; the rate samples are kept by
-`controller.ingest.rate_history.RateHistory`.
+`controller.ingest.rate_history.RateHistory`, which the term's rate series
+(`controller.ingest.series.RateSeries`) seeds and feeds.
 
 A model's state (current engine, time on it, the last switch for the cooldown,
 engines already trialled) comes from the functions of `policies.model_state`,
@@ -136,7 +137,7 @@ class TickReads:
 class PolicyLoop:
     """The evaluation: each model's facts and state, the core's verdict, and the decisions
     handed to `review`. The active policy comes from `policies`; the rate series from
-    `history` (sampled by `sample_rates`, seeded from rollups by the term's factory)."""
+    `history` (seeded and sampled by the term's `controller.ingest.series.RateSeries`)."""
 
     def __init__(self, store: Store, fleet: FleetState, history: RateHistory, *,
                  paused: Callable[[], bool], clock: Callable[[], float],
@@ -241,11 +242,6 @@ class PolicyLoop:
             migrations=migrations,
             tenure={model: Tenure(engine, since)
                     for model, (engine, since) in self.store.tenure_timestamps().items()})
-
-    def sample_rates(self, now: float) -> None:
-        if not self.history.due(now):
-            return
-        self.history.sample(now, self.fleet.model_rates())
 
     # -- evaluation -------------------------------------------------------------------
 

@@ -1,8 +1,8 @@
 """Per-model request-rate samples in memory, at a fixed resolution, for the policy.
 
 `RateHistory` is what the policy loop's signals and forecasts read; it is bounded
-(`HISTORY_RETENTION_S`) and a restarted controller seeds it from the stored
-per-minute rollups.
+(`HISTORY_RETENTION_S`); its owner, `controller.ingest.series.RateSeries`, seeds it
+from the stored per-minute rollups and samples the fleet's live rates into it.
 
 The controller samples every model at once (`sample(now, rates)`), so the models
 share one time axis: the sample times are kept once, and each model's rates are a
@@ -28,12 +28,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Mapping
-from datetime import UTC, datetime
 
 import numpy as np
 import numpy.typing as npt
-
-from gearshift.controller.store.database import Store
 
 HISTORY_RETENTION_S = 8 * 24 * 3600.0
 ROWS_PER_BLOCK = 64  # models per block of the matrix
@@ -61,6 +58,11 @@ class RateHistory:
         # Writes and `arrays` hold it: the forecast worker reads rows from its own thread.
         self._lock = threading.Lock()
 
+    @property
+    def retention_s(self) -> float:
+        """How far back the kept sample times reach: the retention, in whole steps."""
+        return self._max * self.resolution_s
+
     # -- writing ------------------------------------------------------------------
 
     def due(self, now: float) -> bool:
@@ -86,17 +88,6 @@ class RateHistory:
             r = self._row_of(model)
             self._blocks[r // ROWS_PER_BLOCK][r % ROWS_PER_BLOCK, col] = rps
             self._newest[model] = now
-
-    def seed(self, store: Store, now: float) -> None:
-        """Start from the stored per-minute rollups (a restarted controller keeps its memory)."""
-        since = datetime.fromtimestamp(now - self._max * self.resolution_s, UTC)
-        per_minute: dict[str, dict[float, float]] = {}
-        for r in store.rollups(since=since):
-            ts = r.minute.timestamp() + 60.0
-            bucket = per_minute.setdefault(r.model, {})
-            bucket[ts] = bucket.get(ts, 0.0) + r.request_rate_mean
-        self.extend_many({model: (sorted(points), [points[t] for t in sorted(points)])
-                          for model, points in per_minute.items()})
 
     def extend(self, model: str, ts: npt.ArrayLike, rps: npt.ArrayLike) -> None:
         """Append `model`'s samples (times ascending, after its newest) at once, as seeding

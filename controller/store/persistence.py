@@ -1,18 +1,17 @@
 """What the controller writes durably, and when.
 
 Hot state stays in memory (`FleetState`); this adapter turns it into rows for
-the one batching writer: hosts on hello and then every few seconds, a
+the one batching writer: hosts on hello and then every few seconds, and a
 deployment when its phase, revision or endpoint changes (and the revision it
-reports, the first time it is seen), and the per-minute rollups when a minute
-completes. The report hot path only updates the rollup aggregator and compares
-a few fields; rows are plain dicts of column values (no SQLModel objects on the
-event loop).
+reports, the first time it is seen). The per-minute rollups are built and handed
+to the writer by the term's rate series (`controller.ingest.series`). The report
+hot path only compares a few fields; rows are plain dicts of column values (no
+SQLModel objects on the event loop).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from sys import intern
@@ -22,9 +21,8 @@ from prometheus_client import CollectorRegistry
 
 from gearshift.common.enum_labels import UNKNOWN, enum_label
 from gearshift.controller.ingest.fleet import FleetState, HostEntry
-from gearshift.controller.ingest.rollup import RollupAggregator
 from gearshift.controller.store.database import Store, default_sqlite_url
-from gearshift.controller.store.tables import SETTING_PAUSED, RollupRow
+from gearshift.controller.store.tables import SETTING_PAUSED
 from gearshift.controller.store.writer import BatchingWriter
 from gearshift.v1 import agent_pb2
 
@@ -64,12 +62,10 @@ class Persistence:
     def __init__(self, store: Store, writer: BatchingWriter) -> None:
         self.store = store
         self.writer = writer
-        self.rollups = RollupAggregator()
         self._deployment_keys: dict[str, tuple[str, str, str, int]] = {}
         self._revisions: set[tuple[str, str]] = set()  # (model, revision) already submitted
         self._hosts_saved_at: dict[str, float] = {}
         self._paused_cache: bool | None = None
-        self.on_rollups: Callable[[list[RollupRow]], None] | None = None
 
     @classmethod
     def open(cls, db_url: str, data_dir: Path, registry: CollectorRegistry) -> Persistence:
@@ -116,13 +112,11 @@ class Persistence:
         self.writer.submit_host(self._host_row(entry))
         self._hosts_saved_at[entry.host_id] = entry.last_report_ts
 
-    def report(self, host_id: str, entry: HostEntry, report: agent_pb2.Report, ts: float) -> None:
-        gpu_model = entry.gpu_model
-        add = self.rollups.add
+    def report(self, host_id: str, report: agent_pb2.Report, ts: float) -> None:
+        """Submit the deployments of a host's report whose stored fields changed."""
         known = self._deployment_keys
         changed: list[dict[str, Any]] = []
         for dep in report.deployments:
-            add(host_id, dep, ts, gpu_model)
             key = (host_id, dep.revision, dep.endpoint, dep.phase)
             if known.get(dep.deployment_id) != key:
                 changed.append(self._deployment_changed(host_id, dep, key, ts))
@@ -142,17 +136,6 @@ class Persistence:
                 "engine": dep.engine, "engine_version": dep.engine_version,
                 "revision": dep.revision, "phase": _PHASE_NAMES.get(dep.phase, UNKNOWN),
                 "endpoint": dep.endpoint, "updated": _dt(ts)}
-
-    def tick(self, fleet: FleetState, now: float) -> None:
-        rows = self.rollups.flush_completed(now)
-        self.rollups_done(rows)
-        self.save_hosts(fleet)
-
-    def rollups_done(self, rows: list[RollupRow]) -> None:
-        if rows:
-            self.writer.submit_rollups(rows)
-            if self.on_rollups is not None:
-                self.on_rollups(rows)
 
     def save_hosts(self, fleet: FleetState) -> None:
         due = [e for hid, e in fleet.hosts.items()
@@ -196,9 +179,8 @@ class Persistence:
         return stored
 
     def close(self, fleet: FleetState) -> None:
-        rows = self.rollups.flush_all()
-        if rows:
-            self.writer.submit_rollups(rows)
+        """Save every host, then drain the writer (the rate series has handed on its open
+        minutes by now: `RateSeries.close`)."""
         for e in fleet.hosts.values():
             self.writer.submit_host(self._host_row(e))
         self.writer.close()

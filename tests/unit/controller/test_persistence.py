@@ -1,4 +1,5 @@
-"""Persistence: what the report and hello paths write, seen through another store."""
+"""Persistence: what the report and hello paths write, seen through another store (the
+minute rollups: test_rate_series.py)."""
 
 from __future__ import annotations
 
@@ -66,40 +67,27 @@ def test_hello_writes_the_host(persistence: Persistence, open_store: Callable[[]
 def test_deployments_and_revisions_are_written_when_they_change_only(
         persistence: Persistence, open_store: Callable[[], Store]) -> None:
     fleet = FleetState(clock=lambda: T0)
-    entry = _connect(fleet, "h1")
+    _connect(fleet, "h1")
     other = open_store()
-    persistence.report("h1", entry, _report(1, ("d1", "llama", "r1", READY),
-                                            ("d2", "qwen", "", READY)), T0)
+    persistence.report("h1", _report(1, ("d1", "llama", "r1", READY),
+                                     ("d2", "qwen", "", READY)), T0)
     assert persistence.writer.flush() is True
     assert [(d.deployment_id, d.phase, d.revision, d.updated.timestamp())
             for d in other.list_deployments()] == [("d1", "ready", "r1", T0), ("d2", "ready", "", T0)]
     assert [r.revision for r in other.list_revisions("llama")] == ["r1"]
 
-    persistence.report("h1", entry, _report(2, ("d1", "llama", "r1", READY),
-                                            ("d2", "qwen", "", READY)), T0 + 10)
+    persistence.report("h1", _report(2, ("d1", "llama", "r1", READY),
+                                     ("d2", "qwen", "", READY)), T0 + 10)
     assert persistence.writer.pending == 0  # nothing that is stored changed
 
-    persistence.report("h1", entry, _report(3, ("d1", "llama", "r2", DRAINING),
-                                            ("d2", "qwen", "", READY)), T0 + 20)
+    persistence.report("h1", _report(3, ("d1", "llama", "r2", DRAINING),
+                                     ("d2", "qwen", "", READY)), T0 + 20)
     assert persistence.writer.pending == 2  # d1's row and its new revision
     assert persistence.writer.flush() is True
     d1 = next(d for d in other.list_deployments() if d.deployment_id == "d1")
     assert (d1.phase, d1.revision, d1.updated.timestamp()) == ("draining", "r2", T0 + 20)
     assert [(r.revision, r.source) for r in other.list_revisions("llama")] == [
         ("r1", "agent"), ("r2", "agent")]
-
-
-def test_reports_feed_the_minute_rollups(persistence: Persistence,
-                                         open_store: Callable[[], Store]) -> None:
-    fleet = FleetState(clock=lambda: T0)
-    entry = _connect(fleet, "h1")
-    for i in range(3):
-        persistence.report("h1", entry, _report(i + 1, ("d1", "llama", "r1", READY)), T0 + 10 * i)
-    persistence.tick(fleet, T0 + 120)
-    assert persistence.writer.flush() is True
-    (row,) = open_store().rollups(model="llama")
-    assert (row.reports, row.replicas, row.request_rate_mean, row.gpu_model) == (
-        3, 1, 2.0, "NVIDIA H100")
 
 
 def test_gone_hosts_are_forgotten_in_memory_and_in_the_store(
@@ -129,10 +117,10 @@ def test_gone_hosts_are_forgotten_in_memory_and_in_the_store(
 def test_an_unknown_phase_is_stored_as_unknown(persistence: Persistence,
                                                open_store: Callable[[], Store]) -> None:
     fleet = FleetState(clock=lambda: T0)
-    entry = _connect(fleet, "h1")
+    _connect(fleet, "h1")
     report = _report(1, ("d1", "m", "r1", 42))  # a phase a newer agent knows
     fleet.report("h1", report)
-    persistence.report("h1", entry, report, T0)
+    persistence.report("h1", report, T0)
     persistence.save_hosts(fleet)
     assert persistence.writer.flush() is True
     [row] = open_store().list_deployments()
