@@ -3,9 +3,12 @@
 Several `gearshift controller` processes share one PostgreSQL database (a private
 server started here with initdb, on its own port); agents with emulated engines,
 a gateway and a client load run on loopback, all given every controller's
-address. Each round publishes a new revision of model `m` (a rollout: start the
-new replicas, canary, drain and stop the old ones), waits until the rollout is
-under way, SIGKILLs the leader, and measures:
+address. The load is `devfleet.load.LoadGenerator` as a closed loop, the
+request pattern of the bench's earlier own client: 4 workers, each sending a
+small plain completion and its next one 0.05 s after the answer. Each round
+publishes a new revision of model `m` (a rollout: start the new replicas,
+canary, drain and stop the old ones), waits until the rollout is under way,
+SIGKILLs the leader, and measures:
 
 - takeover: from the kill until another controller leads with a higher epoch
   AND every agent reports to it (what the fleet needs to be managed again);
@@ -34,15 +37,14 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import grpc
 
 from gearshift.devfleet.ha_fleet import HaFleet
+from gearshift.devfleet.load import LoadGenerator
 from gearshift.devfleet.local_pg import LocalPostgres
 from gearshift.devfleet.waiting import wait_for
 from gearshift.v1 import control_pb2, control_pb2_grpc
@@ -67,45 +69,11 @@ spec:
 END_PHASES = ("done", "rolled_back", "aborted")
 
 
-class Load:
-    """Clients of the gateway: small completions from a few threads."""
-
-    def __init__(self, url: str, model: str, workers: int = 4) -> None:
-        self.url, self.model = url, model
-        self.sent = self.failed = 0
-        self.errors: list[str] = []
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(workers)]
-
-    def _run(self) -> None:
-        body = json.dumps({"model": self.model, "prompt": "hi", "max_tokens": 8}).encode()
-        while not self._stop.is_set():
-            req = urllib.request.Request(f"{self.url}/v1/completions", data=body,
-                                         headers={"Content-Type": "application/json"})
-            err = None
-            try:
-                with urllib.request.urlopen(req, timeout=30) as resp:
-                    if resp.status != 200 or not json.loads(resp.read()).get("choices"):
-                        err = f"HTTP {resp.status}"
-            except Exception as exc:
-                err = f"{type(exc).__name__}: {exc}"
-            with self._lock:
-                self.sent += 1
-                if err is not None:
-                    self.failed += 1
-                    self.errors.append(err)
-            self._stop.wait(0.05)
-
-    def __enter__(self) -> Load:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(40)
+LOAD_WORKERS = 4
+LOAD_PAUSE_S = 0.05  # each worker's pause after an answer
+LOAD_PROMPT = "hi"
+LOAD_MAX_TOKENS = 8
+LOAD_TIMEOUT_S = 30.0
 
 
 def cli_json(fleet: HaFleet, *args: str) -> Any:
@@ -153,7 +121,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             policy.write_text(POLICY)
             if fleet.cli("policy", "apply", str(policy)).returncode != 0:
                 raise RuntimeError("policy apply failed")
-            with Load(fleet.gateway_url, "m") as load:
+            with LoadGenerator.closed_loop(fleet.gateway_url, ["m"], LOAD_WORKERS,
+                                           pause_s=LOAD_PAUSE_S, stream_share=0.0,
+                                           prompt=LOAD_PROMPT, max_tokens=LOAD_MAX_TOKENS,
+                                           timeout_s=LOAD_TIMEOUT_S) as load:
                 for k in range(1, args.failovers + 1):
                     out = cli_json(fleet, "models", "publish", "m", "--revision", f"r{k}")
                     mid = out.get("migration_id") or out.get("migration", {}).get("id")

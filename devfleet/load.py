@@ -2,12 +2,17 @@
 
 One `LoadGenerator` serves the demo (async, rates changed while it runs), the
 integration tests and the benches that send requests (bench/capacity.py,
-bench/sla_queue_warning.py): per target (a base URL, the
+bench/sla_queue_warning.py, bench/failover.py): per target (a base URL, the
 gateway's or one engine's, and a model) Poisson arrivals at a rate, a share of them
 streaming, every answer checked. It runs until told to stop (`run`), for a given
 time (`run_for`), or on a thread of its own (as a context manager, from
 synchronous code). Arrivals keep to their schedule: an arrival that a busy event
-loop delays does not delay the ones after it. A request fails when its status is
+loop delays does not delay the ones after it.
+
+With `workers=N` it is a closed loop instead (bench/failover.py): N workers per
+target, each sending its next request when its last one has finished, after an
+optional `pause_s`; the rate then follows the endpoint's latency, and the
+targets' rates are unused. A request fails when its status is
 not 200, the connection breaks or times out, a stream ends without
 ``data: [DONE]``, or a plain answer has no ``choices``. `bench/gateway.py` keeps
 its own lean keep-alive client: it measures the gateway's added latency per
@@ -39,7 +44,7 @@ class Target:
 
     base_url: str  # e.g. "http://127.0.0.1:8080" (the gateway) or an engine's endpoint
     model: str
-    rps: float
+    rps: float = 0.0  # the open loop's Poisson rate; unused by a closed loop
 
 
 class LoadGenerator:
@@ -47,16 +52,26 @@ class LoadGenerator:
 
     def __init__(self, targets: Sequence[Target], *, stream_share: float = 0.5,
                  max_tokens: int | None = MAX_TOKENS, prompt: str = PROMPT,
-                 timeout_s: float = REQUEST_TIMEOUT_S, seed: int | None = None) -> None:
+                 timeout_s: float = REQUEST_TIMEOUT_S, seed: int | None = None,
+                 workers: int | None = None, pause_s: float = 0.0) -> None:
         """`max_tokens` None sends none (the engine's own length); `timeout_s` bounds
-        each request."""
-        if not targets or any(t.rps <= 0 for t in targets):
-            raise ValueError("load: need at least one target, each with a positive rate")
+        each request. `workers` None is the open loop (Poisson arrivals at each
+        target's rate); a number is the closed loop, that many workers per target,
+        each pausing `pause_s` after every answer."""
+        if workers is None:
+            if not targets or any(t.rps <= 0 for t in targets):
+                raise ValueError("load: need at least one target, each with a positive rate")
+        elif not targets or workers < 1 or pause_s < 0:
+            raise ValueError(f"load: a closed loop needs at least one target, at least one "
+                             f"worker and a pause of 0 s or more, got {len(targets)} "
+                             f"target(s), {workers} worker(s), pause {pause_s} s")
         self.targets = list(targets)
         self.stream_share = stream_share
         self.max_tokens = max_tokens
         self.prompt = prompt
         self.timeout_s = timeout_s
+        self.workers = workers
+        self.pause_s = pause_s
         self.sent = 0
         self.failed = 0
         self.errors: list[str] = []
@@ -71,9 +86,18 @@ class LoadGenerator:
         """Clients of one gateway, `rates` requests/s per model."""
         return cls([Target(url, m, r) for m, r in rates.items()], **kw)  # type: ignore[arg-type]
 
+    @classmethod
+    def closed_loop(cls, url: str, models: Sequence[str], workers: int, *,
+                    pause_s: float = 0.0, **kw: object) -> LoadGenerator:
+        """Clients of one base URL, `workers` closed-loop workers per model."""
+        targets = [Target(url, m) for m in models]
+        return cls(targets, workers=workers, pause_s=pause_s, **kw)  # type: ignore[arg-type]
+
     def set_rate(self, model: str, rps: float, *, base_url: str | None = None) -> None:
         """Change the rate of every target of `model` (at `base_url` only, when given);
         it takes effect at the next arrival."""
+        if self.workers is not None:
+            raise ValueError("load: a closed loop has no rate to set")
         if rps <= 0:
             raise ValueError(f"load: a rate must be positive, got {rps}")
         for i, t in enumerate(self.targets):
@@ -86,8 +110,12 @@ class LoadGenerator:
         """Send until `stop` is set, then wait for the requests in flight."""
         connector = aiohttp.TCPConnector(limit=CONNECTIONS)
         async with aiohttp.ClientSession(connector=connector) as session:
-            await asyncio.gather(*(self._target_loop(session, i, stop)
-                                   for i in range(len(self.targets))))
+            if self.workers is None:
+                await asyncio.gather(*(self._target_loop(session, i, stop)
+                                       for i in range(len(self.targets))))
+            else:
+                await asyncio.gather(*(self._worker(session, t, stop) for t in self.targets
+                                       for _ in range(self.workers)))
 
     async def run_for(self, seconds: float) -> None:
         """Send for `seconds`, then wait for the requests in flight."""
@@ -117,6 +145,21 @@ class LoadGenerator:
             inflight.add(task)
             task.add_done_callback(inflight.discard)
         await asyncio.gather(*inflight, return_exceptions=True)
+
+    async def _worker(self, session: aiohttp.ClientSession, target: Target,
+                      stop: asyncio.Event) -> None:
+        """One closed-loop client: the next request when the last one has finished."""
+        while not stop.is_set():
+            stream = self._rng.random() < self.stream_share
+            await self._one(session, target, stream)
+            if self.pause_s <= 0:
+                await asyncio.sleep(0)  # let the others run when answers come at once
+                continue
+            try:
+                await asyncio.wait_for(stop.wait(), self.pause_s)
+                break
+            except TimeoutError:
+                pass
 
     async def _one(self, session: aiohttp.ClientSession, target: Target, stream: bool) -> None:
         self.sent += 1
