@@ -1,7 +1,7 @@
 """ControlService RPCs that act: policies, decisions, pause/resume, migrations, revisions.
 
-The fleet-reading RPCs live in `control_service`; `ControlService` there
-inherits these. Errors are raised as `GearshiftError`s and mapped to statuses
+The fleet-reading RPCs live in `control_service`; `ControlService` there holds an
+`ActionRpcs` and hands these calls to it. Errors are raised as `GearshiftError`s and mapped to statuses
 by the interceptor.
 """
 
@@ -98,8 +98,8 @@ PublishRevision = Callable[[str, str, str], "tuple[MigrationRow | None, str]"]
 
 
 class ActionRpcs:
-    """The acting half of `ControlService` (its base), given its collaborators by
-    `ControlService.__init__`; a new term's come with `ControlService.begin_term`."""
+    """The acting calls of `ControlService`, which holds one: given its collaborators at
+    construction, and a new term's policy loop and orchestrator by `begin_term`."""
 
     def __init__(self, policy_loop: PolicyLoop | None,
                  orchestrator: MigrationOrchestrator | None, set_paused: Callable[[bool], None],
@@ -108,6 +108,10 @@ class ActionRpcs:
         self.orchestrator = orchestrator
         self.set_paused = set_paused
         self._publish_revision = publish_revision
+
+    def begin_term(self, policy_loop: PolicyLoop, orchestrator: MigrationOrchestrator) -> None:
+        """A new term's policy loop and orchestrator (`ControlService.begin_term`)."""
+        self._policy_loop, self.orchestrator = policy_loop, orchestrator
 
     @property
     def policy_loop(self) -> PolicyLoop:

@@ -1,5 +1,11 @@
 """`ControlService`: the fleet as the CLI and the gateway see it.
 
+It is the one servicer of the gRPC service, composed of collaborators it is given or
+builds at construction: it answers the fleet-reading calls itself and hands the acting
+calls (policies, decisions, pause, migrations, revisions) to `actions`
+(`control_actions.ActionRpcs`) and the enrolment administration to `enrolment`
+(`controller.enrolment.service.EnrolmentRpcs`), one delegating method per call.
+
 Gateways' reports are checked and kept bounded (`gateway_reports.GatewayReports`): any holder of
 a read token can call `ReportGateway`, so neither the number of gateway ids nor the
 size of a report may grow the controller's memory.
@@ -25,7 +31,7 @@ from gearshift.controller.enrolment.service import EnrolmentRpcs
 from gearshift.controller.ha.leadership import Leadership
 from gearshift.controller.ingest.fleet import FleetState
 from gearshift.controller.ingest.gateway_reports import MAX_GATEWAY_ID_CHARS, check_gateway_report
-from gearshift.v1 import agent_pb2, control_pb2, control_pb2_grpc
+from gearshift.v1 import agent_pb2, control_pb2, control_pb2_grpc, enrol_pb2
 
 if TYPE_CHECKING:
     from gearshift.controller.decisions.policy_loop import PolicyLoop
@@ -36,7 +42,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class ControlService(ActionRpcs, EnrolmentRpcs, control_pb2_grpc.ControlServiceServicer):
+class ControlService(control_pb2_grpc.ControlServiceServicer):
+    """The ControlService servicer (see the module docstring)."""
+
     def __init__(self, fleet: FleetState, *, controller_id: str, epoch: int, store_kind: str,
                  paused: Callable[[], bool] = lambda: False, routes_warmup_s: float = 0.0,
                  policy_loop: PolicyLoop | None = None,
@@ -57,8 +65,8 @@ class ControlService(ActionRpcs, EnrolmentRpcs, control_pb2_grpc.ControlServiceS
         self._leadership = leadership  # None: a controller that always leads
         self.lead_started = fleet.started  # when this controller's current term began
         self._route_streams: set[asyncio.Event] = set()
-        ActionRpcs.__init__(self, policy_loop, orchestrator, set_paused, publish_revision)
-        EnrolmentRpcs.__init__(self, enrolment_store, revocations, on_host_revoked)
+        self.actions = ActionRpcs(policy_loop, orchestrator, set_paused, publish_revision)
+        self.enrolment = EnrolmentRpcs(enrolment_store, revocations, on_host_revoked)
 
     @property
     def leadership(self) -> Leadership | None:
@@ -71,7 +79,7 @@ class ControlService(ActionRpcs, EnrolmentRpcs, control_pb2_grpc.ControlServiceS
         epoch, fleet state, policy loop and orchestrator; gateways get routes once the
         hosts seen recently before it (`expected_hosts`) have reported again."""
         self.epoch, self.fleet, self.lead_started = epoch, fleet, started
-        self._policy_loop, self.orchestrator = policy_loop, orchestrator
+        self.actions.begin_term(policy_loop, orchestrator)
         self.expected_hosts = expected_hosts
 
     async def FleetStatus(self, request: control_pb2.FleetStatusRequest,
@@ -223,6 +231,104 @@ class ControlService(ActionRpcs, EnrolmentRpcs, control_pb2_grpc.ControlServiceS
         check_gateway_report(request, MAX_DEPLOYMENTS_PER_REPORT * max(1, len(fleet.hosts)))
         fleet.gateway_stats.record(request, fleet.routed_deployment_ids(), fleet.now())
         return control_pb2.GatewayReportAck()
+
+    # -- acting calls: `actions` ------------------------------------------------------
+
+    async def ValidatePolicy(self, request: control_pb2.ValidatePolicyRequest,
+                             context: aio.ServicerContext) -> control_pb2.ValidatePolicyResponse:
+        return await self.actions.ValidatePolicy(request, context)
+
+    async def ApplyPolicy(self, request: control_pb2.ApplyPolicyRequest,
+                          context: aio.ServicerContext) -> control_pb2.ApplyPolicyResponse:
+        return await self.actions.ApplyPolicy(request, context)
+
+    async def GetPolicy(self, request: control_pb2.GetPolicyRequest,
+                        context: aio.ServicerContext) -> control_pb2.PolicyVersion:
+        return await self.actions.GetPolicy(request, context)
+
+    async def PolicyHistory(self, request: control_pb2.PolicyHistoryRequest,
+                            context: aio.ServicerContext) -> control_pb2.PolicyHistoryResponse:
+        return await self.actions.PolicyHistory(request, context)
+
+    async def ListDecisions(self, request: control_pb2.ListDecisionsRequest,
+                            context: aio.ServicerContext) -> control_pb2.ListDecisionsResponse:
+        return await self.actions.ListDecisions(request, context)
+
+    async def GetDecision(self, request: control_pb2.GetDecisionRequest,
+                          context: aio.ServicerContext) -> control_pb2.Decision:
+        return await self.actions.GetDecision(request, context)
+
+    async def ApproveDecision(self, request: control_pb2.ReviewDecisionRequest,
+                              context: aio.ServicerContext) -> control_pb2.Decision:
+        return await self.actions.ApproveDecision(request, context)
+
+    async def RejectDecision(self, request: control_pb2.ReviewDecisionRequest,
+                             context: aio.ServicerContext) -> control_pb2.Decision:
+        return await self.actions.RejectDecision(request, context)
+
+    async def EvaluateNow(self, request: control_pb2.EvaluateNowRequest,
+                          context: aio.ServicerContext) -> control_pb2.EvaluateNowResponse:
+        return await self.actions.EvaluateNow(request, context)
+
+    async def SetPaused(self, request: control_pb2.SetPausedRequest,
+                        context: aio.ServicerContext) -> control_pb2.SetPausedResponse:
+        return await self.actions.SetPaused(request, context)
+
+    async def ListMigrations(self, request: control_pb2.ListMigrationsRequest,
+                             context: aio.ServicerContext) -> control_pb2.ListMigrationsResponse:
+        return await self.actions.ListMigrations(request, context)
+
+    async def GetMigration(self, request: control_pb2.GetMigrationRequest,
+                           context: aio.ServicerContext) -> control_pb2.Migration:
+        return await self.actions.GetMigration(request, context)
+
+    async def AbortMigration(self, request: control_pb2.AbortMigrationRequest,
+                             context: aio.ServicerContext) -> control_pb2.Migration:
+        return await self.actions.AbortMigration(request, context)
+
+    async def GetCapacity(self, request: control_pb2.GetCapacityRequest,
+                          context: aio.ServicerContext) -> control_pb2.GetCapacityResponse:
+        return await self.actions.GetCapacity(request, context)
+
+    async def GetRateHistory(self, request: control_pb2.GetRateHistoryRequest,
+                             context: aio.ServicerContext) -> control_pb2.GetRateHistoryResponse:
+        return await self.actions.GetRateHistory(request, context)
+
+    async def PublishRevision(self, request: control_pb2.PublishRevisionRequest,
+                              context: aio.ServicerContext) -> control_pb2.PublishRevisionResponse:
+        return await self.actions.PublishRevision(request, context)
+
+    # -- enrolment administration: `enrolment` ----------------------------------------
+
+    async def CreateBootstrapToken(self, request: enrol_pb2.CreateBootstrapTokenRequest,
+                                   context: aio.ServicerContext,
+                                   ) -> enrol_pb2.CreateBootstrapTokenResponse:
+        return await self.enrolment.CreateBootstrapToken(request, context)
+
+    async def ListBootstrapTokens(self, request: enrol_pb2.ListBootstrapTokensRequest,
+                                  context: aio.ServicerContext,
+                                  ) -> enrol_pb2.ListBootstrapTokensResponse:
+        return await self.enrolment.ListBootstrapTokens(request, context)
+
+    async def RevokeBootstrapToken(self, request: enrol_pb2.RevokeBootstrapTokenRequest,
+                                   context: aio.ServicerContext) -> enrol_pb2.BootstrapToken:
+        return await self.enrolment.RevokeBootstrapToken(request, context)
+
+    async def ListEnrolments(self, request: enrol_pb2.ListEnrolmentsRequest,
+                             context: aio.ServicerContext) -> enrol_pb2.ListEnrolmentsResponse:
+        return await self.enrolment.ListEnrolments(request, context)
+
+    async def ApproveHost(self, request: enrol_pb2.HostActionRequest,
+                          context: aio.ServicerContext) -> enrol_pb2.HostEnrolment:
+        return await self.enrolment.ApproveHost(request, context)
+
+    async def RevokeHost(self, request: enrol_pb2.HostActionRequest,
+                         context: aio.ServicerContext) -> enrol_pb2.HostEnrolment:
+        return await self.enrolment.RevokeHost(request, context)
+
+    async def ResetHost(self, request: enrol_pb2.HostActionRequest,
+                        context: aio.ServicerContext) -> enrol_pb2.HostEnrolment:
+        return await self.enrolment.ResetHost(request, context)
 
 
 def _shown_gateway(gateway_id: str) -> str:

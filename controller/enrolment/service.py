@@ -14,7 +14,8 @@
   The agent service refuses a Hello from a host in it; the controller closes the
   open streams of hosts in it.
 - `EnrolmentRpcs` are the administration calls of `ControlService` (tokens, the
-  hosts that asked to join, approval, revocation and reset).
+  hosts that asked to join, approval, revocation and reset); `ControlService` holds one
+  and hands these calls to it.
 """
 
 from __future__ import annotations
@@ -247,9 +248,9 @@ def enrolment_proto(row: HostEnrolmentRow) -> enrol_pb2.HostEnrolment:
 
 
 class EnrolmentRpcs:
-    """ControlService's enrolment administration (its base), given the enrolment store, the
-    revocations and `on_host_revoked` (closes the host's stream here) by
-    `ControlService.__init__`."""
+    """ControlService's enrolment administration, which it holds and hands these calls to:
+    given the enrolment store, the revocations and `on_host_revoked` (closes the host's
+    stream here) at construction."""
 
     def __init__(self, enrolment_store: EnrolmentStore | None, revocations: Revocations | None,
                  on_host_revoked: Callable[[str, str], None] | None) -> None:
