@@ -188,11 +188,11 @@ def _revisions(store: Any, models: int, now: float) -> None:
         conn.execute(table.insert(), values)
 
 
-def _tenures(store: Any, models: int, since_ts: float) -> None:
+def _tenures(decisions: Any, models: int, since_ts: float) -> None:
     """Each model on its engine since `since_ts`, stored as earlier ticks left it."""
     since = datetime.fromtimestamp(since_ts, UTC)
-    store.set_tenures({f"model-{i:05d}": ("vllm" if i % 2 else "tensorrt-llm", since)
-                       for i in range(models)})
+    decisions.set_tenures({f"model-{i:05d}": ("vllm" if i % 2 else "tensorrt-llm", since)
+                           for i in range(models)})
 
 
 def _live_rss(proc: psutil.Process) -> int:
@@ -259,6 +259,7 @@ def run(models: int, days: float, resolution_s: float, policy_path: Path,
         Forecaster,
     )
     from gearshift.controller.decisions.policy_loop import PolicyLoop
+    from gearshift.controller.decisions.store import DecisionStore
     from gearshift.controller.gc_policy import GcPolicy
     from gearshift.controller.store.database import Store, default_sqlite_url
     from gearshift.policies import forecast, quantile_trees  # noqa: F401  (the fits: code)
@@ -275,17 +276,19 @@ def run(models: int, days: float, resolution_s: float, policy_path: Path,
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gearshift-evaluate-") as tmp:
         store = Store.open(default_sqlite_url(Path(tmp)))
+        decisions = DecisionStore(store.engine)
         try:
             _revisions(store, models, now)
             _capacity(store, models, levels, now)
-            _tenures(store, models, now - days * 86400)
+            _tenures(decisions, models, now - days * 86400)
             history = _history(models, levels, now, days, resolution_s)
             fleet = _fleet(models, levels, now)
             learner = CapacityLearner(store)
             learner.load()
             # As the controller runs it: forecasts fitted on a worker thread, the tick
             # reading the latest (controller.decisions.learning.ForecastWorker).
-            loop = PolicyLoop(store, fleet, history, paused=lambda: False, clock=lambda: now,
+            loop = PolicyLoop(store, decisions, fleet, history, paused=lambda: False,
+                              clock=lambda: now,
                               learner=learner, gpu_price_per_hour=gpu_price_per_hour,
                               forecaster=Forecaster(history.arrays, resolution_s,
                                                     clock=lambda: now, background=True))

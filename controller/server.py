@@ -184,7 +184,8 @@ class Controller:
         term = self.term
         self.agents.begin_term(term.epoch, term.fleet)
         self.control.begin_term(epoch=term.epoch, fleet=term.fleet,
-                                policy_loop=term.policy_loop, orchestrator=term.orchestrator,
+                                decisions=term.decisions, policy_loop=term.policy_loop,
+                                orchestrator=term.orchestrator,
                                 started=started, expected_hosts=term.expected_hosts)
 
     # -- leadership ---------------------------------------------------------------
@@ -238,7 +239,7 @@ class Controller:
 
     def publish_revision(self, model: str, revision: str, source: str) -> tuple[MigrationRow | None, str]:
         """Record a new revision and roll it out on the engine that serves the model."""
-        added = self.persistence.store.add_revision(model, revision, source=source or "cli")
+        added = self.term.decisions.add_revision(model, revision, source=source or "cli")
         ready = [d for _h, d, _ts in self.fleet.deployments_of(model)
                  if d.phase == agent_pb2.DEPLOYMENT_PHASE_READY]
         if not ready:

@@ -3,7 +3,7 @@
 A term owns what a leading controller acts with: the rate series (seeded from the
 stored rollups, fed by reports, feeding the learner: `controller.ingest.series`), the
 capacity learner (loaded from the store), the forecaster (its worker
-thread), the policy versions, the decisions' review, the migration orchestrator and the
+thread), the decision store, the policy versions, the decisions' review, the migration orchestrator and the
 policy loop. Each is built with its collaborators and never rewired: a new term builds
 new ones from the store, since another controller may have led meanwhile. Before the
 first election the controller holds a term of epoch 0, which serves reads.
@@ -18,6 +18,7 @@ from gearshift.controller.config import ControllerConfig
 from gearshift.controller.decisions.learning import CapacityLearner, Forecaster
 from gearshift.controller.decisions.policy_loop import PolicyLoop
 from gearshift.controller.decisions.review import DecisionReview
+from gearshift.controller.decisions.store import DecisionStore
 from gearshift.controller.decisions.versions import PolicyVersions
 from gearshift.controller.ingest.fleet import FleetState
 from gearshift.controller.ingest.rate_history import RateHistory
@@ -47,6 +48,7 @@ class LeaderTerm:
     series: RateSeries
     learner: CapacityLearner
     forecaster: Forecaster
+    decisions: DecisionStore
     policies: PolicyVersions
     review: DecisionReview
     orchestrator: MigrationOrchestrator
@@ -75,7 +77,8 @@ def open_term(*, epoch: int, config: ControllerConfig, store: Store, fleet: Flee
     series = RateSeries.open(store, fleet, rollups, resolution_s=config.history_resolution_s,
                              now=clock(), sink=rollup_sink, learner=learner, metrics=metrics)
     history = series.history
-    policies = PolicyVersions(store, fleet, gpu_price_per_hour=config.gpu_price_per_hour,
+    decisions = DecisionStore(store.engine)
+    policies = PolicyVersions(store, decisions, fleet, gpu_price_per_hour=config.gpu_price_per_hour,
                               prepare=prepare, on_change=on_policy_change)
     migrations = MigrationRepository(store.engine)
     orchestrator = MigrationOrchestrator(
@@ -85,16 +88,16 @@ def open_term(*, epoch: int, config: ControllerConfig, store: Store, fleet: Flee
             sla_for=policies.sla_for),
         on_transition=metrics.migration_transition, on_created=metrics.migration_created)
     orchestrator.install()
-    review = DecisionReview(store, migrations, orchestrator=orchestrator,
+    review = DecisionReview(decisions, migrations, orchestrator=orchestrator,
                             on_status=metrics.decision)
     # Forecasts are fitted on a worker thread: a tick only reads them (controller.decisions.learning).
     forecaster = Forecaster(history.arrays, config.history_resolution_s, background=True)
-    loop = PolicyLoop(store, fleet, history, paused=paused, clock=clock, policies=policies,
+    loop = PolicyLoop(store, decisions, fleet, history, paused=paused, clock=clock, policies=policies,
                       review=review, learner=learner, forecaster=forecaster,
                       gpu_price_per_hour=config.gpu_price_per_hour)
     recent = clock() - RECENT_HOST_S
     expected = frozenset(h.host_id for h in store.list_hosts()
                          if h.last_seen.timestamp() >= recent)
     return LeaderTerm(epoch=epoch, fleet=fleet, series=series, learner=learner,
-                      forecaster=forecaster, policies=policies, review=review,
+                      forecaster=forecaster, decisions=decisions, policies=policies, review=review,
                       orchestrator=orchestrator, policy_loop=loop, expected_hosts=expected)

@@ -25,6 +25,7 @@ from gearshift.v1 import control_pb2
 
 if TYPE_CHECKING:
     from gearshift.controller.decisions.policy_loop import PolicyLoop
+    from gearshift.controller.decisions.store import DecisionStore
     from gearshift.controller.moves.orchestrator import MigrationOrchestrator
     from gearshift.controller.moves.store import MigrationRow, MigrationStepRow
 
@@ -101,17 +102,29 @@ class ActionRpcs:
     """The acting calls of `ControlService`, which holds one: given its collaborators at
     construction, and a new term's policy loop and orchestrator by `begin_term`."""
 
-    def __init__(self, policy_loop: PolicyLoop | None,
+    def __init__(self, decisions: DecisionStore | None, policy_loop: PolicyLoop | None,
                  orchestrator: MigrationOrchestrator | None, set_paused: Callable[[bool], None],
                  publish_revision: PublishRevision | None) -> None:
+        self._decisions = decisions
         self._policy_loop = policy_loop
         self.orchestrator = orchestrator
         self.set_paused = set_paused
         self._publish_revision = publish_revision
 
-    def begin_term(self, policy_loop: PolicyLoop, orchestrator: MigrationOrchestrator) -> None:
-        """A new term's policy loop and orchestrator (`ControlService.begin_term`)."""
+    def begin_term(self, decisions: DecisionStore, policy_loop: PolicyLoop,
+                   orchestrator: MigrationOrchestrator) -> None:
+        """A new term's decision store, policy loop and orchestrator
+        (`ControlService.begin_term`)."""
+        self._decisions = decisions
         self._policy_loop, self.orchestrator = policy_loop, orchestrator
+
+    @property
+    def decisions(self) -> DecisionStore:
+        """The stored decisions and policy versions (read by a controller that runs a
+        policy loop, as before: one without refuses these reads the same way)."""
+        if self._decisions is None or self._policy_loop is None:
+            raise FailedPrecondition("this controller runs no policy loop")
+        return self._decisions
 
     @property
     def policy_loop(self) -> PolicyLoop:
@@ -179,7 +192,7 @@ class ActionRpcs:
         version = request.version or self._active_version()
         if version is None:
             raise NotFound("no policy has been applied yet (gearshift policy apply FILE)")
-        row = self.policy_loop.store.get_policy_version(version)
+        row = self.decisions.get_policy_version(version)
         if row is None:
             raise NotFound(f"policy version {version} does not exist")
         return policy_msg(row, self._active_version(), self._mode(row))
@@ -189,7 +202,7 @@ class ActionRpcs:
         active = self._active_version()
         return control_pb2.PolicyHistoryResponse(versions=[
             policy_msg(r, active, self._mode(r))
-            for r in self.policy_loop.store.list_policy_versions()])
+            for r in self.decisions.list_policy_versions()])
 
     # -- decisions --------------------------------------------------------------------
 
@@ -203,13 +216,13 @@ class ActionRpcs:
                 raise InvalidArgument(
                     f"status: expected one of {', '.join(s.value for s in DecisionStatus)}, "
                     f"found {request.status!r}") from None
-        rows = self.policy_loop.store.list_decisions(
+        rows = self.decisions.list_decisions(
             model=request.model or None, status=status, limit=min(request.limit or 100, MAX_LIST))
         return control_pb2.ListDecisionsResponse(decisions=[decision_msg(r) for r in rows])
 
     async def GetDecision(self, request: control_pb2.GetDecisionRequest,
                           context: aio.ServicerContext) -> control_pb2.Decision:
-        row = self.policy_loop.store.get_decision(request.id)
+        row = self.decisions.get_decision(request.id)
         if row is None:
             raise NotFound(f"no decision {request.id!r}")
         return decision_msg(row)

@@ -35,6 +35,7 @@ from gearshift.v1 import agent_pb2, control_pb2, control_pb2_grpc, enrol_pb2
 
 if TYPE_CHECKING:
     from gearshift.controller.decisions.policy_loop import PolicyLoop
+    from gearshift.controller.decisions.store import DecisionStore
     from gearshift.controller.enrolment.service import Revocations
     from gearshift.controller.enrolment.store import EnrolmentStore
     from gearshift.controller.moves.orchestrator import MigrationOrchestrator
@@ -47,6 +48,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
 
     def __init__(self, fleet: FleetState, *, controller_id: str, epoch: int, store_kind: str,
                  paused: Callable[[], bool] = lambda: False, routes_warmup_s: float = 0.0,
+                 decisions: DecisionStore | None = None,
                  policy_loop: PolicyLoop | None = None,
                  orchestrator: MigrationOrchestrator | None = None,
                  set_paused: Callable[[bool], None] = lambda _paused: None,
@@ -65,21 +67,22 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         self._leadership = leadership  # None: a controller that always leads
         self.lead_started = fleet.started  # when this controller's current term began
         self._route_streams: set[asyncio.Event] = set()
-        self.actions = ActionRpcs(policy_loop, orchestrator, set_paused, publish_revision)
+        self.actions = ActionRpcs(decisions, policy_loop, orchestrator, set_paused, publish_revision)
         self.enrolment = EnrolmentRpcs(enrolment_store, revocations, on_host_revoked)
 
     @property
     def leadership(self) -> Leadership | None:
         return self._leadership()
 
-    def begin_term(self, *, epoch: int, fleet: FleetState, policy_loop: PolicyLoop,
+    def begin_term(self, *, epoch: int, fleet: FleetState, decisions: DecisionStore,
+                   policy_loop: PolicyLoop,
                    orchestrator: MigrationOrchestrator, started: float,
                    expected_hosts: frozenset[str]) -> None:
         """A new term (or, before the first election, the parts that serve reads): its
         epoch, fleet state, policy loop and orchestrator; gateways get routes once the
         hosts seen recently before it (`expected_hosts`) have reported again."""
         self.epoch, self.fleet, self.lead_started = epoch, fleet, started
-        self.actions.begin_term(policy_loop, orchestrator)
+        self.actions.begin_term(decisions, policy_loop, orchestrator)
         self.expected_hosts = expected_hosts
 
     async def FleetStatus(self, request: control_pb2.FleetStatusRequest,

@@ -40,6 +40,7 @@ from gearshift.controller.decisions.facts import (
     refresh_forecasts,
 )
 from gearshift.controller.decisions.review import DecisionReview
+from gearshift.controller.decisions.store import DecisionStore
 from gearshift.controller.decisions.versions import PolicyVersions
 from gearshift.controller.ingest.fleet import FleetState
 from gearshift.controller.ingest.rate_history import RateHistory
@@ -139,12 +140,14 @@ class PolicyLoop:
     handed to `review`. The active policy comes from `policies`; the rate series from
     `history` (seeded and sampled by the term's `controller.ingest.series.RateSeries`)."""
 
-    def __init__(self, store: Store, fleet: FleetState, history: RateHistory, *,
+    def __init__(self, store: Store, decisions: DecisionStore, fleet: FleetState,
+                 history: RateHistory, *,
                  paused: Callable[[], bool], clock: Callable[[], float],
                  policies: PolicyVersions | None = None, review: DecisionReview | None = None,
                  learner: CapacityLearner | None = None, forecaster: Forecaster | None = None,
                  gpu_price_per_hour: float | None = None) -> None:
         self.store = store
+        self.decisions = decisions
         self.fleet = fleet
         self.history = history
         self.paused = paused
@@ -152,9 +155,9 @@ class PolicyLoop:
         # The fleet's USD per GPU-hour (`--gpu-price-per-hour`), for policies that set
         # none; a host's label overrides it (`controller.decisions.gpu_price`).
         self.gpu_price_per_hour = gpu_price_per_hour
-        self.policies = policies or PolicyVersions(store, fleet,
+        self.policies = policies or PolicyVersions(store, decisions, fleet,
                                                    gpu_price_per_hour=gpu_price_per_hour)
-        self.review = review or DecisionReview(store, MigrationRepository(store.engine))
+        self.review = review or DecisionReview(decisions, MigrationRepository(store.engine))
         self.migrations = self.review.migrations
         self.learner = learner
         self.forecaster = forecaster
@@ -215,7 +218,7 @@ class PolicyLoop:
             if batched:  # the tick stores them all at once
                 reads.tenure_changes[model] = tenure
             else:
-                self.store.set_tenure(model, tenure.engine, _utc(tenure.since))
+                self.decisions.set_tenure(model, tenure.engine, _utc(tenure.since))
         last = reads.last_switch.get(model)  # most models: none (no switch to weigh)
         return ModelState(
             engine=tenure.engine, since=tenure.since,
@@ -235,13 +238,13 @@ class PolicyLoop:
             trials.setdefault((row.model, row.to_engine), row)  # newest first
         return TickReads(
             trials=trials,
-            last_switch=self.store.last_decision_times(COOLDOWN_STATUSES),
-            revisions=self.store.revision_timestamps() if len(models) != 1 else
+            last_switch=self.decisions.last_decision_times(COOLDOWN_STATUSES),
+            revisions=self.decisions.revision_timestamps() if len(models) != 1 else
             {models[0]: [r.published_at.timestamp()
-                         for r in self.store.list_revisions(models[0])]},
+                         for r in self.decisions.list_revisions(models[0])]},
             migrations=migrations,
             tenure={model: Tenure(engine, since)
-                    for model, (engine, since) in self.store.tenure_timestamps().items()})
+                    for model, (engine, since) in self.decisions.tenure_timestamps().items()})
 
     # -- evaluation -------------------------------------------------------------------
 
@@ -310,8 +313,8 @@ class PolicyLoop:
         # samples the history during a tick: one event loop).
         signals = compute_fleet_signals(self.history.axis(), self.history.blocks(), wanted, now,
                                         policy.signal_settings, self.history.resolution_s)
-        self.store.set_tenures({m: (t.engine, _utc(t.since))
-                                for m, t in reads.tenure_changes.items()})
+        self.decisions.set_tenures({m: (t.engine, _utc(t.since))
+                                    for m, t in reads.tenure_changes.items()})
         # Every model's savings estimates at once (the same figures as one at a time).
         estimates = estimate_fleet_moves(
             signals, {m: st.engine for m, st in states.items()

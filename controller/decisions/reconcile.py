@@ -26,9 +26,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from gearshift.controller.decisions.store import DecisionStore
 from gearshift.controller.moves.machine import MigrationKind, MigrationPhase
 from gearshift.controller.moves.store import MigrationRepository, MigrationRow
-from gearshift.controller.store.database import Store
 from gearshift.controller.store.tables import DecisionRow
 from gearshift.policies.core import DecisionStatus
 from gearshift.policies.schema import Mode
@@ -71,18 +71,18 @@ def _new_status(migrations: MigrationRepository, d: DecisionRow
 OnStatus = Callable[[DecisionRow, DecisionStatus], None]
 
 
-def reconcile_decisions(store: Store, migrations: MigrationRepository,
+def reconcile_decisions(decisions: DecisionStore, migrations: MigrationRepository,
                         on_status: OnStatus | None = None) -> int:
     """Settle every approved or executing decision from its migration rows; returns how
     many changed. `on_status` observes each change after it is stored."""
     changed = 0
     for status in (DecisionStatus.EXECUTING, DecisionStatus.APPROVED):
-        for d in store.list_decisions(status=status, limit=RECONCILE_LIMIT):
+        for d in decisions.list_decisions(status=status, limit=RECONCILE_LIMIT):
             if d.mode == Mode.DRY_RUN:
                 continue
             new = _new_status(migrations, d)
-            if new is None or not store.update_decision_status(d.id, new[0], new[1],
-                                                               expected_from=d.status):
+            if new is None or not decisions.update_decision_status(d.id, new[0], new[1],
+                                                                   expected_from=d.status):
                 continue
             changed += 1
             log.info("decision %s reconciled from its migration rows", d.id)

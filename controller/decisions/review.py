@@ -16,10 +16,10 @@ from datetime import UTC, datetime
 
 from gearshift.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from gearshift.controller.decisions.reconcile import reconcile_decisions
+from gearshift.controller.decisions.store import DecisionStore
 from gearshift.controller.moves.machine import MigrationKind
 from gearshift.controller.moves.orchestrator import MigrationOrchestrator
 from gearshift.controller.moves.store import MigrationRepository
-from gearshift.controller.store.database import Store
 from gearshift.controller.store.tables import DecisionRow
 from gearshift.policies.core import Decision, DecisionStatus
 from gearshift.policies.schema import Mode
@@ -36,17 +36,17 @@ class DecisionReview:
     """Stored decisions and their statuses. With no `orchestrator` (a loop that only
     evaluates), an approved decision waits, saying that no executor runs."""
 
-    def __init__(self, store: Store, migrations: MigrationRepository, *,
+    def __init__(self, decisions: DecisionStore, migrations: MigrationRepository, *,
                  orchestrator: MigrationOrchestrator | None = None,
                  on_status: Callable[[str, DecisionStatus], None] | None = None) -> None:
-        self.store = store
+        self.decisions = decisions
         self.migrations = migrations
         self.orchestrator = orchestrator
         self._on_status = on_status
 
     def reconcile(self) -> int:
         """Settle decisions from their migration rows (every tick; level-triggered)."""
-        return reconcile_decisions(self.store, self.migrations, on_status=self._observed)
+        return reconcile_decisions(self.decisions, self.migrations, on_status=self._observed)
 
     def _observed(self, row: DecisionRow, status: DecisionStatus) -> None:
         if self._on_status is not None:
@@ -57,9 +57,9 @@ class DecisionReview:
 
     def _set_status(self, row: DecisionRow, status: DecisionStatus, reason: str,
                     expected_from: DecisionStatus | None = None) -> bool:
-        """`Store.update_decision_status`, observed when it changed the row."""
-        changed = self.store.update_decision_status(row.id, status, reason,
-                                                    expected_from=expected_from)
+        """`DecisionStore.update_decision_status`, observed when it changed the row."""
+        changed = self.decisions.update_decision_status(row.id, status, reason,
+                                                        expected_from=expected_from)
         if changed:
             self._observed(row, status)
         return changed
@@ -67,7 +67,7 @@ class DecisionReview:
     def record(self, d: Decision, version: int, mode: Mode, now: float) -> DecisionRow | None:
         """Store a decision of the core (None: the same move is already open); an open
         proposed decision for another move is superseded; in `auto` mode it is executed."""
-        for open_row in self.store.list_decisions(model=d.model, limit=20):
+        for open_row in self.decisions.list_decisions(model=d.model, limit=20):
             if open_row.status not in OPEN_STATUSES:
                 continue
             if open_row.to_engine == d.to_engine:
@@ -84,7 +84,7 @@ class DecisionReview:
             policy_version=version, mode=mode.value, reason=d.reason,
             conditions=[c.to_dict(d.rule) for c in d.conditions], trial_share=d.trial_share,
             status=DecisionStatus.PROPOSED, status_reason=_WAITING.get(mode, ""))
-        self.store.add_decision(row)
+        self.decisions.add_decision(row)
         self._observed(row, DecisionStatus.PROPOSED)
         log.info("decision %s: move %s from %s to %s (rule %s, mode %s)", row.id, row.model,
                  row.from_engine, row.to_engine, row.rule, mode)
@@ -92,15 +92,15 @@ class DecisionReview:
             self._set_status(row, DecisionStatus.APPROVED, "auto mode",
                              expected_from=DecisionStatus.PROPOSED)
             self._execute(row.id)
-        return self.store.get_decision(row.id)
+        return self.decisions.get_decision(row.id)
 
     def _execute(self, decision_id: str) -> None:
-        row = self.store.get_decision(decision_id)
+        row = self.decisions.get_decision(decision_id)
         if row is None or row.status != DecisionStatus.APPROVED:
             return
         if self.orchestrator is None:
-            self.store.update_decision_status(row.id, DecisionStatus.APPROVED,
-                                              "approved; no migration executor is running")
+            self.decisions.update_decision_status(row.id, DecisionStatus.APPROVED,
+                                                  "approved; no migration executor is running")
             return
         if self.migrations.rows(decision_id=row.id):
             return  # started before a crash: `reconcile` settles it from the migration
@@ -111,8 +111,8 @@ class DecisionReview:
                 kind=MigrationKind.TRIAL if trial is not None else MigrationKind.ENGINE_SWITCH,
                 trial_share=trial)
         except (FailedPrecondition, InvalidArgument) as exc:
-            self.store.update_decision_status(row.id, DecisionStatus.APPROVED,
-                                              f"approved; not started yet: {exc.message}")
+            self.decisions.update_decision_status(row.id, DecisionStatus.APPROVED,
+                                                  f"approved; not started yet: {exc.message}")
             return
         what = (f"trial {mig.id}: measuring {row.to_engine} on {trial:.0%} of traffic before "
                 "the move" if trial is not None else f"migration {mig.id}")
@@ -120,7 +120,7 @@ class DecisionReview:
                          expected_from=DecisionStatus.APPROVED)
 
     def retry_approved(self) -> None:
-        for row in self.store.list_decisions(status=DecisionStatus.APPROVED, limit=50):
+        for row in self.decisions.list_decisions(status=DecisionStatus.APPROVED, limit=50):
             if row.mode != Mode.DRY_RUN:
                 self._execute(row.id)
 
@@ -152,7 +152,7 @@ class DecisionReview:
         return self._get(decision_id)
 
     def _get(self, decision_id: str) -> DecisionRow:
-        row = self.store.get_decision(decision_id)
+        row = self.decisions.get_decision(decision_id)
         if row is None:
             raise NotFound(f"no decision {decision_id!r}")
         return row

@@ -1,7 +1,8 @@
-"""Decisions, model tenure, revisions and policy versions: the queries `Store` gets from `DecisionQueries`.
+"""Decisions, model tenure, revisions and policy versions: `DecisionStore`.
 
-The mixin holds only queries; `Store` (in `controller.store.database`) supplies the engine,
-the URL handling and the schema. Sessions stay inside: callers pass and get the
+A repository on the store's engine (`DecisionStore(store.engine)`, as `MigrationRepository`
+and `EnrolmentStore` are); `Store` (in `controller.store.database`) opens the engine and
+owns the URL handling and the schema. Sessions stay inside: callers pass and get the
 SQLModel rows of `gearshift.controller.store.tables`, detached and fully loaded.
 """
 
@@ -12,7 +13,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
@@ -26,28 +26,18 @@ from gearshift.controller.store.tables import (
     SettingRow,
     utcnow,
 )
+from gearshift.controller.store.upserts import dialect_insert, positive_limit, upsert
 from gearshift.policies.core import DecisionStatus
 
 _NAIVE_EPOCH = datetime(1970, 1, 1)  # `datetime.timestamp`'s, for UTC times read naive
 
 
-def dialect_insert(dialect: str, table: sa.Table) -> Any:
-    """An ``INSERT`` on `table` with the dialect's ``ON CONFLICT`` clauses."""
-    return (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
+class DecisionStore:
+    """Policy versions, decisions, model tenure and revisions. Thread-safe (the engine's
+    pool of connections)."""
 
-
-def positive_limit(limit: int) -> int:
-    """`limit` when it is a positive integer; InvalidArgument otherwise."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise InvalidArgument(f"limit must be a positive integer, got {limit!r}")
-    return limit
-
-
-class DecisionQueries:
-    """Policy versions, decisions and revisions; mixed into `Store`, which sets `_engine`."""
-
-    _engine: Engine
-    _upsert: Any  # Store's: an upsert of rows on a connection
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
 
     def _session(self) -> Session:
         return Session(self._engine, expire_on_commit=False)
@@ -83,8 +73,8 @@ class DecisionQueries:
             return row.version
 
     def _activate(self, conn: Any, version: int) -> None:
-        self._upsert(conn, SettingRow, [{"key": SETTING_ACTIVE_POLICY_VERSION,
-                                         "value": version, "updated": utcnow()}], ["key"])
+        upsert(conn, SettingRow, [{"key": SETTING_ACTIVE_POLICY_VERSION,
+                                   "value": version, "updated": utcnow()}], ["key"])
 
     def get_policy_version(self, version: int) -> PolicyVersionRow | None:
         with self._session() as s:

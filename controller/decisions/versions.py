@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from gearshift.common.errors import NotFound
 from gearshift.controller.decisions.gpu_price import price_warning
+from gearshift.controller.decisions.store import DecisionStore
 from gearshift.controller.ingest.fleet import FleetState
 from gearshift.controller.moves.canary import Sla
 from gearshift.controller.store.database import Store
@@ -34,11 +35,12 @@ class PolicyVersions:
     that became active. `gpu_price_per_hour` is the fleet's USD per GPU-hour
     (`--gpu-price-per-hour`), for the warning on policies that price nothing."""
 
-    def __init__(self, store: Store, fleet: FleetState, *,
+    def __init__(self, store: Store, decisions: DecisionStore, fleet: FleetState, *,
                  gpu_price_per_hour: float | None = None,
                  prepare: Callable[[Policy], object] | None = None,
                  on_change: Callable[[Policy], None] | None = None) -> None:
-        self.store = store
+        self.store = store  # settings: which version is active
+        self.decisions = decisions
         self.fleet = fleet
         self.gpu_price_per_hour = gpu_price_per_hour
         self._prepare = prepare
@@ -54,7 +56,7 @@ class PolicyVersions:
             return self._policy
         if self._unloadable == version:
             return None
-        row = self.store.get_policy_version(version)
+        row = self.decisions.get_policy_version(version)
         if row is None:
             log.error("active policy version %s is missing from the store", version)
             return None
@@ -87,24 +89,24 @@ class PolicyVersions:
         policy = self.validate(yaml_text, source, strict)  # raises: nothing changes
         current = self.active()
         if current is not None:
-            row = self.store.get_policy_version(current[0])
+            row = self.decisions.get_policy_version(current[0])
             if row is not None and row.yaml_text == yaml_text:
                 return row, False, policy
         if self._prepare is not None:
             self._prepare(policy)  # raises: nothing stored
-        version = self.store.add_active_policy_version(policy.name, yaml_text, applied_by,
+        version = self.decisions.add_active_policy_version(policy.name, yaml_text, applied_by,
                                                        comment)
         self._policy = (version, policy)
         log.info("policy %s applied as version %d (mode %s) by %s", policy.name, version,
                  policy.mode, applied_by or "?")
         if self._on_change is not None:
             self._on_change(policy)
-        row = self.store.get_policy_version(version)
+        row = self.decisions.get_policy_version(version)
         assert row is not None
         return row, True, policy
 
     def restore(self, version: int) -> tuple[PolicyVersionRow, bool]:
-        row = self.store.get_policy_version(version)
+        row = self.decisions.get_policy_version(version)
         if row is None:
             raise NotFound(f"policy version {version} does not exist")
         policy = load_policy(row.yaml_text, f"policy version {version}")

@@ -6,14 +6,14 @@ the Alembic Config is built here, no alembic.ini). Sessions stay inside: callers
 pass and get the SQLModel rows of `gearshift.controller.store.tables`, detached and
 fully loaded. Upserts use each dialect's ``INSERT … ON CONFLICT`` so a batch is
 one statement per table. `write_batch` is the one-transaction entry point of the
-`BatchingWriter`. Decisions, revisions and policy versions are queried by the
-`DecisionQueries` mixin (`controller.decisions.store`).
+`BatchingWriter`. Decisions, revisions and policy versions are queried by a
+`DecisionStore` (`controller.decisions.store`) built on `Store.engine`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -24,10 +24,9 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import StaticPool
-from sqlmodel import SQLModel, col, select
+from sqlmodel import Session, SQLModel, col, select
 
 from gearshift.common.errors import ConfigError, InvalidArgument, Unavailable
-from gearshift.controller.decisions.store import DecisionQueries, dialect_insert, positive_limit
 from gearshift.controller.enrolment.store import BootstrapTokenRow, HostEnrolmentRow
 from gearshift.controller.store.tables import (
     SETTING_EPOCH,
@@ -39,6 +38,7 @@ from gearshift.controller.store.tables import (
     SettingRow,
     utcnow,
 )
+from gearshift.controller.store.upserts import dialect_insert, positive_limit, upsert
 
 SQLITE_BUSY_TIMEOUT_MS = 5000
 SQLITE_DB_FILENAME = "gearshift.db"
@@ -125,10 +125,10 @@ class WriteBatch:
                 + len(self.rollups) + len(self.commands))
 
 
-class Store(DecisionQueries):
+class Store:
     """Typed access to the controller's tables. Thread-safe (a pool of connections).
 
-    Decisions, revisions and policy versions come from `DecisionQueries`."""
+    Decisions, revisions and policy versions are `DecisionStore`'s (built on `engine`)."""
 
     def __init__(self, engine: Engine, safe_url: str) -> None:
         self._engine = engine
@@ -166,29 +166,21 @@ class Store(DecisionQueries):
     def close(self) -> None:
         self._engine.dispose()
 
-    def _upsert(self, conn: Connection, model: type[SQLModel], rows: list[dict[str, Any]],
-                keys: Sequence[str], keep: Sequence[str] = ()) -> None:
-        """INSERT rows, or on a key conflict update every column but `keys` and `keep`."""
-        if not rows:
-            return
-        table: sa.Table = model.__table__  # type: ignore[attr-defined]
-        stmt = dialect_insert(self.dialect, table)
-        update = {c.name: stmt.excluded[c.name] for c in table.columns
-                  if c.name not in keys and c.name not in keep}
-        conn.execute(stmt.on_conflict_do_update(index_elements=list(keys), set_=update), rows)
+    def _session(self) -> Session:
+        return Session(self._engine, expire_on_commit=False)
 
     # -- batches (the BatchingWriter's one transaction) ------------------------------
 
     def write_batch(self, batch: WriteBatch) -> None:
         """Commit everything in `batch` in one transaction, or nothing."""
         with self._engine.begin() as conn:
-            self._upsert(conn, HostRow, _dump(batch.hosts), ["host_id"], ["first_seen"])
-            self._upsert(conn, DeploymentRow, _dump(batch.deployments), ["deployment_id"])
+            upsert(conn, HostRow, _dump(batch.hosts), ["host_id"], ["first_seen"])
+            upsert(conn, DeploymentRow, _dump(batch.deployments), ["deployment_id"])
             if batch.deleted_deployments:
                 conn.execute(sa.delete(DeploymentRow).where(
                     col(DeploymentRow.deployment_id).in_(batch.deleted_deployments)))
-            self._upsert(conn, RollupRow, _dump(batch.rollups), ["model", "engine", "minute"])
-            self._upsert(conn, CommandLogRow, _dump(batch.commands), ["command_id"],
+            upsert(conn, RollupRow, _dump(batch.rollups), ["model", "engine", "minute"])
+            upsert(conn, CommandLogRow, _dump(batch.commands), ["command_id"],
                          ["created", "host_id", "epoch", "kind", "payload"])
 
     # -- hosts and deployments ---------------------------------------------------------
@@ -340,7 +332,7 @@ class Store(DecisionQueries):
         except (TypeError, ValueError) as err:
             raise InvalidArgument(f"setting {key!r}: value is not JSON serializable: {err}") from None
         with self._engine.begin() as conn:
-            self._upsert(conn, SettingRow, [{"key": key, "value": value, "updated": utcnow()}],
+            upsert(conn, SettingRow, [{"key": key, "value": value, "updated": utcnow()}],
                          ["key"])
 
     def set_settings(self, values: dict[str, Any]) -> None:
@@ -352,7 +344,7 @@ class Store(DecisionQueries):
             return
         now = utcnow()
         with self._engine.begin() as conn:
-            self._upsert(conn, SettingRow, [{"key": k, "value": v, "updated": now}
+            upsert(conn, SettingRow, [{"key": k, "value": v, "updated": now}
                                             for k, v in values.items()], ["key"])
 
     def bump_epoch(self) -> int:

@@ -6,7 +6,9 @@ so the writer keeps dicts and commits them with one Core ``INSERT … ON
 CONFLICT`` per table (executemany). `TableSpec` knows, per table, the row's key,
 which columns an update leaves alone, and the column defaults (the SQLModel
 fields' defaults, filled in on the writer thread, not on the event loop).
-SQLModel rows are still accepted and dumped.
+SQLModel rows are still accepted and dumped. `dialect_insert`, `upsert` and
+`positive_limit` are the pieces every repository of the store's engine shares (the
+`Store`, the `DecisionStore`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlmodel import SQLModel
 
+from gearshift.common.errors import InvalidArgument
 from gearshift.controller.store.tables import (
     CommandLogRow,
     DeploymentRow,
@@ -29,6 +32,30 @@ from gearshift.controller.store.tables import (
 )
 
 Values = dict[str, Any]
+
+
+def dialect_insert(dialect: str, table: sa.Table) -> Any:
+    """An ``INSERT`` on `table` with the dialect's ``ON CONFLICT`` clauses."""
+    return (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
+
+
+def upsert(conn: Connection, model: type[SQLModel], rows: list[dict[str, Any]],
+           keys: Sequence[str], keep: Sequence[str] = ()) -> None:
+    """INSERT rows, or on a key conflict update every column but `keys` and `keep`."""
+    if not rows:
+        return
+    table: sa.Table = model.__table__  # type: ignore[attr-defined]
+    stmt = dialect_insert(conn.dialect.name, table)
+    update = {c.name: stmt.excluded[c.name] for c in table.columns
+              if c.name not in keys and c.name not in keep}
+    conn.execute(stmt.on_conflict_do_update(index_elements=list(keys), set_=update), rows)
+
+
+def positive_limit(limit: int) -> int:
+    """`limit` when it is a positive integer; InvalidArgument otherwise."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InvalidArgument(f"limit must be a positive integer, got {limit!r}")
+    return limit
 
 
 class TableSpec:
@@ -89,7 +116,7 @@ class TableSpec:
     def _statement(self, dialect: str) -> Any:
         stmt = self._statements.get(dialect)
         if stmt is None:
-            insert = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(self.table)
+            insert = dialect_insert(dialect, self.table)
             if self.keep is None:
                 stmt = insert.on_conflict_do_nothing(index_elements=list(self.keys))
             else:

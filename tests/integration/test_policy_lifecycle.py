@@ -72,9 +72,9 @@ async def test_apply_is_atomic_versioned_and_restorable(ctl) -> None:
 async def test_people_review_decisions_and_pause_stops_the_loop(ctl) -> None:
     controller, stub = ctl
     await stub.ApplyPolicy(control_pb2.ApplyPolicyRequest(yaml_text=APPROVAL, source="a.yaml"))
-    store = controller.persistence.store
+    decisions = controller.term.decisions
     for i, model in enumerate(("m1", "m2")):
-        store.add_decision(DecisionRow(
+        decisions.add_decision(DecisionRow(
             id=f"d-test{i}", model=model, from_engine="vllm", to_engine="tensorrt-llm",
             rule="cost", inputs={"rps_sustained": 120.0}, expected={"cost_usd_per_day": -42.0},
             alternatives=[{"option": "vllm", "why": "stay: costs more"}], policy_version=1,

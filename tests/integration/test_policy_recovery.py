@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gearshift.controller.decisions.store import DecisionStore
 from gearshift.controller.store.database import Store, default_sqlite_url
 from gearshift.controller.store.tables import SETTING_ACTIVE_POLICY_VERSION
 from gearshift.devfleet.local_fleet import LocalFleet
@@ -40,7 +41,7 @@ def test_a_stored_version_that_cannot_load_never_stops_the_controller(fleet: Loc
     fleet.procs.pop("controller").terminate()
     # What an older release with looser checks stored and made active.
     store = Store.open(default_sqlite_url(fleet.workdir / "data"))
-    version = store.add_policy_version("default", UNSCHEDULABLE, "older-release", "")
+    version = DecisionStore(store.engine).add_policy_version("default", UNSCHEDULABLE, "older-release", "")
     store.set_setting(SETTING_ACTIVE_POLICY_VERSION, version)
     store.close()
 

@@ -16,6 +16,7 @@ from gearshift.controller.api.control_actions import decision_msg
 from gearshift.controller.decisions.facts import FactsCache, model_facts, newest
 from gearshift.controller.decisions.learning import CapacityLearner, live_capacities
 from gearshift.controller.decisions.policy_loop import PolicyLoop, RateHistory
+from gearshift.controller.decisions.store import DecisionStore
 from gearshift.controller.ingest.fleet import FleetState
 from gearshift.controller.store.database import Store, default_sqlite_url
 from gearshift.controller.store.tables import DecisionRow, RollupRow
@@ -148,8 +149,8 @@ def _loop(store: Store, fleet: FleetState, rps: float = 200.0) -> PolicyLoop:
     history = RateHistory(STEP_S)
     for k in range(288 * 3):
         history.sample(NOW - (288 * 3 - k) * STEP_S, {"m": rps, "n": rps})
-    loop = PolicyLoop(store, fleet, history, paused=lambda: False, clock=lambda: NOW,
-                      learner=CapacityLearner(store))
+    loop = PolicyLoop(store, DecisionStore(store.engine), fleet, history, paused=lambda: False,
+                      clock=lambda: NOW, learner=CapacityLearner(store))
     loop.policies.apply(POLICY, "releases.yaml", "test", "")
     return loop
 

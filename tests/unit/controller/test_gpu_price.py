@@ -15,6 +15,7 @@ from gearshift.controller.api.control_actions import decision_msg
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.decisions.gpu_price import PRICE_LABEL
 from gearshift.controller.decisions.policy_loop import PolicyLoop, RateHistory
+from gearshift.controller.decisions.store import DecisionStore
 from gearshift.controller.ingest.fleet import FleetState
 from gearshift.controller.store.database import Store, default_sqlite_url
 from gearshift.v1 import agent_pb2
@@ -70,8 +71,8 @@ def _loop(store: Store, *, fleet_price: float | None = None, policy_price: float
     history = RateHistory(STEP_S)
     for k in range(288 * 3):  # three days at 200 req/s
         history.sample(NOW - (288 * 3 - k) * STEP_S, {"m": 200.0})
-    loop = PolicyLoop(store, _fleet(hosts or {"h1": {}}), history, paused=lambda: False,
-                      clock=lambda: NOW, gpu_price_per_hour=fleet_price)
+    loop = PolicyLoop(store, DecisionStore(store.engine), _fleet(hosts or {"h1": {}}), history,
+                      paused=lambda: False, clock=lambda: NOW, gpu_price_per_hour=fleet_price)
     cost = f"  cost: {{pricePerGpuHour: {policy_price}}}\n" if policy_price is not None else ""
     pins = ", pins: {m: tensorrt-llm}" if pin else ""
     loop.policies.apply(POLICY.format(cost=cost, pins=pins), "unpriced.yaml", "test", "")

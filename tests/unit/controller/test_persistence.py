@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gearshift.controller.decisions.store import DecisionStore
 from gearshift.controller.ingest.fleet import FleetState, HostEntry
 from gearshift.controller.store.database import Store
 from gearshift.controller.store.persistence import Persistence
@@ -74,7 +75,7 @@ def test_deployments_and_revisions_are_written_when_they_change_only(
     assert persistence.writer.flush() is True
     assert [(d.deployment_id, d.phase, d.revision, d.updated.timestamp())
             for d in other.list_deployments()] == [("d1", "ready", "r1", T0), ("d2", "ready", "", T0)]
-    assert [r.revision for r in other.list_revisions("llama")] == ["r1"]
+    assert [r.revision for r in DecisionStore(other.engine).list_revisions("llama")] == ["r1"]
 
     persistence.report("h1", _report(2, ("d1", "llama", "r1", READY),
                                      ("d2", "qwen", "", READY)), T0 + 10)
@@ -86,7 +87,7 @@ def test_deployments_and_revisions_are_written_when_they_change_only(
     assert persistence.writer.flush() is True
     d1 = next(d for d in other.list_deployments() if d.deployment_id == "d1")
     assert (d1.phase, d1.revision, d1.updated.timestamp()) == ("draining", "r2", T0 + 20)
-    assert [(r.revision, r.source) for r in other.list_revisions("llama")] == [
+    assert [(r.revision, r.source) for r in DecisionStore(other.engine).list_revisions("llama")] == [
         ("r1", "agent"), ("r2", "agent")]
 
 

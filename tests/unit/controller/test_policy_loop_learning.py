@@ -17,6 +17,7 @@ from gearshift.controller.api.control_actions import decision_msg
 from gearshift.controller.decisions.learning import CapacityLearner, Forecaster
 from gearshift.controller.decisions.policy_loop import PolicyLoop, RateHistory
 from gearshift.controller.decisions.review import DecisionReview
+from gearshift.controller.decisions.store import DecisionStore
 from gearshift.controller.ingest.fleet import FleetState
 from gearshift.controller.moves.store import MigrationRepository
 from gearshift.controller.store.database import Store, default_sqlite_url
@@ -95,8 +96,10 @@ def _loop(store: Store, rates: list[float], *, measured: bool = True, vllm: str 
     learner = CapacityLearner(store)
     if measured:
         assert learner.observe(_vllm_minutes()) == 60
-    loop = PolicyLoop(store, _fleet(rates[-1]), history, paused=lambda: False, clock=lambda: NOW,
-                      review=DecisionReview(store, MigrationRepository(store.engine),
+    decisions = DecisionStore(store.engine)
+    loop = PolicyLoop(store, decisions, _fleet(rates[-1]), history, paused=lambda: False,
+                      clock=lambda: NOW,
+                      review=DecisionReview(decisions, MigrationRepository(store.engine),
                                             on_status=on_decision),
                       learner=learner, forecaster=Forecaster(history.arrays, STEP_S,
                                                              clock=lambda: NOW))

@@ -16,6 +16,7 @@ from grpc import aio
 from gearshift.cli.decisions import evaluate_summary
 from gearshift.controller.api.control_service import ControlService
 from gearshift.controller.decisions.policy_loop import PolicyLoop, RateHistory
+from gearshift.controller.decisions.store import DecisionStore
 from gearshift.controller.ingest.fleet import FleetState
 from gearshift.controller.store.database import Store, default_sqlite_url
 from gearshift.controller.store.tables import DecisionRow
@@ -73,14 +74,15 @@ def _loop(store: Store, clock: Clock, history_s: float, cooldown: str = "0s") ->
     history = RateHistory(STEP_S)
     n = int(history_s // STEP_S)
     history.extend(MODEL, [clock.now - history_s + i * STEP_S for i in range(n)], [5.0] * n)
-    loop = PolicyLoop(store, fleet, history, paused=lambda: False, clock=clock)
+    loop = PolicyLoop(store, DecisionStore(store.engine), fleet, history, paused=lambda: False,
+                      clock=clock)
     loop.policies.apply(POLICY.format(cooldown=cooldown, model=MODEL), "test", "tester", "")
     return loop
 
 
 async def _evaluate_now(loop: PolicyLoop) -> control_pb2.EvaluateNowResponse:
     control = ControlService(loop.fleet, controller_id="me", epoch=0, store_kind="sqlite",
-                             policy_loop=loop)
+                             decisions=loop.decisions, policy_loop=loop)
     server = aio.server()
     control_pb2_grpc.add_ControlServiceServicer_to_server(control, server)
     port = server.add_insecure_port("127.0.0.1:0")
@@ -106,7 +108,7 @@ async def test_evaluate_now_says_history_is_short_and_how_short(store: Store) ->
 
 async def test_evaluate_now_says_a_cooldown_holds_the_move_and_until_when(store: Store) -> None:
     switched = NOW - 3600.0
-    store.add_decision(DecisionRow(
+    DecisionStore(store.engine).add_decision(DecisionRow(
         created_at=datetime.fromtimestamp(switched, UTC), model=MODEL, from_engine="tensorrt-llm",
         to_engine="vllm", rule="r", mode="auto", status=DecisionStatus.DONE))
     loop = _loop(store, Clock(NOW), history_s=2 * 3600.0, cooldown="6h")

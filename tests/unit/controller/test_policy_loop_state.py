@@ -12,6 +12,7 @@ import pytest
 from gearshift.common.errors import FailedPrecondition
 from gearshift.controller.decisions.policy_loop import PolicyLoop, RateHistory
 from gearshift.controller.decisions.review import DecisionReview
+from gearshift.controller.decisions.store import DecisionStore
 from gearshift.controller.ingest.fleet import FleetState
 from gearshift.controller.metrics import ControllerMetrics
 from gearshift.controller.moves.machine import MigrationKind, MigrationPhase, TrialOutcome
@@ -48,9 +49,10 @@ def _fleet(now: float, engines: dict[str, int]) -> FleetState:
 
 def _loop(store: Store, now: float, engines: dict[str, int],
           on_decision: Callable[[str, DecisionStatus], None] | None = None) -> PolicyLoop:
-    review = DecisionReview(store, MigrationRepository(store.engine), on_status=on_decision)
-    return PolicyLoop(store, _fleet(now, engines), RateHistory(60.0), paused=lambda: False,
-                      clock=lambda: now, review=review)
+    decisions = DecisionStore(store.engine)
+    review = DecisionReview(decisions, MigrationRepository(store.engine), on_status=on_decision)
+    return PolicyLoop(store, decisions, _fleet(now, engines), RateHistory(60.0),
+                      paused=lambda: False, clock=lambda: now, review=review)
 
 
 def _decision(store: Store, status: DecisionStatus, at: float, **overrides: object) -> DecisionRow:
@@ -58,7 +60,7 @@ def _decision(store: Store, status: DecisionStatus, at: float, **overrides: obje
                                  "from_engine": "vllm", "to_engine": "tensorrt-llm", "rule": "r",
                                  "mode": "auto", "status": status, **overrides}
     row = DecisionRow(**fields)  # type: ignore[arg-type]
-    store.add_decision(row)
+    DecisionStore(store.engine).add_decision(row)
     return row
 
 
@@ -126,7 +128,7 @@ def test_an_ended_migration_settles_its_executing_decision(
     d = _decision(store, DecisionStatus.EXECUTING, NOW)
     _migration(loop, d.id, phase, kind=kind, trial_outcome=outcome, reason="canary failed")
     assert loop.review.reconcile() == 1
-    row = store.get_decision(d.id)
+    row = loop.decisions.get_decision(d.id)
     assert row is not None and row.status is status and words in row.status_reason
     assert loop.review.reconcile() == 0  # level-triggered: nothing left to do
 
@@ -136,7 +138,7 @@ def test_an_approved_decision_whose_migration_started_becomes_executing(store: S
     d = _decision(store, DecisionStatus.APPROVED, NOW)
     mig = _migration(loop, d.id, MigrationPhase.WARMING)
     loop.review.reconcile()
-    row = store.get_decision(d.id)
+    row = loop.decisions.get_decision(d.id)
     assert row is not None and row.status is DecisionStatus.EXECUTING and mig.id in row.status_reason
 
 

@@ -1,4 +1,5 @@
-"""Store contract: every public method, the same on SQLite and PostgreSQL."""
+"""Store contract: every public method of `Store` and of its `DecisionStore`, the same on
+SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from gearshift.common.errors import AlreadyExists, InvalidArgument, NotFound
+from gearshift.controller.decisions.store import DecisionStore
 from gearshift.controller.store.database import Store
 from gearshift.controller.store.tables import (
     SETTING_ACTIVE_POLICY_VERSION,
@@ -60,6 +62,12 @@ def decision(**overrides) -> DecisionRow:  # type: ignore[no-untyped-def]
                   policy_version=1, mode="approve", created_at=T0)
     fields.update(overrides)
     return DecisionRow(**fields)
+
+
+@pytest.fixture
+def decisions(store: Store) -> DecisionStore:
+    """The decision queries, on the contract's store (SQLite or PostgreSQL)."""
+    return DecisionStore(store.engine)
 
 
 def test_dialect_matches_backend(store: Store, store_url: str) -> None:
@@ -149,16 +157,16 @@ def test_command_log(store: Store) -> None:
     assert store.get_command("missing") is None
 
 
-def test_policy_versions_grow_and_carry_digest(store: Store) -> None:
-    v1 = store.add_policy_version("default", "rules: []\n", "alice", "first")
-    v2 = store.add_policy_version("default", "rules: [x]\n", "bob")
+def test_policy_versions_grow_and_carry_digest(decisions: DecisionStore) -> None:
+    v1 = decisions.add_policy_version("default", "rules: []\n", "alice", "first")
+    v2 = decisions.add_policy_version("default", "rules: [x]\n", "bob")
     assert v2 > v1 >= 1
-    got = store.get_policy_version(v1)
+    got = decisions.get_policy_version(v1)
     assert got is not None and got.yaml_text == "rules: []\n" and got.applied_by == "alice"
     assert got.comment == "first"
     assert got.digest == hashlib.sha256(b"rules: []\n").hexdigest()
-    assert [p.version for p in store.list_policy_versions()] == [v2, v1]
-    assert store.get_policy_version(999) is None
+    assert [p.version for p in decisions.list_policy_versions()] == [v2, v1]
+    assert decisions.get_policy_version(999) is None
 
 
 def test_settings_json_values_and_types(store: Store) -> None:
@@ -187,88 +195,88 @@ def test_bump_epoch_counts_up(store: Store, open_store) -> None:  # type: ignore
     assert store.get_setting(SETTING_EPOCH) == 3
 
 
-def test_decisions_round_trip_and_list(store: Store) -> None:
-    d1 = store.add_decision(decision())
-    d2 = store.add_decision(decision(created_at=T0 + timedelta(minutes=1), model="qwen"))
-    d3 = store.add_decision(decision(created_at=T0 + timedelta(minutes=2),
+def test_decisions_round_trip_and_list(decisions: DecisionStore) -> None:
+    d1 = decisions.add_decision(decision())
+    d2 = decisions.add_decision(decision(created_at=T0 + timedelta(minutes=1), model="qwen"))
+    d3 = decisions.add_decision(decision(created_at=T0 + timedelta(minutes=2),
                                      status=DecisionStatus.REJECTED))
-    got = store.get_decision(d1)
+    got = decisions.get_decision(d1)
     assert got is not None
     assert got.status is DecisionStatus.PROPOSED and got.created_at == T0
     assert got.inputs == {"sustained_rps": 42.0}
     assert got.expected["cost_usd_per_day"] == pytest.approx(-120.5)
     assert got.alternatives == [{"engine": "vllm", "why": "costs more"}]
-    assert [d.id for d in store.list_decisions()] == [d3, d2, d1]
-    assert [d.id for d in store.list_decisions(model="llama")] == [d3, d1]
-    assert [d.id for d in store.list_decisions(status=DecisionStatus.PROPOSED)] == [d2, d1]
-    assert [d.id for d in store.list_decisions(limit=1)] == [d3]
-    assert store.get_decision("d-missing") is None
+    assert [d.id for d in decisions.list_decisions()] == [d3, d2, d1]
+    assert [d.id for d in decisions.list_decisions(model="llama")] == [d3, d1]
+    assert [d.id for d in decisions.list_decisions(status=DecisionStatus.PROPOSED)] == [d2, d1]
+    assert [d.id for d in decisions.list_decisions(limit=1)] == [d3]
+    assert decisions.get_decision("d-missing") is None
     with pytest.raises(AlreadyExists, match=d1):
-        store.add_decision(decision(id=d1))
+        decisions.add_decision(decision(id=d1))
     with pytest.raises(InvalidArgument, match="unknown decision status 'nope'"):
-        store.list_decisions(status="nope")  # type: ignore[arg-type]
+        decisions.list_decisions(status="nope")  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument, match="limit must be a positive integer, got 0"):
-        store.list_decisions(limit=0)
+        decisions.list_decisions(limit=0)
 
 
-def test_decision_status_compare_and_set(store: Store) -> None:
-    did = store.add_decision(decision())
-    assert store.update_decision_status(did, DecisionStatus.APPROVED, "alice approved",
+def test_decision_status_compare_and_set(decisions: DecisionStore) -> None:
+    did = decisions.add_decision(decision())
+    assert decisions.update_decision_status(did, DecisionStatus.APPROVED, "alice approved",
                                         expected_from=DecisionStatus.PROPOSED) is True
     # a second approver loses the race: the status is no longer "proposed"
-    assert store.update_decision_status(did, DecisionStatus.REJECTED, "bob rejected",
+    assert decisions.update_decision_status(did, DecisionStatus.REJECTED, "bob rejected",
                                         expected_from=DecisionStatus.PROPOSED) is False
-    got = store.get_decision(did)
+    got = decisions.get_decision(did)
     assert got is not None
     assert got.status is DecisionStatus.APPROVED and got.status_reason == "alice approved"
-    assert store.update_decision_status(did, DecisionStatus.EXECUTING) is True
-    assert store.get_decision(did).status is DecisionStatus.EXECUTING  # type: ignore[union-attr]
+    assert decisions.update_decision_status(did, DecisionStatus.EXECUTING) is True
+    assert decisions.get_decision(did).status is DecisionStatus.EXECUTING  # type: ignore[union-attr]
     with pytest.raises(NotFound, match="d-nope"):
-        store.update_decision_status("d-nope", DecisionStatus.DONE)
+        decisions.update_decision_status("d-nope", DecisionStatus.DONE)
     with pytest.raises(InvalidArgument, match="unknown decision status 'finished'"):
-        store.update_decision_status(did, "finished")  # type: ignore[arg-type]
+        decisions.update_decision_status(did, "finished")  # type: ignore[arg-type]
 
 
-def test_revisions_unique_and_since(store: Store) -> None:
-    assert store.add_revision("llama", "r1", T0, "agent") is True
-    assert store.add_revision("llama", "r1", T0 + timedelta(days=1), "cli") is False
-    assert store.add_revision("llama", "r2", T0 + timedelta(days=3)) is True
-    assert store.add_revision("qwen", "r1", T0) is True
-    assert [r.revision for r in store.list_revisions("llama")] == ["r1", "r2"]
-    assert [r.revision for r in store.list_revisions("llama", since=T0 + timedelta(days=1))] == [
+def test_revisions_unique_and_since(decisions: DecisionStore) -> None:
+    assert decisions.add_revision("llama", "r1", T0, "agent") is True
+    assert decisions.add_revision("llama", "r1", T0 + timedelta(days=1), "cli") is False
+    assert decisions.add_revision("llama", "r2", T0 + timedelta(days=3)) is True
+    assert decisions.add_revision("qwen", "r1", T0) is True
+    assert [r.revision for r in decisions.list_revisions("llama")] == ["r1", "r2"]
+    assert [r.revision for r in decisions.list_revisions("llama", since=T0 + timedelta(days=1))] == [
         "r2"]
-    first = store.list_revisions("llama")[0]
+    first = decisions.list_revisions("llama")[0]
     assert first.published_at == T0 and first.source == "agent"
 
 
-def test_revision_timestamps_are_the_published_times_to_the_bit_oldest_first(store: Store) -> None:
+def test_revision_timestamps_are_the_published_times_to_the_bit_oldest_first(decisions: DecisionStore) -> None:
     later = (T0 + timedelta(days=2, microseconds=123_457)).astimezone(timezone(timedelta(hours=-7)))
-    store.add_revision("llama", "r2", later)
-    store.add_revision("llama", "r1", T0 + timedelta(microseconds=999_999))
-    store.add_revision("qwen", "r1", T0)
-    got = store.revision_timestamps()
-    assert got == {m: [r.published_at.timestamp() for r in store.list_revisions(m)]
+    decisions.add_revision("llama", "r2", later)
+    decisions.add_revision("llama", "r1", T0 + timedelta(microseconds=999_999))
+    decisions.add_revision("qwen", "r1", T0)
+    got = decisions.revision_timestamps()
+    assert got == {m: [r.published_at.timestamp() for r in decisions.list_revisions(m)]
                    for m in ("llama", "qwen")}
     assert got["llama"] == [(T0 + timedelta(microseconds=999_999)).timestamp(), later.timestamp()]
 
 
-def test_tenure_timestamps_are_the_tenures_since_to_the_bit(store: Store) -> None:
-    assert store.tenure_timestamps() == {}
+def test_tenure_timestamps_are_the_tenures_since_to_the_bit(decisions: DecisionStore) -> None:
+    assert decisions.tenure_timestamps() == {}
     odd = (T0 + timedelta(days=2, microseconds=123_457)).astimezone(timezone(timedelta(hours=-7)))
-    store.set_tenures({"llama": ("vllm", odd),
+    decisions.set_tenures({"llama": ("vllm", odd),
                        "qwen": ("tensorrt-llm", T0 + timedelta(microseconds=999_999))})
-    got = store.tenure_timestamps()
-    assert got == {m: (e, since.timestamp()) for m, (e, since) in store.tenures().items()}
+    got = decisions.tenure_timestamps()
+    assert got == {m: (e, since.timestamp()) for m, (e, since) in decisions.tenures().items()}
     assert got["llama"] == ("vllm", odd.timestamp())
 
 
-def test_tenures_round_trip_replace_and_read_back_utc(store: Store) -> None:
-    assert store.tenures() == {}
-    store.set_tenures({"llama": ("vllm", T0), "qwen": ("tensorrt-llm", T0 + timedelta(hours=1))})
-    store.set_tenure("llama", "tensorrt-llm", T0 + timedelta(days=2))
-    got = store.tenures()
+def test_tenures_round_trip_replace_and_read_back_utc(decisions: DecisionStore) -> None:
+    assert decisions.tenures() == {}
+    decisions.set_tenures({"llama": ("vllm", T0), "qwen": ("tensorrt-llm", T0 + timedelta(hours=1))})
+    decisions.set_tenure("llama", "tensorrt-llm", T0 + timedelta(days=2))
+    got = decisions.tenures()
     assert got == {"llama": ("tensorrt-llm", T0 + timedelta(days=2)),
                    "qwen": ("tensorrt-llm", T0 + timedelta(hours=1))}
     assert all(since.tzinfo is not None and since.utcoffset() == timedelta(0)
                for _, since in got.values())
-    assert store.get_tenure("qwen") is not None
+    assert decisions.get_tenure("qwen") is not None

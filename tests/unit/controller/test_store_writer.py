@@ -11,6 +11,7 @@ import pytest
 import sqlalchemy as sa
 from prometheus_client import CollectorRegistry
 
+from gearshift.controller.decisions.store import DecisionStore
 from gearshift.controller.store.database import Store
 from gearshift.controller.store.tables import CommandLogRow, DeploymentRow, HostRow, RollupRow
 from gearshift.controller.store.writer import BatchingWriter
@@ -227,7 +228,7 @@ def test_a_dict_row_with_wrong_columns_is_refused_at_once(store: Store) -> None:
 
 def test_a_revision_is_stored_once_and_keeps_its_first_time(open_store) -> None:  # type: ignore[no-untyped-def]
     writer = BatchingWriter(open_store(), flush_interval_s=3600, registry=CollectorRegistry())
-    other = open_store()
+    other = DecisionStore(open_store().engine)
     try:
         assert writer.submit_revision("llama", "r1", T0, "agent")
         assert writer.submit_revision("llama", "r2", T0 + timedelta(minutes=1), "agent")

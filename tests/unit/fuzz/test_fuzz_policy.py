@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from fuzz_settings import FUZZ
 from gearshift.common.errors import GearshiftError
 from gearshift.controller.decisions.policy_loop import PolicyLoop
+from gearshift.controller.decisions.store import DecisionStore
 from gearshift.controller.ingest.fleet import FleetState
 from gearshift.controller.ingest.rate_history import RateHistory
 from gearshift.controller.store.database import Store
@@ -84,7 +85,8 @@ def test_maintenance_windows_load_and_evaluate_or_are_refused(window: str, cron:
 def loop(tmp_path: Path) -> Iterator[PolicyLoop]:
     store = Store.open(f"sqlite:///{tmp_path / 'fuzz.db'}")
     fleet = FleetState()
-    loop = PolicyLoop(store, fleet, RateHistory(60.0), paused=lambda: False, clock=lambda: 0.0)
+    loop = PolicyLoop(store, DecisionStore(store.engine), fleet, RateHistory(60.0),
+                      paused=lambda: False, clock=lambda: 0.0)
     loop.policies.apply(DEFAULT, "default.yaml", "fuzz", "")
     yield loop
     store.close()
@@ -93,11 +95,11 @@ def loop(tmp_path: Path) -> Iterator[PolicyLoop]:
 @FUZZ
 @given(key=st.sampled_from(KEYS), value=SCALARS)
 def test_a_refused_apply_changes_nothing(loop: PolicyLoop, key: str, value: str) -> None:
-    before = (loop.policies.active(), len(loop.store.list_policy_versions()))
+    before = (loop.policies.active(), len(loop.decisions.list_policy_versions()))
     try:
         loop.policies.apply(mutated(key, value), "fuzz.yaml", "fuzz", "")
     except GearshiftError:
-        assert (loop.policies.active(), len(loop.store.list_policy_versions())) == before
+        assert (loop.policies.active(), len(loop.decisions.list_policy_versions())) == before
         return
     active = loop.policies.active()
     assert active is not None
