@@ -207,13 +207,13 @@ class Controller:
         self._begin_term(started=time.time())
         self._led = True
         self._leader_tasks = [asyncio.create_task(self._orchestrate())]
-        self.leadership.epoch = epoch  # opens the gate: agents and gateways are served
+        self.leadership.lead(epoch)  # opens the gate: agents and gateways are served
         self._schedule_policy()
         log.warning("controller %s leads with epoch %d", self.config.controller_id, epoch)
 
     async def _on_lost(self) -> None:
         if self.leadership is not None:
-            self.leadership.epoch = None  # closes the gate first
+            self.leadership.follow()  # closes the gate first
         if self.scheduler is not None and self.scheduler.get_job("policy") is not None:
             self.scheduler.remove_job("policy")
         for t in self._leader_tasks:

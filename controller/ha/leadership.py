@@ -48,6 +48,14 @@ class Leadership:
     ttl_s: float
     epoch: int | None = None  # the epoch this controller leads under; None: it follows
 
+    def lead(self, epoch: int) -> None:
+        """Open the gate: leader-only calls are served under `epoch`."""
+        self.epoch = epoch
+
+    def follow(self) -> None:
+        """Close the gate: leader-only calls are refused, naming the leader."""
+        self.epoch = None
+
     @property
     def controller_id(self) -> str:
         return self.elector.controller_id

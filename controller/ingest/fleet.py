@@ -203,7 +203,7 @@ class FleetState:
         self._route_version = 0
         self._route_table: control_pb2.RoutingTable | None = None  # None: build on first read
         self._route_watchers: set[asyncio.Queue[control_pb2.RoutingTable]] = set()
-        self.route_override: RouteOverride | None = None
+        self._route_override: RouteOverride | None = None  # `route_with`
         self.gateway_stats = GatewayReports()
         self._routes_dirty = False
         self._routes_timer: asyncio.TimerHandle | None = None
@@ -445,8 +445,8 @@ class FleetState:
         eps = [control_pb2.RouteEndpoint(
             deployment_id=dep_id, host_id=host_id, endpoint=s[1], engine=s[4], weight=1.0,
             served_model_name=s[5], leaving=s[2] == Draining) for dep_id, host_id, s in found]
-        if eps and self.route_override is not None:
-            eps = list(self.route_override(model, eps))
+        if eps and self._route_override is not None:
+            eps = list(self._route_override(model, eps))
         active = [e for e in eps if not e.leaving and e.weight > 0]
         total = sum(e.weight for e in active)
         for e in eps:
@@ -487,6 +487,12 @@ class FleetState:
                         q.get_nowait()  # a slow watcher only needs the newest table
                     q.put_nowait(table)
         self._refresh_cost_s = time.perf_counter() - started
+
+    def route_with(self, override: RouteOverride | None) -> None:
+        """Route through `override` from now on (a term's migrations set their targets'
+        shares of traffic: `MigrationOrchestrator.route_override`), the table made again."""
+        self._route_override = override
+        self.refresh_routes()
 
     def refresh_routes(self, models: set[str] | None = None) -> None:
         """Recompute the routing table now (after a route override changed)."""

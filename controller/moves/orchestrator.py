@@ -201,7 +201,7 @@ class MigrationOrchestrator:
 
     def route_override(self, model: str, endpoints: builtins.list[Any]) -> builtins.list[Any]:
         """Weights and `leaving` flags for a model under migration (install as
-        `fleet.route_override`). Endpoints that are not targets count as the source side."""
+        `FleetState.route_with`). Endpoints that are not targets count as the source side."""
         row = self._active.get(model)
         if row is None:
             return endpoints
@@ -241,9 +241,8 @@ class MigrationOrchestrator:
                                      > self.settings.phase_deadline_s(row.phase))
 
     def install(self) -> None:
-        """Install `route_override` on the fleet and recompute the routing table now."""
-        self._fleet.route_override = self.route_override
-        self._fleet.refresh_routes()
+        """Route the fleet through `route_override` (`FleetState.route_with`)."""
+        self._fleet.route_with(self.route_override)
 
     def list(self, active_only: bool = False) -> builtins.list[MigrationRow]:
         """Newest first."""

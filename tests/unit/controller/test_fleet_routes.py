@@ -67,7 +67,7 @@ def test_route_override_sets_shares_and_a_gone_deployment_leaves_the_table() -> 
             e.weight = 0.25 if e.deployment_id == "new" else 0.75
         return eps
 
-    fleet.route_override = canary
+    fleet.route_with(canary)
     fleet.refresh_routes({"m"})
     assert _routes(fleet.routing_table()) == {"m": {"new": (0.25, False), "old": (0.75, False)}}
     _report(fleet, "a", 2, ("new", "m", READY))
