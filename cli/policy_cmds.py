@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gc
 import json
-import math
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -153,6 +152,7 @@ def _decision_msg(d: Decision) -> control_pb2.Decision:
     """A backtest's decision as the controller stores it, for `decision_report`."""
     from google.protobuf import json_format
 
+    from gearshift.common.json_values import finite_json
     from gearshift.v1 import control_pb2
 
     row = d.to_dict()
@@ -161,24 +161,14 @@ def _decision_msg(d: Decision) -> control_pb2.Decision:
         to_engine=d.to_engine, rule=d.rule, reason=d.reason, mode="backtest",
         status="backtest")
     for key in ("inputs", "expected", "alternatives"):
-        json_format.ParseDict(_finite(row[key]), getattr(msg, key))
+        json_format.ParseDict(finite_json(row[key]), getattr(msg, key))
     for c in row["conditions"]:
-        json_format.ParseDict(_finite(c), msg.conditions.add(), ignore_unknown_fields=True)
+        json_format.ParseDict(finite_json(c), msg.conditions.add(), ignore_unknown_fields=True)
     if d.trial_share is not None:
         msg.trial_share = d.trial_share
     msg.created_at.FromSeconds(int(d.created_at))
     return msg
 
-
-def _finite(value: Any) -> Any:
-    """`value` with every non-finite float as None (JSON and protobuf Structs have none)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
 
 
 def _usd(v: float) -> str:

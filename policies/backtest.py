@@ -36,6 +36,7 @@ from gearshift.policies.model_state import (
     advance_tenure,
     current_engine,
     last_switch,
+    release_key,
 )
 from gearshift.policies.signals import (
     CAPACITY_EARLIER,
@@ -215,7 +216,7 @@ def simulate(policy: Policy, trace: Trace, *, blind: bool = False, seed: int = 0
                 if d.trial_share is not None:
                     trialled[m].add(d.to_engine)
                     if isinstance(v := d.inputs.get(f"{ENGINE_VERSION}.{d.to_engine}"), str):
-                        trialled[m].add(f"{d.to_engine}@{v}")
+                        trialled[m].add(release_key(d.to_engine, v))
             if learner is not None and (serving := replay.serving) != serving_since[m]:
                 # Step k is served by another engine: the last one's readings up to k first.
                 assert world is not None

@@ -36,7 +36,7 @@ from gearshift.policies.holds import (
     insufficient_history,
 )
 from gearshift.policies.loader import Policy
-from gearshift.policies.model_state import trial_share
+from gearshift.policies.model_state import release_key, trial_share
 from gearshift.policies.rules import (
     BREACH_RULE_KINDS,
     RULE_KINDS,
@@ -222,13 +222,13 @@ def _candidates(policy: Policy, sig: Signals, current: str, cost: CostSettings,
     return allowed, refused
 
 
-def release_key(sig: Signals, since: float, engine: str) -> str:
+def trial_key(sig: Signals, since: float, engine: str) -> str:
     """What a trial of `engine` is remembered by: ``engine@version`` when the engine runs a
     release newer than the model's choice of engine (made at `since`), else the engine."""
     cite = sig.facts.citations
     version, released = cite.get(f"{ENGINE_VERSION}.{engine}"), cite.get(f"{RELEASE_TS}.{engine}")
     if isinstance(version, str) and is_number(released) and released > since:  # type: ignore[operator]
-        return f"{engine}@{version}"
+        return release_key(engine, version)
     return engine
 
 
@@ -241,7 +241,7 @@ def _release_trial(sig: Signals, since: float, trialled: frozenset[str],
     cite = sig.facts.citations
     if f"{RELEASE_TS}.{engine}" not in cite:
         return None
-    key = release_key(sig, since, engine)
+    key = trial_key(sig, since, engine)
     if key == engine or key in trialled:
         return None
     released = cite[f"{RELEASE_TS}.{engine}"]
@@ -502,7 +502,7 @@ def _decision(policy: Policy, model: str, sig: Signals, st: ModelState, now: flo
         reason=f"{outcome.why}; urgent: {outcome.regression}" if outcome.regression
         else outcome.why,
         trial_share=trial_share(policy.doc.spec.trials,
-                                release_key(sig, st.since, outcome.target),
+                                trial_key(sig, st.since, outcome.target),
                                 sig.facts.citations.get(f"capacity_source.{outcome.target}"),
                                 st.trialled),
     )

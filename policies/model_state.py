@@ -96,6 +96,11 @@ def last_switch(records: Iterable[SwitchRecord]) -> float | None:
     return max(times) if times else None
 
 
+def release_key(engine: str, version: str) -> str:
+    """What a trial of `engine`'s release `version` is remembered by in `trialled`."""
+    return f"{engine}@{version}"
+
+
 def trial_share(trials: Trials, target: str, capacity_source: object,
                 trialled: Iterable[str]) -> float | None:
     """The share of traffic a move to `target` first tries the target on, or None when
@@ -107,4 +112,4 @@ def trial_share(trials: Trials, target: str, capacity_source: object,
 
 
 __all__ = ["COUNTS_FOR_COOLDOWN", "MEASURED_SOURCE", "SwitchOutcome", "SwitchRecord", "Tenure",
-           "advance_tenure", "current_engine", "last_switch", "trial_share"]
+           "advance_tenure", "current_engine", "last_switch", "release_key", "trial_share"]

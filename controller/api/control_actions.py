@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -18,6 +17,7 @@ from google.protobuf import json_format
 from grpc import aio
 
 from gearshift.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from gearshift.common.json_values import finite_json
 from gearshift.controller.store.tables import DecisionRow, PolicyVersionRow
 from gearshift.policies.core import DecisionStatus
 from gearshift.policies.loader import MAX_POLICY_BYTES, PolicyError, policy_mode
@@ -39,15 +39,6 @@ def _ts(target: Any, value: datetime | None) -> None:
         target.FromDatetime(value)
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    return value
-
 
 def policy_msg(row: PolicyVersionRow, active_version: int | None, mode: str = "") -> control_pb2.PolicyVersion:
     msg = control_pb2.PolicyVersion(
@@ -63,11 +54,11 @@ def decision_msg(row: DecisionRow) -> control_pb2.Decision:
         id=row.id, model=row.model, from_engine=row.from_engine, to_engine=row.to_engine,
         rule=row.rule, policy_version=row.policy_version or 0, mode=row.mode,
         status=DecisionStatus(row.status).value, status_reason=row.status_reason or "")
-    json_format.ParseDict(_jsonable(row.inputs), msg.inputs)
-    json_format.ParseDict(_jsonable(row.expected), msg.expected)
-    json_format.ParseDict(_jsonable(row.alternatives), msg.alternatives)
+    json_format.ParseDict(finite_json(row.inputs), msg.inputs)
+    json_format.ParseDict(finite_json(row.expected), msg.expected)
+    json_format.ParseDict(finite_json(row.alternatives), msg.alternatives)
     for c in row.conditions:
-        json_format.ParseDict(_jsonable(c), msg.conditions.add(), ignore_unknown_fields=True)
+        json_format.ParseDict(finite_json(c), msg.conditions.add(), ignore_unknown_fields=True)
     msg.reason = row.reason
     if row.trial_share is not None:
         msg.trial_share = row.trial_share
@@ -91,7 +82,7 @@ def migration_msg(row: MigrationRow, steps: list[MigrationStepRow] | None = None
     for s in steps or []:
         step = msg.steps.add(from_phase=s.from_phase, to_phase=s.to_phase, message=s.message)
         _ts(step.at, s.at)
-        json_format.ParseDict(_jsonable(s.figures), step.figures)
+        json_format.ParseDict(finite_json(s.figures), step.figures)
     return msg
 
 
