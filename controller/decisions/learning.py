@@ -69,6 +69,10 @@ SETTING_PREFIX = "capacity/"
 # stored as `release-seen/<engine>/<version>`: a release newer than a model's choice of
 # engine may be trialled (docs/decisions.md, "Engine releases").
 RELEASE_SEEN_PREFIX = "release-seen/"
+# Releases recorded at most: a fleet runs tens; an agent reporting a new version at every
+# report (each 1-64 characters, validated) must not grow memory and the store without end.
+# Beyond it a release is not recorded and counts as old (it starts no release trial).
+MAX_RELEASES_SEEN = 4096
 FORECAST_REFIT_S = 900.0
 FORECAST_TICK_BUDGET_S = 0.25  # wall time a policy tick may spend fitting forecasts
 # The live controller fits forecasts on a worker thread (`Forecaster(background=True)`),
@@ -105,6 +109,7 @@ class CapacityLearner:
         self.releases_seen: dict[str, float] = {}
         self._releases_dirty: set[str] = set()
         self._release_baseline = True  # nothing recorded yet: what runs now is not new
+        self._releases_full = False  # MAX_RELEASES_SEEN reached (said once in the log)
 
     def release_seen(self, engine: str, version: str, now: float) -> float:
         """When `version` of `engine` was first seen in the fleet (recorded now if never),
@@ -113,6 +118,12 @@ class CapacityLearner:
         key = f"{engine}/{version}"
         found = self.releases_seen.get(key)
         if found is None:
+            if len(self.releases_seen) >= MAX_RELEASES_SEEN:
+                if not self._releases_full:
+                    log.warning("%d engine releases recorded: %s and later ones are not "
+                                "(they count as old)", MAX_RELEASES_SEEN, key)
+                    self._releases_full = True
+                return 0.0
             found = self.releases_seen[key] = 0.0 if self._release_baseline else now
             self._releases_dirty.add(key)
         return found

@@ -13,6 +13,7 @@ import pytest
 
 from gearshift.cli.explain import decision_report
 from gearshift.controller.api.control_actions import decision_msg
+from gearshift.controller.decisions import learning
 from gearshift.controller.decisions.facts import FactsCache, model_facts, newest
 from gearshift.controller.decisions.learning import CapacityLearner, live_capacities
 from gearshift.controller.decisions.policy_loop import PolicyLoop, RateHistory
@@ -278,3 +279,18 @@ def test_a_measured_release_is_cited_with_the_older_releases_figure(store: Store
     assert "capacity_earlier.vllm" not in back
     _, timeless = live_capacities(learner, "m", GPU, SLA, {"vllm": NEW})
     assert "capacity_earlier.vllm" not in timeless and "engine_release_ts.vllm" not in timeless
+
+
+def test_releases_recorded_are_bounded(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An agent reporting a new version at every report cannot grow the record without
+    end: past the bound a release is not recorded and counts as old."""
+    monkeypatch.setattr(learning, "MAX_RELEASES_SEEN", 3)
+    learner = CapacityLearner(store)
+    learner.releases_settled()
+    assert [learner.release_seen("vllm", f"0.{i}.0", NOW + i) for i in range(3)] == [
+        NOW, NOW + 1, NOW + 2]
+    assert learner.release_seen("vllm", "9.9.9", NOW + 9) == 0.0
+    stored = learner.snapshot()
+    assert len(learner.releases_seen) == 3 and len(stored) == 3
+    assert f"{learning.RELEASE_SEEN_PREFIX}vllm/9.9.9" not in stored
+    assert learner.release_seen("vllm", "0.1.0", NOW + 9) == NOW + 1  # recorded ones stay
